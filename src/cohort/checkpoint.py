@@ -1,0 +1,114 @@
+"""Atomic checkpoints that resume exactly: model (save_pretrained), optimizer, scheduler, RNG and step.
+
+A checkpoint is written to a temporary folder and renamed into place, so a crash or Ctrl-C mid-save
+never leaves a half-written ``step-N`` folder that resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Return every random-number-generator state a run depends on."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    """Restore the states captured by :func:`rng_state`."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"])
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    generator: torch.Generator | None = None,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Return the folder of a new checkpoint for `step`, written atomically under run_dir/checkpoints."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    state = {"step": step, "rng": rng_state(generator), "extra": extra or {}}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    torch.save(state, tmp / "trainer_state.pt")
+    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    steps = sorted(list_checkpoints(root.parent), key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    for old in steps[: max(0, len(steps) - max(keep, 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Return the complete checkpoint folders of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "trainer_state.pt").is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
+    """Return the checkpoint folder `resume` names ("auto" = latest in run_dir, None if there is none)."""
+    if resume == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not (path / "trainer_state.pt").is_file():
+        raise FileNotFoundError(
+            f"resume={resume!r} is not a cohort checkpoint (no trainer_state.pt inside); pass a "
+            f"run_dir/checkpoints/step-N folder or resume=auto"
+        )
+    return path
+
+
+def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:
+    """Return the trainer state saved in a checkpoint folder."""
+    return torch.load(Path(ckpt_dir) / "trainer_state.pt", map_location="cpu", weights_only=False)

@@ -1,0 +1,210 @@
+"""`cohort demo | train | sft | eval | sample | report`: the command-line entry points."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from cohort.demo import run_demo
+
+    run_demo(args.out, steps=args.steps, seed=args.seed, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cohort.config import load_config
+    from cohort.trainer import GRPOTrainer
+
+    cfg = load_config(args.config, args.overrides)
+    trainer = GRPOTrainer(cfg)
+    summary = trainer.train()
+    final = trainer.save_final()
+    summary["final_model"] = str(final)
+    print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    return 0
+
+
+def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
+    """Return (tokenizer, model, rows) for the sft / eval / sample commands, checking data first."""
+    from cohort.data import load_rows, make_task, sft_completion
+    from cohort.models import load_model, load_tokenizer
+
+    if args.task:
+        train, held = make_task(args.task, n_train=args.n, n_eval=args.n, seed=args.task_seed)
+        rows = held if getattr(args, "split", "train") in ("test", "eval", "held-out") else train
+        if need_completion:
+            rows = [{**r, args.completion_column: sft_completion(args.task, r)} for r in rows]
+    elif args.data:
+        rows = load_rows(args.data, split=args.split, prompt_column=args.prompt_column)
+        if args.n:
+            rows = rows[: args.n]
+    else:
+        raise SystemExit("error: give --task NAME (addition, multistep) or --data FILE.jsonl / dataset name")
+    if need_completion and args.completion_column not in rows[0]:
+        raise SystemExit(
+            f"error: SFT data needs a {args.completion_column!r} column; found {sorted(rows[0])}. "
+            "Pass --completion-column NAME"
+        )
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    return tokenizer, model, rows
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from cohort.data import encode_prompts
+    from cohort.sft import SFTConfig, encode_pairs, sft_train
+
+    tokenizer, model, rows = _model_and_rows(args, need_completion=True)
+    prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
+    pairs = encode_pairs(tokenizer, prompt_ids, [str(r[args.completion_column]) for r in rows])
+    cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    sft_train(model, pairs, cfg, log=lambda row: print(json.dumps(row)))
+    out = Path(args.out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    print(f"saved the fine-tuned model to {out}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from cohort.data import encode_prompts
+    from cohort.evaluation import evaluate
+    from cohort.rewards import resolve_reward_funcs
+    from cohort.rollout import make_engine
+
+    reward = resolve_reward_funcs([args.reward])[0]
+    tokenizer, model, rows = _model_and_rows(args)
+    engine = make_engine(args.engine, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
+    import torch
+
+    result = evaluate(
+        model, tokenizer, rows, reward,
+        prompt_ids=encode_prompts(tokenizer, [r[args.prompt_column] for r in rows]),
+        engine=engine, max_completion_length=args.max_completion_length, prompt_column=args.prompt_column,
+        k=args.k, temperature=args.temperature, generator=torch.Generator().manual_seed(args.seed),
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from cohort.data import encode_prompts
+    from cohort.rewards import resolve_reward_funcs, score
+    from cohort.rollout import SamplingParams, make_engine
+
+    reward = resolve_reward_funcs([args.reward])[0]
+    tokenizer, model, rows = _model_and_rows(args)
+    engine = make_engine(args.engine, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
+    prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
+    gen = torch.Generator().manual_seed(args.seed)
+    params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
+    kept = 0
+    with open(args.out, "w", encoding="utf-8") as f:
+        for start in range(0, len(rows), 32):
+            chunk = rows[start : start + 32]
+            batch = engine.generate(model, prompt_ids[start : start + 32], args.k, params, gen)
+            texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+            cols = {c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column}
+            rewards = score([reward], prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
+                            completions=texts, completion_ids=batch.completion_ids, columns=cols)[:, 0]
+            for j, row in enumerate(chunk):
+                for i in range(j * args.k, (j + 1) * args.k):
+                    if float(rewards[i]) >= args.threshold:
+                        f.write(json.dumps({**row, "completion": texts[i]}) + "\n")
+                        kept += 1
+                        break  # one accepted completion per prompt
+    print(f"kept {kept} of {len(rows)} prompts with a completion scoring >= {args.threshold}; wrote {args.out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from cohort.report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local model folder or hub name")
+    p.add_argument("--task", help="built-in task: addition or multistep")
+    p.add_argument("--data", help="JSONL file or `datasets` name with a prompt column")
+    p.add_argument("--split", default="train", help="dataset split (or 'test' for a built-in task's held-out set)")
+    p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--n", type=int, default=200, help="rows to use (built-in tasks generate this many)")
+    p.add_argument("--task-seed", type=int, default=1234)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the `cohort` command."""
+    parser = argparse.ArgumentParser(prog="cohort", description="GRPO-family training for Hugging Face causal LMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="build a tiny model, warm-start it, GRPO-train it on CPU, report before/after")
+    p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the tuned recipe's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or step lines")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("train", help="GRPO training from a YAML config plus key=value overrides")
+    p.add_argument("config", nargs="?", help="YAML config file (optional when every key is given as override)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.beta=0.04 rollout.group_size=16")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on prompt/completion pairs (cold start)")
+    _data_args(p)
+    p.add_argument("--completion-column", default="completion")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--out", required=True, help="folder for the fine-tuned model")
+    p.set_defaults(func=_cmd_sft)
+
+    for name, helptext, func in (
+        ("eval", "greedy accuracy, pass@k and maj@k on held-out prompts", _cmd_eval),
+        ("sample", "rejection sampling: keep completions that pass a reward, as SFT data (JSONL)", _cmd_sample),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        _data_args(p)
+        p.add_argument("--reward", default="accuracy", help="reward function deciding correctness")
+        p.add_argument("--k", type=int, default=1 if name == "eval" else 4, help="samples per prompt")
+        p.add_argument("--temperature", type=float, default=1.0)
+        p.add_argument("--max-completion-length", type=int, default=256)
+        p.add_argument("--engine", default="builtin")
+        if name == "sample":
+            p.add_argument("--threshold", type=float, default=1.0)
+            p.add_argument("--out", required=True, help="JSONL file to write")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("report", help="rebuild RUN_DIR/report.html from its metrics")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `cohort` command line and return its exit code."""
+    args = build_parser().parse_args(argv)
+    from cohort.config import ConfigError
+
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as e:
+        print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
+        return 130
+    except (ConfigError, FileNotFoundError, ValueError, ImportError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""Typed run configuration: dataclasses, YAML files, dotted ``key=value`` overrides, validation.
+
+One tree of dataclasses is the single source of truth for a run. It is built in this order, each layer
+overriding the one before: field defaults, the named ``preset`` (see :mod:`cohort.presets`), the YAML
+file, then command-line overrides such as ``algo.beta=0.04``. Every check that can be done without
+loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds, not a model load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+SCALES = ("group", "batch", "none")
+STDS = ("sample", "population")
+IMPORTANCE = ("token", "sequence")
+REWARD_MODES = ("sum", "decoupled")
+ENGINES = ("builtin", "hf")
+SCHEDULES = ("constant", "linear", "cosine")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and the fix."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter settings (needs ``pip install cohort[peft]``)."""
+
+    enabled: bool = False
+    """Train a LoRA adapter instead of the full model; the reference is the base with the adapter off."""
+    r: int = 16
+    """Rank of the adapter matrices."""
+    alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or "all-linear"."""
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train and how to load it."""
+
+    name_or_path: str = ""
+    """Local folder or hub name of any AutoModelForCausalLM (its tokenizer is loaded from the same place)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16, float16 or auto."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained (sdpa, eager, flash_attention_2)."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (only for models you trust)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (CUDA when available)."""
+    bf16_autocast: bool = True
+    """On CUDA, run forward passes under bfloat16 autocast."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter settings."""
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from."""
+
+    task: str | None = None
+    """Built-in synthetic task (addition, multistep); used when `path` is empty."""
+    path: str | None = None
+    """JSONL file, or a `datasets` name / folder, with a prompt column."""
+    split: str = "train"
+    """Split to read when `path` is a `datasets` dataset."""
+    eval_path: str | None = None
+    """Held-out JSONL / dataset for evaluation (a built-in task has its own held-out split)."""
+    eval_split: str = "test"
+    """Split of `eval_path` to read when it is a `datasets` dataset."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt (text, or a list of chat messages); other columns reach rewards."""
+    n_train: int = 2000
+    """Number of training problems a built-in task generates."""
+    n_eval: int = 200
+    """Number of held-out problems a built-in task generates (or the cap on eval rows read)."""
+    task_seed: int = 1234
+    """Seed of the built-in task's problem generator (fixes the train / held-out split)."""
+    chat_template: bool | None = None
+    """Apply the tokenizer's chat template: None = only for conversational prompts."""
+    max_prompt_length: int | None = None
+    """Drop prompts longer than this many tokens (None keeps all)."""
+
+
+@dataclass
+class RolloutConfig:
+    """How completions are sampled."""
+
+    engine: str = "builtin"
+    """builtin (KV-cache sampler, prompt prefilled once per group) or hf (transformers generate)."""
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    batch_size: int = 64
+    """Completions per training step (prompts per step = batch_size / group_size)."""
+    max_completion_length: int = 256
+    """Longest completion in tokens; longer ones are cut and flagged as truncated."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs in the loss use the same temperature, as TRL does)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 disables)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 disables)."""
+
+
+@dataclass
+class AlgoConfig:
+    """The GRPO-family objective (see docs/algorithms.md for every formula)."""
+
+    loss_type: str = "grpo"
+    """Loss aggregation: grpo, bnpo, dapo or dr_grpo."""
+    scale: str = "group"
+    """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""
+    std: str = "sample"
+    """Standard deviation: sample (unbiased, TRL) or population (DeepSeekMath)."""
+    adv_eps: float = 1e-4
+    """Added to the std before dividing."""
+    eps_low: float = 0.2
+    """Lower clip range: the ratio is clipped at 1 - eps_low."""
+    eps_high: float | None = None
+    """Upper clip range (None = eps_low); DAPO's clip-higher uses 0.28."""
+    delta: float | None = None
+    """Two-sided clipping: cap the ratio at delta for negative advantages too (None disables)."""
+    beta: float = 0.0
+    """KL coefficient; 0 loads no reference model."""
+    importance: str = "token"
+    """Importance ratio: token (GRPO) or sequence (GSPO)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each generated batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per pass (each over batch_size / num_minibatches completions)."""
+    reward_mode: str = "sum"
+    """How several rewards combine: sum (weighted) or decoupled (GDPO, per-reward normalisation)."""
+    filter_zero_std: bool = False
+    """Dynamic sampling (DAPO): drop groups whose rewards are all equal from the loss."""
+    mask_truncated: bool = False
+    """Leave completions cut at max_completion_length out of the loss (DAPO overlong filtering)."""
+    ref_update_every: int = 0
+    """Copy the policy into the reference every this many steps (0 never)."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    schedule: str = "constant"
+    """After warm-up: constant, linear (to 0) or cosine (to 0)."""
+
+
+@dataclass
+class TrainConfig:
+    """A whole GRPO run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+    rewards: list[str] = field(default_factory=lambda: ["accuracy"])
+    """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (None = all 1.0)."""
+    steps: int = 100
+    """Training steps (one generation batch each)."""
+    micro_batch_tokens: int = 8192
+    """Token budget of one forward/backward (gradient accumulation splits larger minibatches)."""
+    seed: int = 0
+    """Seed for sampling, shuffling and initialisation."""
+    out_dir: str = "runs/cohort"
+    """Run directory: config, metrics, report, checkpoints."""
+    save_every: int = 50
+    """Checkpoint every this many steps (and always at the end)."""
+    keep_checkpoints: int = 2
+    """How many step checkpoints to keep on disk."""
+    resume: str | None = None
+    """Resume from a checkpoint folder, or "auto" for the latest one in out_dir."""
+    eval_every: int = 0
+    """Greedy held-out accuracy every this many steps (0: only at the start and end when eval_at_ends)."""
+    eval_at_ends: bool = True
+    """Evaluate held-out accuracy before the first and after the last step."""
+    eval_limit: int = 200
+    """Evaluate on at most this many held-out rows."""
+    num_samples_logged: int = 4
+    """Sample completions kept per step for the report."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (out_dir/tb)."""
+    wandb: bool = False
+    """Also log to Weights & Biases."""
+    wandb_project: str = "cohort"
+    """W&B project name."""
+    progress: bool = True
+    """Show a live progress bar."""
+    threads: int | None = None
+    """torch.set_num_threads (None leaves torch's default)."""
+    preset: str | None = None
+    """Named recipe applied before the file and overrides: r1, dapo, dr_grpo, ppo_classic."""
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Return the number of distinct prompts sampled per step."""
+        return self.rollout.batch_size // self.rollout.group_size
+
+    def validate(self, *, need_model: bool = True) -> TrainConfig:
+        """Return self after checking every value that can be checked before a model is loaded."""
+        r, a, o = self.rollout, self.algo, self.optim
+        if need_model and not self.model.name_or_path:
+            raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
+        if r.group_size < 2:
+            raise ConfigError(
+                f"rollout.group_size={r.group_size}: GRPO needs at least 2 completions per prompt "
+                "to compare them; set rollout.group_size to 2 or more (8 or 16 are usual)"
+            )
+        if r.batch_size <= 0 or r.batch_size % r.group_size:
+            lo = max(r.group_size, r.batch_size - r.batch_size % r.group_size)
+            raise ConfigError(
+                f"rollout.batch_size={r.batch_size} is not a positive multiple of "
+                f"rollout.group_size={r.group_size}: each prompt needs a whole group; "
+                f"set rollout.batch_size to e.g. {lo} or {lo + r.group_size}"
+            )
+        if r.max_completion_length <= 0:
+            raise ConfigError(
+                f"rollout.max_completion_length={r.max_completion_length} must be a positive number of tokens"
+            )
+        if r.temperature < 0:
+            raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
+        if not 0 < r.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+        _check_choice("rollout.engine", r.engine, ENGINES)
+        _check_choice("algo.loss_type", a.loss_type, LOSS_TYPES)
+        _check_choice("algo.scale", a.scale, SCALES)
+        _check_choice("algo.std", a.std, STDS)
+        _check_choice("algo.importance", a.importance, IMPORTANCE)
+        _check_choice("algo.reward_mode", a.reward_mode, REWARD_MODES)
+        _check_choice("optim.schedule", o.schedule, SCHEDULES)
+        _check_choice("model.dtype", self.model.dtype, DTYPES)
+        if a.beta < 0:
+            raise ConfigError(f"algo.beta={a.beta} must be >= 0 (0 disables the KL penalty)")
+        if a.num_iterations < 1 or a.num_minibatches < 1:
+            raise ConfigError("algo.num_iterations and algo.num_minibatches must be >= 1")
+        if r.batch_size % (a.num_minibatches * r.group_size):
+            raise ConfigError(
+                f"rollout.batch_size={r.batch_size} must split into algo.num_minibatches={a.num_minibatches} "
+                f"minibatches of whole groups of {r.group_size}: change either value"
+            )
+        if self.steps < 1:
+            raise ConfigError(f"steps={self.steps} must be >= 1")
+        if self.micro_batch_tokens < 1:
+            raise ConfigError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1")
+        if o.lr <= 0:
+            raise ConfigError(f"optim.lr={o.lr} must be > 0")
+        if not self.rewards:
+            raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(
+                f"reward_weights has {len(self.reward_weights)} values but rewards has {len(self.rewards)} "
+                f"functions ({self.rewards}): give one weight per function"
+            )
+        if not self.data.task and not self.data.path:
+            raise ConfigError(
+                "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
+                "task (addition, multistep)"
+            )
+        if self.preset is not None:
+            from cohort.presets import PRESETS
+
+            _check_choice("preset", self.preset, tuple(PRESETS))
+        return self
+
+
+def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+
+
+# ---------------------------------------------------------------------------- loading and overrides
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Return {field name: docstring} for a config dataclass, read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+        ):
+            docs[prev.target.id] = str(node.value.value)
+    return docs
+
+
+def _valid_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            keys += _valid_keys(t, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return `value` converted to the annotated type `tp`, or raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
+    if origin is list:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[a,b]")
+        return [_coerce(v, args[0], key) for v in value] if args else list(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={value!r}: expected a number") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}={value!r}: expected a string")
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for k, v in values.items():
+        key = prefix + k
+        if k not in names:
+            valid = _valid_keys(type(obj), prefix)
+            raise ConfigError(f"unknown config key {key!r}; valid keys are: {', '.join(valid)}")
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(v, dict):
+                raise ConfigError(f"{key} is a section; give its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=...")
+            _apply(getattr(obj, k), v, key + ".")
+        else:
+            setattr(obj, k, _coerce(v, tp, key))
+
+
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {p} is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Return the nested dict described by ``key=value`` strings (values parsed as YAML scalars)."""
+    flat: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. algo.beta=0.04)")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        flat[key] = value
+    return _nest(flat)
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+    *,
+    base: TrainConfig | None = None,
+) -> TrainConfig:
+    """Return a TrainConfig from defaults (or `base`), preset, YAML file and overrides, in that order."""
+    layers: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
+        layers = _deep_merge(layers, _nest_top(loaded))
+    if overrides:
+        extra = parse_overrides(list(overrides)) if isinstance(overrides, list) else _nest_top(overrides)
+        layers = _deep_merge(layers, extra)
+    cfg = dataclasses.replace(base) if base is not None else TrainConfig()
+    cfg = from_dict(to_dict(cfg))  # deep copy
+    preset = layers.get("preset", cfg.preset)
+    if preset is not None:
+        from cohort.presets import apply_preset
+
+        apply_preset(cfg, preset)
+    _apply(cfg, layers)
+    return cfg
+
+
+def _nest_top(d: dict[str, Any]) -> dict[str, Any]:
+    """Nest any dotted keys of a YAML mapping so `algo.beta: 0.1` and `algo: {beta: 0.1}` both work."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        v = _nest_top(v) if isinstance(v, dict) else v
+        out = _deep_merge(out, _nest({str(k): v}))
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Return the config as plain nested dicts (for YAML / JSON)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict[str, Any]) -> TrainConfig:
+    """Return a TrainConfig built from nested dicts (unknown keys raise ConfigError)."""
+    cfg = TrainConfig()
+    _apply(cfg, d)
+    return cfg
+
+
+def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

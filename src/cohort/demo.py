@@ -1,0 +1,106 @@
+"""`cohort demo`: the whole R1-style pipeline on a laptop CPU in minutes.
+
+Builds a tiny Qwen2-architecture model with a character tokenizer (saved with save_pretrained and loaded
+back with from_pretrained, like any hub model), warm-starts it with a short SFT on the built-in addition
+task, measures held-out greedy accuracy, trains it with GRPO on the accuracy reward, measures again,
+and writes the run directory (metrics.jsonl, report.html, final model, summary.json).
+
+The recipe below was tuned on a 2-core CPU; the numbers it reaches are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cohort.config import TrainConfig, load_config
+from cohort.data import encode_prompts, make_task, sft_completion
+from cohort.models import build_tiny_model, load_model, load_tokenizer
+from cohort.sft import SFTConfig, encode_pairs, sft_train
+
+DEMO_TASK = "addition"
+DEMO_MODEL = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 256}
+DEMO_SFT = SFTConfig(steps=150, batch_size=32, lr=3e-3, warmup_steps=10, seed=0)
+DEMO_GRPO = {
+    "data": {"task": DEMO_TASK, "n_train": 4000, "n_eval": 200},
+    "rollout": {"group_size": 8, "batch_size": 128, "max_completion_length": 8, "temperature": 1.0},
+    "algo": {"loss_type": "dapo", "beta": 0.0, "eps_low": 0.2, "eps_high": 0.28},
+    "optim": {"lr": 2e-3, "warmup_steps": 5, "schedule": "constant", "max_grad_norm": 1.0},
+    "rewards": ["accuracy"],
+    "steps": 60,
+    "save_every": 0,
+    "eval_every": 20,
+    "threads": None,
+}
+
+
+def demo_config(out_dir: str | Path, model_path: str | Path, *, steps: int | None, seed: int) -> TrainConfig:
+    """Return the GRPO config the demo trains with."""
+    overrides: dict[str, Any] = json.loads(json.dumps(DEMO_GRPO))
+    overrides["model"] = {"name_or_path": str(model_path)}
+    overrides["out_dir"] = str(out_dir)
+    overrides["seed"] = seed
+    if steps is not None:
+        overrides["steps"] = steps
+    return load_config(None, overrides)
+
+
+def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Return the demo's summary after building, warm-starting, evaluating and GRPO-training a tiny model."""
+    from cohort.trainer import GRPOTrainer, seed_everything
+
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say = print if progress else (lambda *a, **k: None)
+    seed_everything(seed)
+    # 1. A tiny model, saved and loaded back exactly like a hub model.
+    base = build_tiny_model(out / "base-model", seed=seed, **DEMO_MODEL)
+    tokenizer = load_tokenizer(base)
+    model = load_model(base)
+    n_params = sum(p.numel() for p in model.parameters())
+    say(f"[1/4] built a {n_params / 1e6:.2f} M-parameter Qwen2 model with a character tokenizer in {base}")
+    # 2. Cold-start SFT on the task's worked answers.
+    cfg = demo_config(out, base, steps=steps, seed=seed)
+    train_rows, _ = make_task(DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed)
+    pairs = encode_pairs(
+        tokenizer, encode_prompts(tokenizer, [r["prompt"] for r in train_rows]), [sft_completion(DEMO_TASK, r) for r in train_rows]
+    )
+    sft_cfg = SFTConfig(**{**DEMO_SFT.__dict__, "seed": seed})
+    hist = sft_train(model, pairs, sft_cfg)
+    sft_dir = out / "sft-model"
+    model.save_pretrained(sft_dir)
+    tokenizer.save_pretrained(sft_dir)
+    say(f"[2/4] SFT warm start: {sft_cfg.steps} steps, final loss {hist[-1]['loss']:.3f}")
+    # 3. GRPO from the warm start, with held-out greedy accuracy before and after.
+    cfg.model.name_or_path = str(sft_dir)
+    cfg.progress = progress
+    trainer = GRPOTrainer(cfg)
+    say(f"[3/4] GRPO: {cfg.steps} steps × {cfg.prompts_per_step} prompts × G={cfg.rollout.group_size}")
+    result = trainer.train()
+    final = trainer.save_final(out / "final-model")
+    summary = {
+        "task": DEMO_TASK,
+        "parameters": n_params,
+        "accuracy_before": result.get("accuracy_before"),
+        "accuracy_after": result.get("accuracy_after"),
+        "grpo_steps": result.get("steps"),
+        "seconds_grpo": round(result.get("seconds_train", 0.0), 1),
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "final_model": str(final),
+        "threads": torch.get_num_threads(),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    from cohort.report import write_report
+
+    write_report(out, title="cohort demo")
+    say(
+        f"[4/4] held-out greedy accuracy: {100 * (summary['accuracy_before'] or 0):.1f}% before GRPO → "
+        f"{100 * (summary['accuracy_after'] or 0):.1f}% after, in {summary['seconds_total']:.0f} s total. "
+        f"Report: {out / 'report.html'}"
+    )
+    return summary

@@ -1,0 +1,96 @@
+"""Multi-process helpers for ``torchrun``: rank information and the few collectives the trainer needs.
+
+cohort does not wrap the model in DistributedDataParallel: each process computes its loss with the
+global normalisers and the gradients are summed with one all-reduce per parameter before the optimizer
+step. That keeps the log-prob path free to call the model however it likes (grouped layouts, skipped
+rows) and makes the multi-process update equal to the single-process one on the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as tdist
+
+
+def is_distributed() -> bool:
+    """Return True when running under torchrun with more than one process."""
+    return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+
+
+def init_from_env() -> None:
+    """Initialise the default process group when torchrun's environment asks for several processes."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and tdist.is_available() and not tdist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        tdist.init_process_group(backend=backend)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def rank() -> int:
+    """Return this process's rank (0 when not distributed)."""
+    return tdist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """Return the number of processes (1 when not distributed)."""
+    return tdist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    """Return True on the process that writes logs, reports and checkpoints."""
+    return rank() == 0
+
+
+def all_sum_int(value: int) -> int:
+    """Return `value` summed over all processes."""
+    if not is_distributed():
+        return int(value)
+    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    tdist.all_reduce(t)
+    return int(t.item())
+
+
+def all_sum_float(value: float) -> float:
+    """Return `value` summed over all processes."""
+    if not is_distributed():
+        return float(value)
+    t = torch.tensor([value], dtype=torch.float64, device=_device())
+    tdist.all_reduce(t)
+    return float(t.item())
+
+
+def all_mean_float(value: float) -> float:
+    """Return the mean of `value` over all processes."""
+    return all_sum_float(value) / world_size()
+
+
+def all_sum_grads(model: torch.nn.Module) -> None:
+    """Sum every trainable parameter's gradient over all processes, in place."""
+    if not is_distributed():
+        return
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            tdist.all_reduce(p.grad)
+
+
+def broadcast_model(model: torch.nn.Module) -> None:
+    """Copy rank 0's parameters to every process so all start identical."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for p in model.parameters():
+            tdist.broadcast(p.data, src=0)
+
+
+def barrier() -> None:
+    """Wait for every process (no-op when not distributed)."""
+    if is_distributed():
+        tdist.barrier()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

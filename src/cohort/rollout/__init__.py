@@ -1,0 +1,35 @@
+"""Rollout engines: G completions per prompt behind one interface (`make_engine`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cohort.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from cohort.rollout.builtin import BuiltinEngine
+from cohort.rollout.hf import HFEngine
+from cohort.rollout.sampling import filter_logits, sample_next
+
+ENGINES: dict[str, type[RolloutEngine]] = {"builtin": BuiltinEngine, "hf": HFEngine}
+
+
+def make_engine(name: str, *, eos_token_ids: Sequence[int], pad_token_id: int, **options) -> RolloutEngine:
+    """Returns the rollout engine called `name` ("builtin" or "hf")."""
+    if name not in ENGINES:
+        raise ValueError(
+            f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}. "
+            "Use 'builtin' (fast KV-cache sampler) or 'hf' (transformers generate)"
+        )
+    return ENGINES[name](eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, **options)
+
+
+__all__ = [
+    "ENGINES",
+    "BuiltinEngine",
+    "HFEngine",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "filter_logits",
+    "make_engine",
+    "sample_next",
+]

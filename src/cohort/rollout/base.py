@@ -1,0 +1,186 @@
+"""Types shared by the rollout engines: sampling settings, the rollout batch, the engine interface."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How completions are sampled."""
+
+    max_completion_length: int
+    """Most new tokens per completion; a completion that reaches it without EOS is marked truncated."""
+    temperature: float = 1.0
+    """Logits are divided by it before softmax (ignored when `greedy`)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of most likely tokens whose mass reaches top_p (1.0 = off)."""
+    top_k: int = 0
+    """Keep only the top_k most likely tokens (0 = off)."""
+    greedy: bool = False
+    """Take the argmax at every step; temperature, top_p and top_k are ignored."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_completion_length, bool) or not isinstance(self.max_completion_length, int):
+            raise TypeError(
+                f"max_completion_length must be an int, got {self.max_completion_length!r} "
+                f"({type(self.max_completion_length).__name__}); pass e.g. max_completion_length=256"
+            )
+        if self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length must be >= 1, got {self.max_completion_length}; "
+                "pass the number of new tokens each completion may have"
+            )
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax decoding"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to switch it off")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}; use 0 to switch it off")
+
+
+@dataclass
+class RolloutBatch:
+    """G completions for each of B prompts, stored group-contiguously (prompt j owns rows j*G ... j*G+G-1)."""
+
+    prompt_ids: list[list[int]]
+    """The B unique prompts, unpadded."""
+    completion_ids: list[list[int]]
+    """N = B*G completions, unpadded; EOS included when the row ended with one, nothing after it."""
+    truncated: torch.Tensor
+    """[N] bool: the row reached max_completion_length without emitting EOS."""
+    group_size: int
+    """G, the number of completions per prompt."""
+    sampling_logprobs: list[torch.Tensor] | None = None
+    """Per row a float32 [T_i] tensor: log-prob of each sampled token under logits / temperature
+    (raw logits when greedy), before top-k / top-p filtering; None when the engine cannot report it."""
+
+    @property
+    def num_prompts(self) -> int:
+        """Returns B, the number of unique prompts."""
+        return len(self.prompt_ids)
+
+    @property
+    def num_completions(self) -> int:
+        """Returns N = B * G, the number of completions."""
+        return len(self.completion_ids)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """Returns the length of each completion, LongTensor [N] (EOS counted)."""
+        return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.long)
+
+
+class RolloutEngine(abc.ABC):
+    """Generates group_size completions for every prompt; subclasses implement `generate`."""
+
+    name: str = "?"
+
+    def __init__(self, *, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
+        eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
+        if not eos or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in eos):
+            raise ValueError(
+                f"eos_token_ids must be a non-empty list of token ids >= 0, got {eos_token_ids!r}; "
+                "pass e.g. [tokenizer.eos_token_id]"
+            )
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or pad_token_id < 0:
+            raise ValueError(
+                f"pad_token_id must be a token id >= 0, got {pad_token_id!r}; pass tokenizer.pad_token_id "
+                "(or the EOS id when the tokenizer has no pad token)"
+            )
+        self.eos_token_ids = eos
+        self.pad_token_id = pad_token_id
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """Returns a RolloutBatch with group_size completions per prompt."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(eos_token_ids={self.eos_token_ids}, pad_token_id={self.pad_token_id})"
+
+
+def validate_request(prompt_ids: object, group_size: object, params: object) -> None:
+    """Returns None; raises a clear error when a generate() request is malformed."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    if not isinstance(prompt_ids, list | tuple) or len(prompt_ids) == 0:
+        raise ValueError(
+            f"prompt_ids must be a non-empty list of token-id lists, got {type(prompt_ids).__name__} "
+            f"of length {len(prompt_ids) if hasattr(prompt_ids, '__len__') else '?'}"
+        )
+    for j, p in enumerate(prompt_ids):
+        if not isinstance(p, list | tuple) or len(p) == 0:
+            raise ValueError(
+                f"prompt {j} must be a non-empty list of token ids, got {p!r}; drop empty prompts "
+                "or prepend a BOS token"
+            )
+
+
+def completions_from_tokens(
+    tokens: list[list[int]], eos_token_ids: Sequence[int], max_len: int
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Returns (completions cut after their first EOS, truncated [N] bool) from raw generated rows."""
+    eos = set(eos_token_ids)
+    completions, truncated = [], []
+    for row in tokens:
+        row = row[:max_len]
+        end = next((i for i, t in enumerate(row) if t in eos), None)
+        if end is None:
+            completions.append(list(row))
+            truncated.append(len(row) >= max_len)
+        else:
+            completions.append(list(row[: end + 1]))
+            truncated.append(False)
+    return completions, torch.tensor(truncated, dtype=torch.bool)
+
+
+def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device):
+    """Returns (input_ids [B, P], attention_mask [B, P] long) with the prompts left-padded to the longest."""
+    width = max(len(p) for p in prompt_ids)
+    ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompt_ids]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids]
+    return (
+        torch.tensor(ids, dtype=torch.long, device=device),  # [B, P]
+        torch.tensor(mask, dtype=torch.long, device=device),  # [B, P]
+    )
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Returns the device of the model's input embeddings (where input ids must live)."""
+    get_emb = getattr(model, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return emb.weight.device
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with every submodule in eval mode, then restores each module's own flag.
+
+    Generation must run in eval mode: besides dropout, transformers drops the KV cache of layers that
+    are in training mode with gradient checkpointing enabled, which would silently corrupt sampling.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in flags:
+            m.training = was_training

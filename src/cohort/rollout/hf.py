@@ -1,0 +1,131 @@
+"""The reference engine: transformers' `generate`, with the model's own generation defaults switched off."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from cohort.rollout.base import (
+    RolloutBatch,
+    RolloutEngine,
+    SamplingParams,
+    completions_from_tokens,
+    eval_mode,
+    left_pad,
+    model_device,
+    validate_request,
+)
+
+
+class HFEngine(RolloutEngine):
+    """Samples with `model.generate(num_return_sequences=G)`; every prompt is prefilled G times."""
+
+    name = "hf"
+
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """Returns a RolloutBatch with group_size completions per prompt sampled by transformers' generate."""
+        validate_request(prompt_ids, group_size, params)
+        device = model_device(model)
+        input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
+        recorder = _LogprobRecorder(1.0 if params.greedy else params.temperature)
+        kwargs = {
+            "max_new_tokens": params.max_completion_length,
+            "num_return_sequences": group_size,
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            "do_sample": not params.greedy,
+            "repetition_penalty": 1.0,
+        }
+        if not params.greedy:
+            # top_k must be explicit: transformers fills a missing top_k with 50.
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        with (
+            torch.inference_mode(),
+            eval_mode(model),
+            _plain_generation_config(hf_model),
+            _seeded_from(generator, device),
+        ):
+            sequences = model.generate(
+                input_ids=input_ids,
+                attention_mask=attn,
+                logits_processor=LogitsProcessorList([recorder]),
+                **kwargs,
+            )  # [N, P + T']
+            new_tokens = sequences[:, input_ids.shape[1] :]  # [N, T']
+            logps = recorder.finish(new_tokens).cpu()  # [N, T']
+        completions, truncated = completions_from_tokens(
+            new_tokens.tolist(), self.eos_token_ids, params.max_completion_length
+        )
+        return RolloutBatch(
+            prompt_ids=[list(p) for p in prompt_ids],
+            completion_ids=completions,
+            truncated=truncated,
+            group_size=group_size,
+            sampling_logprobs=[logps[i, : len(c)].clone() for i, c in enumerate(completions)],
+        )
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records log_softmax(raw logits / temperature) at each sampled token, keeping only one step's [N, V]."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None  # [N, V] log-probs of the step whose token is not yet known
+        self.steps: list[torch.Tensor] = []  # each [N]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [N, V]
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """Returns the log-probs [N, T'] of the generated tokens new_tokens [N, T']."""
+        if self.pending is not None and new_tokens.shape[1] > len(self.steps):
+            self.steps.append(self.pending.gather(-1, new_tokens[:, -1:]).squeeze(-1))
+        self.pending = None
+        if not self.steps:
+            return torch.zeros(new_tokens.shape, dtype=torch.float32, device=new_tokens.device)
+        return torch.stack(self.steps, dim=1)
+
+
+@contextlib.contextmanager
+def _plain_generation_config(hf_model: torch.nn.Module) -> Iterator[None]:
+    """Yields with the model's generation_config replaced by a blank one.
+
+    A checkpoint's generation_config.json (e.g. Qwen's top_k=20, repetition_penalty=1.05) would
+    otherwise silently override the sampling settings we did not pass.
+    """
+    if not hasattr(hf_model, "generation_config"):
+        yield
+        return
+    saved = hf_model.generation_config
+    hf_model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        hf_model.generation_config = saved
+
+
+@contextlib.contextmanager
+def _seeded_from(generator: torch.Generator | None, device: torch.device) -> Iterator[None]:
+    """Yields with the global RNG seeded from `generator` (generate() takes no generator), restoring it after."""
+    if generator is None:
+        yield
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,51 @@
+"""Next-token selection: temperature, top-k, top-p (in that order, as transformers applies them)."""
+
+from __future__ import annotations
+
+import torch
+
+from cohort.rollout.base import SamplingParams
+
+
+def filter_logits(scaled: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Returns `scaled` [n, V] with tokens outside the top-k / top-p sets set to -inf.
+
+    top_p keeps, in decreasing order of probability, every token whose predecessors hold less than
+    top_p of the (top-k renormalised) mass, so the most likely token always survives.
+    """
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]  # [n, 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [n, V]
+        probs = sorted_logits.softmax(dim=-1)  # [n, V]
+        mass_before = probs.cumsum(dim=-1) - probs  # [n, V]
+        drop_sorted = mass_before >= top_p  # [n, V]; position 0 has mass_before 0 < top_p, always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # [n, V]
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (tokens [n] long, log-probs [n] float32) for next-token logits [n, V].
+
+    The log-prob is log_softmax(logits / temperature) at the chosen token, before top-k / top-p
+    filtering (the distribution a trainer recomputes); for greedy it is log_softmax(logits).
+    """
+    logits = logits.float()  # [n, V]
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)  # [n]
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)  # [n]
+        return tokens, logp
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits  # [n, V]
+    logp_all = torch.log_softmax(scaled, dim=-1)  # [n, V]
+    if 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0:
+        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)  # [n, V]
+    else:
+        probs = logp_all.exp()  # [n, V]
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [n]
+    logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)  # [n]
+    return tokens, logp

@@ -1,0 +1,502 @@
+"""The GRPO training loop: generate → score → advantage → filter → update → log → checkpoint.
+
+Each step is a few lines calling the module that owns it; read :meth:`GRPOTrainer.step` top to bottom.
+Everything that can be checked without a model (config, reward functions, dataset columns) is checked
+in the constructor before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cohort import distributed as dist
+from cohort.algo import combine_rewards, group_advantages, zero_std_group_mask
+from cohort.checkpoint import find_resume_dir, load_trainer_state, save_checkpoint, set_rng_state
+from cohort.config import TrainConfig, save_config, to_dict
+from cohort.data import encode_prompts, load_rows, make_task, validate_rows
+from cohort.evaluation import evaluate
+from cohort.models import load_model, load_tokenizer
+from cohort.report import MetricsLogger, Progress, write_report
+from cohort.rewards import resolve_reward_funcs, score
+from cohort.rollout import RolloutBatch, SamplingParams, make_engine
+from cohort.update import PolicyBatch, PolicyUpdater
+
+
+def resolve_device(name: str) -> torch.device:
+    """Return the torch device a config's device string means ("auto" = CUDA when available)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """Return (train rows, held-out rows) for the config's built-in task or dataset."""
+    d = cfg.data
+    if d.path:
+        train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column)
+        held = load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column) if d.eval_path else []
+    else:
+        train, held = make_task(d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed)
+    return train, held[: cfg.eval_limit] if held else held
+
+
+class PromptSampler:
+    """Yields dataset indices in shuffled epochs; its state is saved with checkpoints."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def take(self, k: int) -> list[int]:
+        """Return the next k indices (an epoch boundary reshuffles)."""
+        out = []
+        while len(out) < k:
+            if self.pos == self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffle()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        """Return the position to resume from."""
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at a saved position."""
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._shuffle()
+
+
+@dataclass
+class StepResult:
+    """What one training step produced."""
+
+    metrics: dict[str, Any]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int):
+    """Return a LambdaLR implementing linear warm-up then constant / linear / cosine decay."""
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class GRPOTrainer:
+    """Trains a causal LM with the GRPO family on prompts scored by reward functions."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        reward_funcs: Sequence[str | Callable] | None = None,
+        train_rows: list[dict] | None = None,
+        eval_rows: list[dict] | None = None,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+    ):
+        dist.init_from_env()
+        self.cfg = cfg = config.validate(need_model=model is None)
+        # 1. Everything checkable without a model: rewards, data.
+        self.reward_funcs = resolve_reward_funcs(list(reward_funcs) if reward_funcs else cfg.rewards)
+        self.reward_names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(self.reward_funcs)]
+        weights = cfg.reward_weights or [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions"
+            )
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        if train_rows is None:
+            train_rows, loaded_eval = load_prompt_rows(cfg)
+            eval_rows = loaded_eval if eval_rows is None else eval_rows
+        validate_rows(train_rows, cfg.data.prompt_column, where="training data")
+        if eval_rows:
+            validate_rows(eval_rows, cfg.data.prompt_column, where="held-out data")
+        self.train_rows, self.eval_rows = train_rows, eval_rows or []
+        # 2. Model, tokenizer, reference.
+        seed_everything(cfg.seed + dist.rank())
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.model.device)
+        self.tokenizer = tokenizer or load_tokenizer(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
+        self.model = model or load_model(
+            cfg.model.name_or_path,
+            dtype=cfg.model.dtype,
+            device=str(self.device),
+            trust_remote_code=cfg.model.trust_remote_code,
+            attn_implementation=cfg.model.attn_implementation,
+            lora=cfg.model.lora if cfg.model.lora.enabled else None,
+        )
+        self.model.to(self.device)
+        self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
+        dist.broadcast_model(self.model)
+        self.ref_model = None
+        if cfg.algo.beta > 0 and not cfg.model.lora.enabled:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # 3. Prompts as token ids, once.
+        self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
+        self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
+        self._drop_long_prompts()
+        # 4. Engine, optimizer, updater, run directory.
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        gen_eos = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
+        eos_ids = sorted({self.tokenizer.eos_token_id, *gen_eos} - {None})
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+        self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad)
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed * 7919 + dist.rank())
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), weight_decay=o.weight_decay
+        )
+        updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
+        self.scheduler = make_scheduler(self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step)
+        self.updater = PolicyUpdater(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            cfg.algo,
+            temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+            max_completion_length=cfg.rollout.max_completion_length,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            max_grad_norm=o.max_grad_norm,
+            reference=self._reference if cfg.algo.beta > 0 else None,
+            autocast=self._autocast,
+        )
+        self.sampler = PromptSampler(len(self.train_rows), cfg.seed + 1000 * dist.rank())
+        self.run_dir = Path(cfg.out_dir)
+        self.step_idx = 0
+        self.num_tokens = 0
+        self._resume()
+
+    # ------------------------------------------------------------------ setup helpers
+    def _encode(self, prompts: list[Any]) -> list[list[int]]:
+        return encode_prompts(self.tokenizer, prompts, chat_template=self.cfg.data.chat_template)
+
+    def _drop_long_prompts(self) -> None:
+        limit = self.cfg.data.max_prompt_length
+        if not limit:
+            return
+        keep = [i for i, p in enumerate(self.train_prompt_ids) if len(p) <= limit]
+        if not keep:
+            raise ValueError(
+                f"every training prompt is longer than data.max_prompt_length={limit} tokens; raise it"
+            )
+        self.train_rows = [self.train_rows[i] for i in keep]
+        self.train_prompt_ids = [self.train_prompt_ids[i] for i in keep]
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.device.type == "cuda" and self.cfg.model.bf16_autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """Yield the reference policy: the frozen copy, or the base model with the LoRA adapter off."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    def _resume(self) -> None:
+        if not self.cfg.resume:
+            return
+        ckpt = find_resume_dir(self.cfg.resume, self.run_dir)
+        if ckpt is None:
+            return
+        from cohort.models import load_weights
+
+        load_weights(self.model, ckpt)
+        state = load_trainer_state(ckpt)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"], self.generator)
+        extra = state.get("extra", {})
+        self.sampler.load_state_dict(extra["sampler"])
+        self.num_tokens = extra.get("num_tokens", 0)
+        if self.ref_model is not None and "ref_step" in extra:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        self.step_idx = state["step"]
+
+    # ------------------------------------------------------------------ one step
+    def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
+        """Return the rollout's sampling parameters (greedy for evaluation)."""
+        r = self.cfg.rollout
+        return SamplingParams(
+            max_completion_length=r.max_completion_length,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            greedy=greedy or r.temperature == 0,
+        )
+
+    def step(self) -> StepResult:
+        """Return the metrics of one training step (generation batch → μ updates)."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        t0 = time.perf_counter()
+        # 1. Prompts: B dataset rows, each to be answered G times.
+        idx = self.sampler.take(cfg.prompts_per_step)
+        rows = [self.train_rows[i] for i in idx]
+        # 2. Rollout.
+        with self._autocast():
+            rollout = self.engine.generate(
+                self.model, [self.train_prompt_ids[i] for i in idx], G, self.sampling_params(), self.generator
+            )
+        t_gen = time.perf_counter()
+        # 3. Rewards [N, R] → one reward per completion [N].
+        completions = self._decode(rollout, rows)
+        per_func = self._score(rows, rollout, completions)
+        reward = combine_rewards(per_func, self.reward_weights, G, mode=cfg.algo.reward_mode)  # [N]
+        # 4. Advantages [N] and filters.
+        a = cfg.algo
+        adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)  # [N]
+        in_loss = torch.ones_like(adv, dtype=torch.bool)
+        zero_std = zero_std_group_mask(reward, G)  # [N]
+        if a.filter_zero_std:
+            in_loss &= ~zero_std
+        if a.mask_truncated:
+            in_loss &= ~rollout.truncated.cpu()
+        t_score = time.perf_counter()
+        # 5. Policy update.
+        batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
+        update_metrics = self.updater.update(batch, self.generator)
+        t_update = time.perf_counter()
+        # 6. Reference refresh (recipes that let the anchor follow the policy).
+        self.step_idx += 1
+        if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        metrics = self._metrics(rollout, per_func, reward, zero_std, update_metrics)
+        metrics.update(
+            {
+                "step_time": t_update - t0,
+                "time/generate": t_gen - t0,
+                "time/score": t_score - t_gen,
+                "time/update": t_update - t_score,
+            }
+        )
+        samples = [
+            {"prompt": self._as_text(rows[i // G][cfg.data.prompt_column]), "completion": self._as_text(completions[i]), "reward": float(reward[i])}
+            for i in range(0, len(completions), max(1, len(completions) // max(1, cfg.num_samples_logged)))
+        ][: cfg.num_samples_logged]
+        return StepResult(metrics, samples)
+
+    @staticmethod
+    def _as_text(x: Any) -> str:
+        if isinstance(x, list):
+            return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in x)
+        return str(x)
+
+    def _decode(self, rollout: RolloutBatch, rows: list[dict]) -> list[Any]:
+        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+        if isinstance(rows[0][self.cfg.data.prompt_column], list):  # conversational dataset
+            return [[{"role": "assistant", "content": t}] for t in texts]
+        return texts
+
+    def _score(self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]) -> torch.Tensor:
+        G, pc = rollout.group_size, self.cfg.data.prompt_column
+        columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
+        return score(
+            self.reward_funcs,
+            prompts=[r[pc] for r in rows for _ in range(G)],
+            completions=completions,
+            completion_ids=rollout.completion_ids,
+            columns=columns,
+        )  # [N, R]
+
+    def _metrics(self, rollout, per_func, reward, zero_std, update_metrics) -> dict[str, Any]:
+        G = rollout.group_size
+        lengths = rollout.completion_lengths.float()
+        prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * G
+        self.num_tokens += dist.all_sum_int(int(prompt_tokens + lengths.sum()))
+        grouped = reward.view(-1, G)
+        m: dict[str, Any] = {
+            "step": self.step_idx,
+            "reward": float(torch.nanmean(reward)),
+            "reward_std": float(torch.nanmean(_nanstd(grouped))),
+        }
+        for j, name in enumerate(self.reward_names):
+            col = per_func[:, j]
+            m[f"rewards/{name}/mean"] = float(torch.nanmean(col))
+            m[f"rewards/{name}/std"] = float(_nanstd(col.view(1, -1))[0])
+        m.update(
+            {
+                "kl": update_metrics.pop("kl", None),
+                "clip_ratio/region_mean": update_metrics.pop("clip_ratio/region_mean", 0.0),
+                "clip_ratio/low_mean": update_metrics.pop("clip_ratio/low_mean", 0.0),
+                "clip_ratio/high_mean": update_metrics.pop("clip_ratio/high_mean", 0.0),
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+                "num_tokens": self.num_tokens,
+                "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
+                "entropy": update_metrics.pop("entropy", None),
+                "loss": update_metrics.pop("loss", None),
+                "grad_norm": update_metrics.pop("grad_norm", None),
+            }
+        )
+        m.update(update_metrics)
+        return m
+
+    # ------------------------------------------------------------------ evaluation and saving
+    def evaluate(self, *, k: int = 1) -> dict[str, float]:
+        """Return held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function."""
+        if not self.eval_rows:
+            return {}
+        with self._autocast():
+            return evaluate(
+                self.model,
+                self.tokenizer,
+                self.eval_rows,
+                self.reward_funcs[0],
+                prompt_ids=self.eval_prompt_ids,
+                engine=self.engine,
+                max_completion_length=self.cfg.rollout.max_completion_length,
+                prompt_column=self.cfg.data.prompt_column,
+                k=k,
+                temperature=self.cfg.rollout.temperature or 1.0,
+                generator=self.generator,
+            )
+
+    def save(self) -> Path:
+        """Return the folder of a checkpoint of the current state."""
+        extra = {"sampler": self.sampler.state_dict(), "num_tokens": self.num_tokens}
+        return save_checkpoint(
+            self.run_dir,
+            self.step_idx,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            extra=extra,
+            keep=self.cfg.keep_checkpoints,
+        )
+
+    def save_final(self, folder: str | Path | None = None) -> Path:
+        """Return the folder holding the final model and tokenizer (save_pretrained format)."""
+        out = Path(folder) if folder else self.run_dir / "final"
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out, safe_serialization=True)
+        self.tokenizer.save_pretrained(out)
+        return out
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict[str, Any]:
+        """Return a summary after running the configured number of steps (resuming if asked)."""
+        cfg = self.cfg
+        main = dist.is_main()
+        logger = None
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+            logger = MetricsLogger(
+                self.run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, wandb_project=cfg.wandb_project,
+                config=to_dict(cfg),
+            )
+        progress = Progress(cfg.steps, start=self.step_idx, enabled=cfg.progress and main)
+        summary: dict[str, Any] = {"start_step": self.step_idx}
+        t_start = time.perf_counter()
+        interrupted = False
+        try:
+            if cfg.eval_at_ends and self.step_idx == 0 and self.eval_rows:
+                before = self.evaluate()
+                summary["accuracy_before"] = before.get("accuracy")
+                if logger:
+                    logger.log_eval(0, before)
+            with _sigterm_as_interrupt():
+                while self.step_idx < cfg.steps:
+                    result = self.step()
+                    if logger:
+                        logger.log(result.metrics)
+                        logger.log_samples(self.step_idx, result.samples)
+                    progress.update(self.step_idx, result.metrics)
+                    if cfg.eval_every and self.step_idx % cfg.eval_every == 0 and self.step_idx < cfg.steps:
+                        ev = self.evaluate()
+                        if logger:
+                            logger.log_eval(self.step_idx, ev)
+                    if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
+                        self.save()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            progress.close()
+        if main:
+            ckpt = self.save()
+            summary["checkpoint"] = str(ckpt)
+        if not interrupted and cfg.eval_at_ends and self.eval_rows:
+            after = self.evaluate()
+            summary["accuracy_after"] = after.get("accuracy")
+            if logger:
+                logger.log_eval(self.step_idx, after)
+        summary.update({"steps": self.step_idx, "seconds_train": time.perf_counter() - t_start, "interrupted": interrupted})
+        if logger:
+            logger.close()
+            write_report(self.run_dir)
+        if interrupted:
+            raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; checkpoint saved in {summary.get('checkpoint')}")
+        return summary
+
+
+def _nanstd(x: torch.Tensor) -> torch.Tensor:
+    """Return the unbiased std of each row ignoring NaN (NaN where fewer than two values)."""
+    valid = ~torch.isnan(x)
+    cnt = valid.sum(-1)
+    mean = torch.where(valid, x, 0).sum(-1) / cnt.clamp(min=1)
+    var = torch.where(valid, (x - mean[:, None]) ** 2, 0).sum(-1) / (cnt - 1).clamp(min=1)
+    return torch.where(cnt > 1, var.sqrt(), torch.nan)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Treat SIGTERM like Ctrl-C so a killed job still leaves a checkpoint."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
