@@ -21,7 +21,7 @@ from cohort.rollout.base import (
 
 
 class HFEngine(RolloutEngine):
-    """Samples with `model.generate(num_return_sequences=G)`; every prompt is prefilled G times."""
+    """Samples with `model.generate` on every prompt repeated G times (each prompt is prefilled G times)."""
 
     name = "hf"
 
@@ -37,10 +37,12 @@ class HFEngine(RolloutEngine):
         validate_request(prompt_ids, group_size, params)
         device = model_device(model)
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
+        # Repeated rows rather than num_return_sequences, which greedy decoding rejects for G > 1.
+        input_ids = input_ids.repeat_interleave(group_size, dim=0)  # [N, P]
+        attn = attn.repeat_interleave(group_size, dim=0)  # [N, P]
         recorder = _LogprobRecorder(1.0 if params.greedy else params.temperature)
         kwargs = {
             "max_new_tokens": params.max_completion_length,
-            "num_return_sequences": group_size,
             "eos_token_id": self.eos_token_ids,
             "pad_token_id": self.pad_token_id,
             "do_sample": not params.greedy,

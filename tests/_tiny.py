@@ -1,0 +1,60 @@
+"""A tiny random Qwen2 causal LM shared by the rollout and log-prob tests (no files, no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 40
+PAD = 0
+EOS = 1
+
+
+def tiny_model(
+    *,
+    seed: int = 0,
+    hidden_size: int = 48,
+    num_layers: int = 2,
+    eos_bias: float | None = None,
+    logit_scale: float = 1.0,
+    attn_implementation: str = "sdpa",
+    vocab_size: int = VOCAB,
+) -> Qwen2ForCausalLM:
+    """Returns a float32 tiny Qwen2ForCausalLM in eval mode with deterministic random weights.
+
+    eos_bias gives the LM head a bias whose EOS entry is eos_bias (so rows end mid-way);
+    logit_scale multiplies the LM head weights (a random tiny model is nearly uniform otherwise,
+    and a sampler with a wrong temperature would look right).
+    """
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=None,
+        attn_implementation=attn_implementation,
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+        if eos_bias is not None:
+            head = torch.nn.Linear(hidden_size, vocab_size, bias=True)
+            head.weight.copy_(model.lm_head.weight)
+            head.bias.zero_()
+            head.bias[EOS] = eos_bias
+            model.lm_head = head
+    return model.eval()
+
+
+def random_prompts(n: int, *, seed: int, min_len: int = 2, max_len: int = 9) -> list[list[int]]:
+    """Returns n prompts of random lengths in [min_len, max_len] over ids 2..VOCAB-1 (no PAD or EOS)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    return [torch.randint(2, VOCAB, (n_i,), generator=g).tolist() for n_i in lengths]
