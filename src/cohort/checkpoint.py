@@ -112,3 +112,18 @@ def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
 def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:
     """Return the trainer state saved in a checkpoint folder."""
     return torch.load(Path(ckpt_dir) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def load_model_weights(model: Any, ckpt_dir: str | Path) -> None:
+    """Load the weights saved in a checkpoint folder into `model` in place (full model or LoRA adapter)."""
+    ckpt_dir = Path(ckpt_dir)
+    if (ckpt_dir / "adapter_model.safetensors").is_file():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(ckpt_dir / "adapter_model.safetensors")))
+        return
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
-SCALES = ("group", "batch", "none")
-STDS = ("sample", "population")
-IMPORTANCE = ("token", "sequence")
-REWARD_MODES = ("sum", "decoupled")
+from cohort.algo import COMBINE_MODES as REWARD_MODES
+from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
+from cohort.algo import LOSS_TYPES, SCALES
+from cohort.algo import STD_KINDS as STDS
+
 ENGINES = ("builtin", "hf")
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -44,8 +44,16 @@ class LoraConfig:
     """LoRA scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = 0.0
     """Dropout on the adapter input."""
-    target_modules: list[str] | str = "all-linear"
-    """Module names to adapt, or "all-linear"."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names (last path component) of the Linear layers that get adapters."""
+
+    def settings(self):
+        """Return the equivalent :class:`cohort.models.LoraSettings` (validated)."""
+        from cohort.models import LoraSettings
+
+        return LoraSettings(r=self.r, alpha=self.alpha, dropout=self.dropout, target_modules=tuple(self.target_modules))
 
 
 @dataclass
@@ -84,6 +92,8 @@ class DataConfig:
     """Split of `eval_path` to read when it is a `datasets` dataset."""
     prompt_column: str = "prompt"
     """Column holding the prompt (text, or a list of chat messages); other columns reach rewards."""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """Parameters of the built-in task, e.g. {digits_a: 2, digits_b: 2} for addition."""
     n_train: int = 2000
     """Number of training problems a built-in task generates."""
     n_eval: int = 200
@@ -359,6 +369,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[a,b]")
         return [_coerce(v, args[0], key) for v in value] if args else list(value)
+    if origin is dict or tp is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping, e.g. {key}={{a: 1}}")
+        return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -24,13 +24,19 @@ import torch
 
 from cohort import distributed as dist
 from cohort.algo import combine_rewards, group_advantages, zero_std_group_mask
-from cohort.checkpoint import find_resume_dir, load_trainer_state, save_checkpoint, set_rng_state
+from cohort.checkpoint import (
+    find_resume_dir,
+    load_model_weights,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
 from cohort.evaluation import evaluate
 from cohort.models import load_model, load_tokenizer
 from cohort.report import MetricsLogger, Progress, write_report
-from cohort.rewards import resolve_reward_funcs, score
+from cohort.rewards import resolve_reward_funcs, reward_name, score
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine
 from cohort.update import PolicyBatch, PolicyUpdater
 
@@ -58,7 +64,7 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
         train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column)
         held = load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column) if d.eval_path else []
     else:
-        train, held = make_task(d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed)
+        train, held = make_task(d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed, **d.task_options)
     return train, held[: cfg.eval_limit] if held else held
 
 
@@ -134,8 +140,11 @@ class GRPOTrainer:
         dist.init_from_env()
         self.cfg = cfg = config.validate(need_model=model is None)
         # 1. Everything checkable without a model: rewards, data.
-        self.reward_funcs = resolve_reward_funcs(list(reward_funcs) if reward_funcs else cfg.rewards)
-        self.reward_names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(self.reward_funcs)]
+        self.reward_funcs = resolve_reward_funcs(
+            list(reward_funcs) if reward_funcs else cfg.rewards,
+            max_completion_length=cfg.rollout.max_completion_length,
+        )
+        self.reward_names = [reward_name(f) for f in self.reward_funcs]
         weights = cfg.reward_weights or [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ValueError(
@@ -145,9 +154,9 @@ class GRPOTrainer:
         if train_rows is None:
             train_rows, loaded_eval = load_prompt_rows(cfg)
             eval_rows = loaded_eval if eval_rows is None else eval_rows
-        validate_rows(train_rows, cfg.data.prompt_column, where="training data")
+        validate_rows(train_rows, cfg.data.prompt_column, where="the training data")
         if eval_rows:
-            validate_rows(eval_rows, cfg.data.prompt_column, where="held-out data")
+            validate_rows(eval_rows, cfg.data.prompt_column, where="the held-out data")
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
         # 2. Model, tokenizer, reference.
         seed_everything(cfg.seed + dist.rank())
@@ -161,7 +170,7 @@ class GRPOTrainer:
             device=str(self.device),
             trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=cfg.model.attn_implementation,
-            lora=cfg.model.lora if cfg.model.lora.enabled else None,
+            lora=cfg.model.lora.settings() if cfg.model.lora.enabled else None,
         )
         self.model.to(self.device)
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
@@ -241,9 +250,7 @@ class GRPOTrainer:
         ckpt = find_resume_dir(self.cfg.resume, self.run_dir)
         if ckpt is None:
             return
-        from cohort.models import load_weights
-
-        load_weights(self.model, ckpt)
+        load_model_weights(self.model, ckpt)
         state = load_trainer_state(ckpt)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -283,10 +290,13 @@ class GRPOTrainer:
         # 3. Rewards [N, R] → one reward per completion [N].
         completions = self._decode(rollout, rows)
         per_func = self._score(rows, rollout, completions)
-        reward = combine_rewards(per_func, self.reward_weights, G, mode=cfg.algo.reward_mode)  # [N]
-        # 4. Advantages [N] and filters.
         a = cfg.algo
-        adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)  # [N]
+        reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")  # [N], logged
+        # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
+        if a.reward_mode == "decoupled":
+            adv = combine_rewards(per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps)
+        else:
+            adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)  # [N]
         in_loss = torch.ones_like(adv, dtype=torch.bool)
         zero_std = zero_std_group_mask(reward, G)  # [N]
         if a.filter_zero_std:

@@ -39,7 +39,9 @@ def check_group_size(n: int, group_size: object, what: str = "rewards") -> int:
 def check_tensor(name: str, value: object) -> torch.Tensor:
     """Return `value` if it is a torch.Tensor, else raise a TypeError."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}. Fix: torch.as_tensor(...).")
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(value).__name__}. Fix: torch.as_tensor(...)."
+        )
     return value
 
 

@@ -253,9 +253,10 @@ def process_advantages_to_tokens(
         )
     # Padded ends equal `length`, beyond every real token position, so searchsorted maps the tokens after
     # the last step to the padded slot K_i, whose advantage is the appended 0.
-    ends_pad = torch.nn.utils.rnn.pad_sequence(ends, batch_first=True, padding_value=length).to(device)  # [N, K]
+    ends_pad = torch.nn.utils.rnn.pad_sequence(ends, batch_first=True, padding_value=length)  # [N, K]
+    ends_pad = ends_pad.to(device).contiguous()
     adv_pad = torch.zeros(n, k_max + 1, dtype=dtype, device=device)  # [N, K+1]
     adv_pad[:, :k_max] = torch.nn.utils.rnn.pad_sequence([a.to(device) for a in advs], batch_first=True)
     positions = torch.arange(length, device=device).expand(n, length).contiguous()  # [N, T]
-    step_of_token = torch.searchsorted(ends_pad.contiguous(), positions)  # [N, T], first j with end_j >= t
+    step_of_token = torch.searchsorted(ends_pad, positions)  # [N, T], first j with end_j >= t
     return adv_pad.gather(1, step_of_token)  # [N, T]

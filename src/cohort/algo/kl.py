@@ -50,4 +50,6 @@ def kl_estimate(
         return -r
     if kind == "k2":
         return 0.5 * r * r
-    return torch.exp(r) - r - 1
+    # expm1 keeps k3 accurate (and >= 0) for small r, where exp(r) - r - 1 cancels catastrophically:
+    # in float32, r = 1e-4 would give 0 instead of 5e-9.
+    return torch.expm1(r) - r

@@ -49,7 +49,12 @@ def _register(name: str) -> Callable[[LossAggregation], LossAggregation]:
 
 @_register("grpo")
 def _aggregate_grpo(
-    per_token: torch.Tensor, mask: torch.Tensor, *, num_items: Normaliser, num_sequences: Normaliser, **_: object
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_items: Normaliser,
+    num_sequences: Normaliser,
+    **_: object,
 ) -> torch.Tensor:
     """Return sum_i (sum_t l_it / |o_i|) / num_sequences: the mean over sequences of each one's token mean."""
     lengths = mask.sum(-1).clamp(min=1)  # [N]
@@ -59,7 +64,12 @@ def _aggregate_grpo(
 
 @_register("bnpo")
 def _aggregate_bnpo(
-    per_token: torch.Tensor, mask: torch.Tensor, *, num_items: Normaliser, num_sequences: Normaliser, **_: object
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_items: Normaliser,
+    num_sequences: Normaliser,
+    **_: object,
 ) -> torch.Tensor:
     """Return sum_it l_it / num_items, with num_items the token count of the (process-local) batch."""
     return per_token.sum() / (mask.sum().clamp(min=1) if num_items is None else num_items)
@@ -67,7 +77,12 @@ def _aggregate_bnpo(
 
 @_register("dapo")
 def _aggregate_dapo(
-    per_token: torch.Tensor, mask: torch.Tensor, *, num_items: Normaliser, num_sequences: Normaliser, **_: object
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_items: Normaliser,
+    num_sequences: Normaliser,
+    **_: object,
 ) -> torch.Tensor:
     """Return sum_it l_it / num_items, with num_items the token count of the whole generation batch."""
     # Same formula as bnpo; the two differ in which count the trainer passes (all processes vs this one).
@@ -184,12 +199,11 @@ def policy_loss(
                 "clip range for negative advantages. Fix: pass e.g. delta=4.0, or delta=None for no cap."
             )
     beta = check_nonneg("beta", beta)
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError(
-                f"beta={beta!r} > 0 needs ref_logp (the reference model's per-token log-probs [N, T]). "
-                "Fix: pass ref_logp, or beta=0.0 to drop the KL penalty."
-            )
+    if beta > 0 and ref_logp is None:
+        raise ValueError(
+            f"beta={beta!r} > 0 needs ref_logp (the reference model's per-token log-probs [N, T]). "
+            "Fix: pass ref_logp, or beta=0.0 to drop the KL penalty."
+        )
     if ref_logp is not None:
         check_tensor("ref_logp", ref_logp)
         _check_same_shape("ref_logp", ref_logp, shape)
@@ -248,7 +262,8 @@ def policy_loss(
     )
 
     with torch.no_grad():
-        ratio_d = ratio.detach()
+        # Metrics in at least float32: bf16 cannot even count past 256 exactly.
+        ratio_d = ratio.detach().to(torch.promote_types(ratio.dtype, torch.float32))  # [N, T]
         # A clip only matters in the direction the advantage pushes: below 1 - eps_low for A < 0, above
         # 1 + eps_high for A > 0 (TRL's definition).
         is_low = (ratio_d < low) & (adv < 0) & mask  # [N, T]
@@ -260,5 +275,5 @@ def policy_loss(
             "ratio/mean": masked_mean(ratio_d, mask),
         }
         if kl is not None:
-            metrics["kl"] = masked_mean(kl.detach(), mask)
+            metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
     return loss, metrics

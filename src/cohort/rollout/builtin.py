@@ -57,7 +57,9 @@ class BuiltinEngine(RolloutEngine):
                 f"torch.Generator(device={str(device)!r})"
             )
         with torch.inference_mode(), eval_mode(model):
-            tokens, lengths, ended, logps = self._decode(model, prompt_ids, group_size, params, generator, device)
+            tokens, lengths, ended, logps = self._decode(
+                model, prompt_ids, group_size, params, generator, device
+            )
         tokens_l, lengths_l = tokens.tolist(), lengths.tolist()
         completions = [row[:n] for row, n in zip(tokens_l, lengths_l)]
         logps = logps.cpu()

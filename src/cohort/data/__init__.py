@@ -1,0 +1,23 @@
+"""Datasets for cohort: built-in synthetic tasks, JSONL / `datasets` loading, prompt encoding."""
+
+from cohort.data.loading import RESERVED_COLUMNS, DataError, load_jsonl, load_rows, validate_rows
+from cohort.data.prompts import encode_prompts, is_conversational, prompt_text
+from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
+
+__all__ = [
+    "RESERVED_COLUMNS",
+    "TASKS",
+    "AdditionTask",
+    "DataError",
+    "MultistepTask",
+    "Task",
+    "encode_prompts",
+    "get_task",
+    "is_conversational",
+    "load_jsonl",
+    "load_rows",
+    "make_task",
+    "prompt_text",
+    "sft_completion",
+    "validate_rows",
+]

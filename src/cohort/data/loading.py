@@ -1,0 +1,190 @@
+"""Load prompt datasets (JSONL files, `datasets` folders or Hub names) as lists of row dicts, and validate them.
+
+A row is ``{prompt_column: str | list[{"role", "content"}], other columns...}``. Every column other than
+the prompt reaches the reward functions as a keyword argument (TRL's convention), so all rows must
+have the same columns and none may be named like the reward functions' own arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RESERVED_COLUMNS", "DataError", "load_jsonl", "load_rows", "validate_rows"]
+
+RESERVED_COLUMNS = frozenset({"prompts", "completions", "completion_ids"})
+"""Column names that would clash with the arguments every reward function receives."""
+
+_DATASETS_FILE_BUILDERS = {".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used: missing, malformed, empty or with the wrong columns."""
+
+
+def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Returns the rows of a JSONL file (one JSON object per line; blank lines skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        hint = "it is a folder; pass a .jsonl file" if path.is_dir() else "check the path"
+        raise DataError(f"dataset file {str(path)!r} not found ({hint})")
+    rows: list[dict[str, Any]] = []
+    first_keys: list[str] | None = None
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno}); each line must be "
+                    f"one JSON object. The line starts with {line[:80]!r}"
+                ) from exc
+            if not isinstance(row, dict):
+                raise DataError(
+                    f'{path}:{lineno}: expected a JSON object like {{"prompt": ...}}, got {type(row).__name__}'
+                )
+            if first_keys is None:
+                first_keys = sorted(row)
+            elif sorted(row) != first_keys:
+                raise DataError(f"{path}:{lineno}: {_column_mismatch(row, first_keys)}")
+            rows.append(row)
+    return rows
+
+
+def _column_mismatch(row: dict[str, Any], expected: Sequence[str]) -> str:
+    """Returns a sentence saying how a row's columns differ from the first row's."""
+    missing = sorted(set(expected) - set(row))
+    extra = sorted(set(row) - set(expected))
+    return (
+        f"inconsistent columns: this row has {sorted(row)} but the first row has {list(expected)} "
+        f"(missing {missing}, extra {extra}); every row needs the same columns"
+    )
+
+
+def _looks_like_file(source: str) -> bool:
+    """Returns True when ``source`` names a local file or folder rather than a Hub dataset id."""
+    return (
+        source.endswith((".jsonl", ".json", *_DATASETS_FILE_BUILDERS))
+        or source.startswith((".", "/", "~"))
+        or "\\" in source
+        or source.count("/") > 1
+    )
+
+
+def _import_datasets(source: str):
+    """Returns the ``datasets`` module, or raises a DataError saying how to install it."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DataError(
+            f"loading {source!r} needs the optional dependency `datasets`: pip install 'cohort[data]' "
+            "(or convert the data to a JSONL file with one object per line)"
+        ) from exc
+    return datasets
+
+
+def _from_datasets(source: str, split: str) -> list[dict[str, Any]]:
+    """Returns the rows of a `datasets` folder (save_to_disk or data files), data file or Hub dataset."""
+    datasets = _import_datasets(source)
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise DataError(f"dataset {source!r} has no split {split!r}; its splits are {sorted(ds)}")
+                ds = ds[split]
+        elif path.is_file():
+            ds = datasets.load_dataset(
+                _DATASETS_FILE_BUILDERS[path.suffix], data_files=str(path), split="train"
+            )
+        else:
+            ds = datasets.load_dataset(str(path) if path.is_dir() else source, split=split)
+    except DataError:
+        raise
+    except Exception as exc:  # datasets raises many types; add what we tried, keep the cause
+        raise DataError(
+            f"could not load dataset {source!r} (split {split!r}) with `datasets`: {type(exc).__name__}: {exc}. "
+            "Pass a JSONL file, a folder written by Dataset.save_to_disk, or a Hub dataset name reachable "
+            "from this machine"
+        ) from exc
+    return ds.to_list()
+
+
+def load_rows(
+    source: str | os.PathLike, *, split: str = "train", prompt_column: str = "prompt"
+) -> list[dict[str, Any]]:
+    """Returns the validated rows of a JSONL file, a `datasets` folder / file, or a Hub dataset name."""
+    name = os.fspath(source)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix not in _DATASETS_FILE_BUILDERS:
+        rows = load_jsonl(path)
+    elif path.exists():
+        rows = _from_datasets(name, split)
+    elif _looks_like_file(name):
+        raise DataError(
+            f"dataset file {name!r} not found; pass an existing .jsonl file, a dataset folder or a Hub name"
+        )
+    else:
+        rows = _from_datasets(name, split)
+    return validate_rows(rows, prompt_column, where=repr(name))
+
+
+def _is_message_list(prompt: Any) -> bool:
+    """Returns True for a conversational prompt: a non-empty list of {"role", "content"} dicts."""
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+def validate_rows(
+    rows: Sequence[dict[str, Any]],
+    prompt_column: str = "prompt",
+    *,
+    required: Iterable[str] = (),
+    where: str = "dataset",
+) -> list[dict[str, Any]]:
+    """Returns ``rows`` as a list after checking: non-empty, same columns, prompt column present and well typed."""
+    rows = list(rows)
+    if not rows:
+        raise DataError(f"{where} is empty: it has no rows; a training run needs at least one prompt")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: row {i} is a {type(row).__name__}, expected a dict of columns")
+    columns = sorted(rows[0])
+    if prompt_column not in rows[0]:
+        raise DataError(
+            f"{where} has no prompt column {prompt_column!r}; columns found: {columns}. "
+            "Pass prompt_column=<one of them> (data.prompt_column in the config)"
+        )
+    reserved = sorted(RESERVED_COLUMNS & set(columns))
+    if reserved:
+        raise DataError(
+            f"{where} has column(s) {reserved}, which clash with the arguments every reward function "
+            f"receives ({sorted(RESERVED_COLUMNS)}); rename them"
+        )
+    missing = [c for c in required if c not in rows[0]]
+    if missing:
+        raise DataError(
+            f"{where} lacks required column(s) {missing} (needed by the reward functions); columns found: {columns}"
+        )
+    for i, row in enumerate(rows):
+        if sorted(row) != columns:
+            raise DataError(f"{where}: row {i}: {_column_mismatch(row, columns)}")
+        prompt = row[prompt_column]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise DataError(f"{where}: row {i} has an empty prompt; remove the row or fill it in")
+        elif not _is_message_list(prompt):
+            raise DataError(
+                f"{where}: row {i}: prompt column {prompt_column!r} must be a string or a list of "
+                f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: {str(prompt)[:80]}"
+            )
+    return rows

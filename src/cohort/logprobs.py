@@ -1,0 +1,382 @@
+"""Per-token log-probs of completion tokens, computed so that [B, T, V] never materialises.
+
+Two layouts of the same computation:
+
+- "grouped" (default): each prompt appears once, followed by its selected completions, in one
+  sequence. A block attention mask lets every completion see its prompt and (causally) itself only,
+  and position ids restart at the prompt length for every completion, so each token sees exactly
+  the context it has in a plain prompt+completion row. The prompt's activations are computed once
+  and receive the gradients of all its completions. Several groups are packed into each batch row
+  (first-fit decreasing, row length = the longest group), so rows are not padded to a common length
+  beyond that of the longest group.
+- "padded": one right-padded prompt+completion row per completion; the reference, and the fallback
+  for attention implementations that cannot take a custom mask (flash-attention, flex-attention)
+  or for models with sliding-window layers.
+
+Either way the LM head runs only on the hidden states that predict completion tokens, in chunks of
+`chunk_size` rows; under autograd each chunk is checkpointed, so the backward pass recomputes one
+chunk's logits at a time instead of keeping all of them.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+LAYOUTS = ("grouped", "padded")
+
+
+@dataclass
+class LogProbs:
+    """Per-token log-probs of the selected completions, padded to the longest one."""
+
+    logp: torch.Tensor
+    """[n, T] float32: log_softmax(logits / temperature) at each completion token; 0 where masked."""
+    mask: torch.Tensor
+    """[n, T] bool: True at real completion tokens."""
+    entropy: torch.Tensor | None = None
+    """[n, T] float32 entropy of the predictive distribution (logits / temperature); 0 where masked."""
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    group_size: int,
+    *,
+    rows: Sequence[int] | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 1024,
+    layout: str = "grouped",
+) -> LogProbs:
+    """Returns LogProbs ([n, T]) of the completion tokens of `rows` (all rows if None), in that order.
+
+    Row r belongs to prompt r // group_size. Differentiable when grad is enabled.
+    """
+    sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, layout)
+    device = _input_device(model)
+    lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
+    n, T = len(sel), int(lengths.max()) if sel else 0
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # [n, T]
+    if T == 0:
+        empty = torch.zeros(n, 0, dtype=torch.float32, device=device)
+        return LogProbs(logp=empty, mask=mask, entropy=empty.clone() if with_entropy else None)
+
+    parts = _model_parts(model)
+    mask_kind = _custom_mask_kind(model) if layout == "grouped" else None
+    if layout == "grouped" and mask_kind is None:
+        layout = "padded"
+    if layout == "grouped":
+        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T)
+    else:
+        lay = _padded_layout(prompt_ids, completion_ids, group_size, sel, T)
+    input_ids = torch.tensor(lay.input_ids, dtype=torch.long, device=device)  # [R, L]
+    position_ids = torch.tensor(lay.position_ids, dtype=torch.long, device=device)  # [R, L]
+    source = torch.tensor(lay.source, dtype=torch.long, device=device)  # [M] index into R*L
+    target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
+    dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
+    if layout == "grouped":
+        attn = _block_mask(lay, device, mask_kind, _float_dtype(model))  # [R, 1, L, L]
+    else:
+        attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
+
+    if parts is not None:
+        decoder, head = parts
+        out = decoder(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # [R, L, H]
+        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, source)  # [M, H]
+    else:
+        head = None
+        logits = model(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
+        ).logits  # [R, L, V]
+        picked = logits.reshape(-1, logits.shape[-1]).index_select(0, source)  # [M, V]
+
+    logp, entropy = _chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size)  # [M]
+    flat = torch.zeros(n * T, dtype=torch.float32, device=device)  # [n*T]
+    logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
+    ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
+    return LogProbs(logp=logp_out, mask=mask, entropy=ent_out)
+
+
+# --------------------------------------------------------------------------------------------- layouts
+
+
+@dataclass
+class _Layout:
+    input_ids: list[list[int]]  # [R, L]
+    position_ids: list[list[int]]  # [R, L]
+    source: list[int]  # [M] flat index (row * L + col) of the hidden state predicting each target
+    target: list[int]  # [M] completion token ids
+    dest: list[int]  # [M] flat index (i * T + t) into the [n, T] output
+    attention_mask: list[list[int]] | None = None  # [R, L], padded layout only
+    group: list[list[int]] | None = None  # [R, L] group instance per token (-1 = pad), grouped only
+    segment: list[list[int]] | None = None  # [R, L] segment per token (-1 = pad), grouped only
+    is_prompt: list[list[bool]] | None = None  # [R, L], grouped only
+
+
+def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
+    """Returns one right-padded row prompt + completion[:-1] per selected non-empty completion."""
+    items = [(i, r) for i, r in enumerate(sel) if len(completion_ids[r]) > 0]
+    width = max(len(prompt_ids[r // group_size]) + len(completion_ids[r]) - 1 for _, r in items)
+    lay = _Layout([], [], [], [], [], attention_mask=[])
+    for row, (i, r) in enumerate(items):
+        prompt, comp = prompt_ids[r // group_size], completion_ids[r]
+        seq = [*prompt, *comp[:-1]]
+        pad = width - len(seq)
+        lay.input_ids.append(seq + [seq[-1]] * pad)
+        lay.position_ids.append(list(range(width)))
+        lay.attention_mask.append([1] * len(seq) + [0] * pad)
+        # Position p-1+t (the last prompt token, then each completion token) predicts token t.
+        start = row * width + len(prompt) - 1
+        lay.source.extend(range(start, start + len(comp)))
+        lay.target.extend(comp)
+        lay.dest.extend(range(i * T, i * T + len(comp)))
+    return lay
+
+
+def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
+    """Returns rows packing [prompt, c1[:-1], c2[:-1], ...] per group, the groups placed first-fit decreasing."""
+    groups: dict[int, list[tuple[int, int]]] = {}  # prompt index -> [(output index, row)]
+    for i, r in enumerate(sel):
+        if len(completion_ids[r]) > 0:
+            groups.setdefault(r // group_size, []).append((i, r))
+    sizes = {
+        g: len(prompt_ids[g]) + sum(len(completion_ids[r]) - 1 for _, r in members)
+        for g, members in groups.items()
+    }
+    width = max(sizes.values())
+    bins: list[list[int]] = []  # groups per packed row
+    room: list[int] = []
+    for g in sorted(groups, key=lambda g: -sizes[g]):
+        slot = next((b for b, free in enumerate(room) if free >= sizes[g]), None)
+        if slot is None:
+            bins.append([])
+            room.append(width)
+            slot = len(bins) - 1
+        bins[slot].append(g)
+        room[slot] -= sizes[g]
+
+    lay = _Layout([], [], [], [], [], group=[], segment=[], is_prompt=[])
+    for row, members_of_row in enumerate(bins):
+        ids, pos, grp, seg, isp = [], [], [], [], []
+        for g in members_of_row:
+            prompt = prompt_ids[g]
+            p = len(prompt)
+            last_prompt = row * width + len(ids) + p - 1
+            ids.extend(prompt)
+            pos.extend(range(p))
+            grp.extend([g] * p)
+            seg.extend([len(seg)] * p)  # a segment id unique within the row
+            isp.extend([True] * p)
+            for i, r in groups[g]:
+                comp = completion_ids[r]
+                body = comp[:-1]
+                start = row * width + len(ids)
+                lay.source.append(last_prompt)
+                lay.source.extend(range(start, start + len(body)))
+                lay.target.extend(comp)
+                lay.dest.extend(range(i * T, i * T + len(comp)))
+                seg_id = len(seg)
+                ids.extend(body)
+                pos.extend(range(p, p + len(body)))
+                grp.extend([g] * len(body))
+                seg.extend([seg_id] * len(body))
+                isp.extend([False] * len(body))
+        pad = width - len(ids)
+        lay.input_ids.append(ids + [ids[-1]] * pad)
+        lay.position_ids.append(pos + [0] * pad)
+        lay.group.append(grp + [-1] * pad)
+        lay.segment.append(seg + [-1] * pad)
+        lay.is_prompt.append(isp + [False] * pad)
+    return lay
+
+
+def _block_mask(lay: _Layout, device, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """Returns the [R, 1, L, L] mask of a grouped layout: bool (True = attend) or additive float.
+
+    A query attends to an earlier-or-same key of its own group that is either in the prompt or in
+    its own completion. Padding attends causally to padding, so no query row is fully masked (a
+    fully masked row gives NaN in sdpa, and NaN poisons the backward pass even where unused).
+    """
+    group = torch.tensor(lay.group, device=device)  # [R, L]
+    segment = torch.tensor(lay.segment, device=device)  # [R, L]
+    is_prompt = torch.tensor(lay.is_prompt, device=device)  # [R, L]
+    L = group.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()  # [L, L]
+    same_group = group[:, :, None] == group[:, None, :]  # [R, L, L]
+    visible = is_prompt[:, None, :] | (segment[:, :, None] == segment[:, None, :])  # [R, L, L]
+    allowed = (same_group & visible & causal)[:, None]  # [R, 1, L, L]
+    if kind == "bool":
+        return allowed
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)  # [R, 1, L, L]
+
+
+# --------------------------------------------------------------------------------------------- LM head
+
+
+def _chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size):
+    """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *]."""
+    fn = _logp_entropy if with_entropy else _logp_only
+    use_ckpt = torch.is_grad_enabled() and picked.requires_grad
+    logps, ents = [], []
+    for start in range(0, picked.shape[0], chunk_size):
+        h = picked[start : start + chunk_size]  # [m, H]
+        tgt = target[start : start + chunk_size]  # [m]
+        if use_ckpt:
+            lp, ent = checkpoint(fn, head, h, tgt, temperature, use_reentrant=False)
+        else:
+            lp, ent = fn(head, h, tgt, temperature)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def _scaled_logits(head, h, temperature):
+    logits = (head(h) if head is not None else h).float()  # [m, V]
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _logp_only(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logits.logsumexp(-1)  # [m]
+    return logp, None
+
+
+def _logp_entropy(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logz = logits.logsumexp(-1)  # [m]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
+    entropy = logz - (logits.softmax(-1) * logits).sum(-1)  # [m]
+    return logp, entropy
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Returns the transformers model inside a peft PeftModel (LoRA layers stay injected), else model."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _model_parts(model: torch.nn.Module):
+    """Returns (decoder, lm_head) when head(decoder(x)) reproduces model(x).logits, else None (full logits).
+
+    Checked once per model on a 4-token input: models that transform logits after the head (soft-capping,
+    logit scaling) or peft prompt learning (virtual tokens) fail the check and use full logits.
+    """
+    if model in _PARTS:
+        return _PARTS[model]
+    parts = None
+    peft_config = getattr(model, "active_peft_config", None)
+    inner = _unwrap(model)
+    get_dec = getattr(inner, "get_decoder", None)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    if not getattr(peft_config, "is_prompt_learning", False) and callable(get_dec) and callable(get_head):
+        decoder, head = get_dec(), get_head()
+        if decoder is not None and head is not None and decoder is not inner:
+            parts = (decoder, head) if _head_matches(model, decoder, head) else None
+    if parts is None:
+        warnings.warn(
+            f"completion_logprobs: could not split {type(inner).__name__} into decoder + LM head; "
+            "computing full logits (memory grows with batch x length x vocab)",
+            stacklevel=3,
+        )
+    _PARTS[model] = parts
+    return parts
+
+
+def _head_matches(model, decoder, head) -> bool:
+    vocab = head.weight.shape[0] if getattr(head, "weight", None) is not None else 2
+    ids = (torch.arange(4, device=_input_device(model)) % vocab)[None]  # [1, 4]
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = decoder(input_ids=ids, use_cache=False)
+            hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+            ours = head(hidden).float()  # [1, 4, V]
+            theirs = model(input_ids=ids, use_cache=False).logits.float()  # [1, 4, V]
+    except Exception:  # noqa: BLE001 - any failure means the split is unusable
+        return False
+    finally:
+        for m, was_training in flags:
+            m.training = was_training
+    if ours.shape != theirs.shape:
+        return False
+    scale = 1.0 + theirs.abs().max().item()
+    return bool(torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3 * scale))
+
+
+_WARNED: set[str] = set()
+
+
+def _custom_mask_kind(model: torch.nn.Module) -> str | None:
+    """Returns "bool" (sdpa) or "float" (eager) when the model takes our 4D mask as-is, else None."""
+    config = getattr(_unwrap(model), "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    kind = {"sdpa": "bool", "eager": "float"}.get(impl)
+    reason = f"attention implementation {impl!r} takes no custom 4D mask (use 'sdpa' or 'eager')"
+    layer_types = getattr(config, "layer_types", None) or []
+    if kind is not None and any("sliding" in str(t) for t in layer_types):
+        # A 4D mask is passed through unchanged to sliding-window layers, dropping their window.
+        kind, reason = None, "the model has sliding-window attention layers"
+    if kind is None and reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(
+            f"completion_logprobs: layout='grouped' unavailable: {reason}; using 'padded'", stacklevel=3
+        )
+    return kind
+
+
+def _input_device(model: torch.nn.Module) -> torch.device:
+    get_emb = getattr(model, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return emb.weight.device
+    return next(model.parameters()).device
+
+
+def _float_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, layout) -> list[int]:
+    """Returns the selected row indices; raises a clear error for any malformed argument."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+    if len(completion_ids) != len(prompt_ids) * group_size:
+        raise ValueError(
+            f"len(completion_ids) = {len(completion_ids)} but len(prompt_ids) * group_size = "
+            f"{len(prompt_ids)} * {group_size}; pass the B unique prompts and their B*G completions "
+            "(group-contiguous)"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}; use 1.0 for the raw logits")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    n_rows = len(completion_ids)
+    sel = list(range(n_rows)) if rows is None else [int(r) for r in rows]
+    bad = [r for r in sel if not 0 <= r < n_rows]
+    if bad:
+        raise ValueError(f"rows {bad[:5]} out of range: there are {n_rows} completions (0..{n_rows - 1})")
+    for r in sel:
+        if len(completion_ids[r]) > 0 and len(prompt_ids[r // group_size]) == 0:
+            raise ValueError(
+                f"prompt {r // group_size} is empty; a completion needs at least one prompt token "
+                "to be predicted from (prepend a BOS token)"
+            )
+    return sel

@@ -1,0 +1,393 @@
+"""Load policy / reference models and tokenizers, wrap them with LoRA, and build a tiny local model.
+
+Everything goes through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``: a tiny model
+built by :func:`build_tiny_model` is saved with ``save_pretrained`` and loaded back exactly like a
+real checkpoint, so the demo exercises the same code path as a 7B run.
+
+The tiny tokenizer is character-level for ASCII but stored in GPT-2's byte-level alphabet (space is
+``Ġ``, newline ``Ċ``), with every one of the 256 bytes in the vocabulary. Why: transformers 5 loads
+any folder whose config says ``model_type: qwen2`` with ``Qwen2Tokenizer``, whatever
+``tokenizer_config.json`` names, and that class rebuilds a byte-level pre-tokenizer and decoder on
+top of the saved vocabulary. A plain character vocabulary (a literal ``" "`` token) then loses every
+space on the way through. In the byte-level alphabet both loaders, ``Qwen2Tokenizer`` and
+``PreTrainedTokenizerFast``, produce the same ids and decode any UTF-8 string losslessly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CHAR_VOCAB",
+    "TINY_CHAT_TEMPLATE",
+    "TINY_SIZES",
+    "LoraSettings",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "count_parameters",
+    "load_model",
+    "load_tokenizer",
+    "resolve_dtype",
+]
+
+CHAR_VOCAB: str = "\n " + string.digits + string.ascii_letters + string.punctuation
+"""Characters of the tiny tokenizer that get the lowest ids (one token each), in id order after the
+special tokens. Any other character still round-trips as its UTF-8 bytes (one token per byte)."""
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+BOS_TOKEN = "<|bos|>"
+
+TINY_CHAT_TEMPLATE: str = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}"
+    # an explicit '\n' expression: HF renders templates with trim_blocks, which eats a literal newline
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant: {% endif %}"
+)
+"""Plain-text chat template of the tiny tokenizer: ``"User: 1+2=\\nAssistant: "``."""
+
+TINY_SIZES: dict[str, dict[str, int]] = {
+    # about 0.50 M parameters with the 258-token vocabulary (tied embeddings)
+    "0.5m": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 416},
+    # about 14.2 M parameters
+    "14m": {"hidden_size": 384, "num_layers": 8, "num_heads": 6, "intermediate_size": 1024},
+}
+"""Named size presets for :func:`build_tiny_model`: ``build_tiny_model(d, **TINY_SIZES["14m"])``."""
+
+_DTYPES: dict[str, torch.dtype | str] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "auto": "auto",
+}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter settings (peft): rank, scaling numerator, dropout and the module names to adapt."""
+
+    r: int = 8
+    """Adapter rank."""
+    alpha: float = 16.0
+    """Scaling numerator: the adapter output is multiplied by alpha / r."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    """Names (last path component) of the Linear layers that get adapters."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.r, int) or self.r <= 0:
+            raise ValueError(f"LoraSettings.r={self.r!r} must be a positive integer (typical: 8, 16, 64)")
+        if self.alpha <= 0:
+            raise ValueError(f"LoraSettings.alpha={self.alpha!r} must be > 0 (typical: 2 * r)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout={self.dropout!r} must be in [0, 1)")
+        if isinstance(self.target_modules, str) or not self.target_modules:
+            raise ValueError(
+                f"LoraSettings.target_modules={self.target_modules!r} must be a non-empty list of module "
+                "names, e.g. ['q_proj', 'v_proj']"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny model factory
+# ---------------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """Returns GPT-2's reversible byte -> printable character map (the ByteLevel alphabet)."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def build_tiny_tokenizer(*, add_bos: bool = False):
+    """Returns the tiny character-level ``PreTrainedTokenizerFast`` (pad id 0, eos id 1, chat template set)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_char = _bytes_to_unicode()
+    specials = [PAD_TOKEN, EOS_TOKEN] + ([BOS_TOKEN] if add_bos else [])
+    tokens = specials + [byte_char[ord(c)] for c in CHAR_VOCAB]
+    seen = set(tokens)
+    tokens += [byte_char[b] for b in range(256) if byte_char[b] not in seen]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+
+    # BPE without merges = one token per byte; the same pipeline Qwen2Tokenizer rebuilds on load.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN if add_bos else None,
+        # WordPiece-style cleanup turns "a , b" into "a, b" on decode; 5.23 skips it for BPE, older 5.x don't
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    add_bos: bool = False,
+) -> Path:
+    """Returns ``out_dir`` after saving a randomly initialised tiny Qwen2ForCausalLM and its char tokenizer there.
+
+    ``vocab_size=None`` uses the tokenizer's size (258, or 259 with ``add_bos``); a larger value pads
+    the embedding (e.g. 151936, Qwen2.5's vocabulary, for memory benchmarks) and leaves the extra ids
+    unused. ``intermediate_size=None`` means ``4 * hidden_size``. Sizes: see :data:`TINY_SIZES`.
+    """
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    if hidden_size <= 0 or num_layers <= 0 or num_heads <= 0:
+        raise ValueError(
+            f"hidden_size={hidden_size}, num_layers={num_layers}, num_heads={num_heads} must all be positive"
+        )
+    if hidden_size % num_heads:
+        raise ValueError(
+            f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}; "
+            f"pick e.g. num_heads in {[h for h in range(1, 17) if hidden_size % h == 0]}"
+        )
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} must be a positive divisor of num_heads={num_heads}")
+
+    tokenizer = build_tiny_tokenizer(add_bos=add_bos)
+    n_tokens = len(tokenizer)
+    vocab_size = n_tokens if vocab_size is None else vocab_size
+    if vocab_size < n_tokens:
+        raise ValueError(
+            f"vocab_size={vocab_size} is smaller than the tiny tokenizer's {n_tokens} tokens; "
+            f"use None (exactly {n_tokens}) or a larger value such as 151936"
+        )
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # transformers 5 writes its internal name "TokenizersBackend"; the public alias also loads in 4.x
+    # and in tools that resolve the class by name (the byte-level vocabulary keeps ids identical either way)
+    config_path = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def count_parameters(model: torch.nn.Module, *, trainable: bool = False) -> int:
+    """Returns the number of (distinct, so tied weights count once) parameters, optionally trainable only."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _not_found(name_or_path: str, reason: str) -> ValueError:
+    """Returns the error raised when a model/tokenizer can be neither found locally nor downloaded."""
+    return ValueError(
+        f"{name_or_path!r} is neither a local model folder nor a model that could be downloaded from the "
+        f"Hugging Face Hub ({reason}). Pass the path of a folder saved with save_pretrained, e.g. the tiny "
+        "model that `cohort demo` builds (or cohort.models.build_tiny_model(DIR)), or a Hub name such as "
+        "'Qwen/Qwen2.5-0.5B-Instruct' on a machine that can reach the Hub."
+    )
+
+
+def _looks_like_path(name: str) -> bool:
+    """Returns True when ``name`` can only be a filesystem path, never a Hub repo id ("org/name")."""
+    return (
+        name.startswith((".", "/", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.endswith("/")
+        or (os.name == "nt" and len(name) > 1 and name[1] == ":")
+    )
+
+
+def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
+    """Returns the source as a string after rejecting local paths that cannot be a saved model."""
+    name = os.fspath(name_or_path)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model name or path {name_or_path!r} must be a non-empty string or path")
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(
+                f"{name!r} is a file, not a model folder; pass the folder that holds config.json "
+                "(as written by save_pretrained)"
+            )
+        if not (path / needed).exists():
+            raise ValueError(
+                f"folder {name!r} exists but holds no {needed}; pass a folder written by save_pretrained "
+                f"(found: {sorted(p.name for p in path.iterdir())[:10]})"
+            )
+        return str(path)
+    if _looks_like_path(name):
+        raise _not_found(name, "no such folder")
+    return name
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
+    """Returns the ``AutoTokenizer`` for a folder or Hub name, with a pad token (eos if none) and left padding.
+
+    Left padding because cohort only pads prompts, for batched generation.
+    """
+    from transformers import AutoTokenizer
+
+    source = _check_source(name_or_path, "tokenizer_config.json")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise _not_found(source, str(exc).splitlines()[0]) from exc
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                f"tokenizer of {source!r} has neither a pad nor an eos token; set one with "
+                "tokenizer.add_special_tokens({'pad_token': ...}) and save it"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    """Returns the torch dtype (or the string "auto") for a dtype name such as "bfloat16"."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)} or a torch.dtype")
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    lora: LoraSettings | None = None,
+    attn_implementation: str | None = "sdpa",
+    **from_pretrained_kwargs: Any,
+):
+    """Returns the ``AutoModelForCausalLM`` for a folder or Hub name on ``device``, LoRA-wrapped if ``lora``.
+
+    With ``lora`` only the adapter weights require grad (peft freezes the base model); the base model
+    stays reachable for a reference pass through ``model.disable_adapter()``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = resolve_dtype(dtype)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device={device!r} is not a valid torch device; use 'cpu', 'cuda' or 'cuda:0'"
+        ) from exc
+    source = _check_source(name_or_path, "config.json")
+    kwargs = dict(from_pretrained_kwargs)
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, trust_remote_code=trust_remote_code, **kwargs
+        )
+    except OSError as exc:
+        raise _not_found(source, str(exc).splitlines()[0]) from exc
+    model.to(device)
+    if lora is not None:
+        model = _wrap_lora(model, lora)
+    return model
+
+
+def _wrap_lora(model, lora: LoraSettings):
+    """Returns ``model`` wrapped in a peft LoRA model whose only trainable weights are the adapters."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError(
+            "LoRA needs the optional dependency peft, which is not installed: pip install 'cohort[peft]' "
+            "(or drop the lora settings to train all weights)"
+        ) from exc
+
+    linear_names = sorted(
+        {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    )
+    missing = [m for m in lora.target_modules if m not in linear_names]
+    if missing:
+        raise ValueError(
+            f"LoRA target_modules {missing} match no Linear layer of this model; "
+            f"its Linear layers are named {linear_names}"
+        )
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, config)

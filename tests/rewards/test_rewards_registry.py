@@ -1,0 +1,70 @@
+"""resolve_reward_funcs: built-in names, factories, module and file specs, and their errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from cohort.rewards import accuracy_reward, format_reward, resolve_reward_funcs
+
+
+def test_builtin_names_and_callables():
+    def mine(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    assert resolve_reward_funcs(["accuracy", "format_reward", mine]) == [accuracy_reward, format_reward, mine]
+    assert resolve_reward_funcs("format") == [format_reward]
+
+
+def test_factories():
+    (overlong,) = resolve_reward_funcs(["overlong(max_length=10, buffer=4)"])
+    assert overlong(completions=["", ""], completion_ids=[[1] * 7, [1] * 11]) == [-0.25, -1.0]
+    (positional,) = resolve_reward_funcs(["length(8)"])
+    assert positional(completions=[""], completion_ids=[[1, 2]]) == [-0.25]
+    (bare,) = resolve_reward_funcs(["overlong"], max_completion_length=20)
+    assert (bare.max_length, bare.buffer) == (20, 4)
+    with pytest.raises(ValueError, match=r"needs parameters, e.g. 'overlong\(max_length=512\)'"):
+        resolve_reward_funcs(["overlong"])
+    with pytest.raises(ValueError, match="must be Python literals"):
+        resolve_reward_funcs(["overlong(max_length=n)"])
+    with pytest.raises(ValueError, match="unexpected keyword argument 'size'"):
+        resolve_reward_funcs(["length(size=3)"])
+
+
+def test_unknown_name_lists_builtins():
+    with pytest.raises(
+        ValueError, match=r"unknown reward 'acuracy'; built-in rewards are: accuracy, format, "
+    ):
+        resolve_reward_funcs(["acuracy"])
+    with pytest.raises(ValueError, match="no reward functions given"):
+        resolve_reward_funcs([])
+    with pytest.raises(TypeError, match="must be a string or a callable"):
+        resolve_reward_funcs([3])
+
+
+def test_module_spec():
+    assert resolve_reward_funcs(["cohort.rewards.builtin:format_reward"]) == [format_reward]
+    with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.rewards'"):
+        resolve_reward_funcs(["no_such_pkg.rewards:f"])
+    with pytest.raises(ValueError, match=r"has no attribute 'nope'; its callables are \[.*'format_reward'"):
+        resolve_reward_funcs(["cohort.rewards.builtin:nope"])
+    with pytest.raises(TypeError, match="'BUILTIN_REWARDS' is a dict, not a function"):
+        resolve_reward_funcs(["cohort.rewards.registry:BUILTIN_REWARDS"])
+
+
+def test_file_spec(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(
+        "LIMIT = 3\n"
+        "def short(completions, **kwargs):\n"
+        "    return [float(len(c) <= LIMIT) for c in completions]\n",
+        encoding="utf-8",
+    )
+    (short,) = resolve_reward_funcs([f"{path}:short"])
+    assert short(completions=["ab", "abcd"]) == [1.0, 0.0]
+    assert resolve_reward_funcs([f"{path}:short"]) == [short]  # loaded once
+    with pytest.raises(ValueError, match=r"has no attribute 'long'; its callables are \['short'\]"):
+        resolve_reward_funcs([f"{path}:long"])
+    with pytest.raises(TypeError, match="'LIMIT' is a int, not a function"):
+        resolve_reward_funcs([f"{path}:LIMIT"])
+    with pytest.raises(ValueError, match="file .*missing.py' not found"):
+        resolve_reward_funcs([f"{tmp_path / 'missing.py'}:f"])

@@ -1,0 +1,133 @@
+"""Sampling semantics: the engines draw from softmax(filter(logits / T)), as transformers defines it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _tiny import EOS, PAD, VOCAB
+
+from cohort.rollout import SamplingParams, filter_logits, make_engine
+
+PROMPT = [5, 17, 3, 22, 9]
+N_SAMPLES = 4000
+
+
+def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Loop reference of transformers' warpers: temperature, then top-k, then top-p; returns probs [V]."""
+    scaled = (logits.double() / temperature).tolist()
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    keep = set(order[:top_k] if top_k > 0 else order)
+    z = sum(math.exp(scaled[i]) for i in keep)
+    if top_p < 1.0:
+        kept, mass = set(), 0.0
+        for i in order:
+            if i not in keep:
+                continue
+            if mass >= top_p:  # the tokens before this one already hold top_p of the mass
+                break
+            kept.add(i)
+            mass += math.exp(scaled[i]) / z
+        keep = kept
+    probs = torch.zeros(len(scaled), dtype=torch.float64)
+    for i in keep:
+        probs[i] = math.exp(scaled[i])
+    return probs / probs.sum()
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]:
+    """Returns (chi-square statistic, critical value at alpha = 1e-4) with bins of expected count < 5 merged.
+
+    Counts on zero-probability tokens make the statistic infinite (a support violation).
+    """
+    n = counts.sum().item()
+    if (counts[probs == 0] > 0).any():
+        return math.inf, 0.0
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([counts[big].double(), counts[~big & (probs > 0)].double().sum()[None]])
+    exp = torch.cat([expected[big], expected[~big & (probs > 0)].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum().item()
+    df = len(exp) - 1
+    z = 3.719  # standard normal quantile for alpha = 1e-4; Wilson-Hilferty approximation below
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+def exact_token_distributions(model, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns the exact sampling distributions [V] of the first token and of the second token (marginal)."""
+    with torch.no_grad():
+        logits1 = model(torch.tensor([PROMPT])).logits[0, -1]  # [V]
+        p1 = reference_probs(logits1, params.temperature, params.top_k, params.top_p)  # [V]
+        nexts = torch.tensor([PROMPT + [t] for t in range(VOCAB)])  # [V, P+1]
+        logits2 = model(nexts).logits[:, -1]  # [V, V]
+    p2 = sum(
+        p1[t] * reference_probs(logits2[t], params.temperature, params.top_k, params.top_p)
+        for t in range(VOCAB)
+        if p1[t] > 0
+    )
+    return p1, p2
+
+
+SETTINGS = [
+    SamplingParams(max_completion_length=2, temperature=0.7),
+    SamplingParams(max_completion_length=2, temperature=1.3, top_k=5),
+    SamplingParams(max_completion_length=2, temperature=1.0, top_p=0.8),
+    SamplingParams(max_completion_length=2, temperature=0.8, top_k=8, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize("engine_name", ["builtin", "hf"])
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+def test_first_and_second_token_distributions_match_exact(peaky_model, engine_name, params):
+    engine = make_engine(engine_name, eos_token_ids=[EOS], pad_token_id=PAD)
+    batch = engine.generate(peaky_model, [PROMPT], N_SAMPLES, params, torch.Generator().manual_seed(0))
+    tokens = torch.tensor(batch.completion_ids)  # [N, 2] (EOS is never sampled)
+    p1, p2 = exact_token_distributions(peaky_model, params)
+    for position, exact in ((0, p1), (1, p2)):
+        counts = torch.bincount(tokens[:, position], minlength=VOCAB)  # [V]
+        stat, crit = chi_square(counts, exact)
+        assert stat < crit, (engine_name, position, stat, crit)
+    # The check has power: a 25% hotter temperature is rejected on the first token.
+    hotter = reference_probs(
+        peaky_model(torch.tensor([PROMPT])).logits[0, -1].detach(),
+        params.temperature * 1.25,
+        params.top_k,
+        params.top_p,
+    )
+    stat, crit = chi_square(torch.bincount(tokens[:, 0], minlength=VOCAB), hotter)
+    assert stat > crit, (stat, crit)
+
+
+@pytest.mark.parametrize("engine_name", ["builtin", "hf"])
+@pytest.mark.parametrize(("top_k", "top_p"), [(3, 1.0), (0, 0.5), (4, 0.6)])
+def test_top_k_top_p_restrict_the_support_exactly(peaky_model, engine_name, top_k, top_p):
+    params = SamplingParams(max_completion_length=1, temperature=1.5, top_k=top_k, top_p=top_p)
+    engine = make_engine(engine_name, eos_token_ids=[EOS], pad_token_id=PAD)
+    batch = engine.generate(peaky_model, [PROMPT], 2000, params, torch.Generator().manual_seed(3))
+    seen = {c[0] for c in batch.completion_ids}
+    with torch.no_grad():
+        logits = peaky_model(torch.tensor([PROMPT])).logits[0, -1]
+    support = set(reference_probs(logits, 1.5, top_k, top_p).nonzero().flatten().tolist())
+    assert 1 < len(support) < VOCAB
+    assert seen == support  # nothing outside, and every allowed token shows up in 2000 draws
+
+
+def test_filter_logits_matches_loop_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 30, generator=g) * 2  # [6, 30]
+    for top_k, top_p in [(0, 1.0), (1, 1.0), (7, 1.0), (0, 0.3), (0, 0.95), (5, 0.7), (30, 0.5)]:
+        out = filter_logits(logits, top_k, top_p)  # [6, 30]
+        probs = out.softmax(-1).double()
+        for row in range(6):
+            ref = reference_probs(logits[row], 1.0, top_k, top_p)
+            assert torch.equal(probs[row] > 0, ref > 0), (top_k, top_p, row)
+            torch.testing.assert_close(probs[row], ref, rtol=1e-5, atol=1e-7)
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    logits = torch.tensor([[5.0, 0.0, 0.0, -1.0]])  # the top token alone holds > 0.9 of the mass
+    out = filter_logits(logits, top_k=0, top_p=0.01)
+    assert torch.isfinite(out).tolist() == [[True, False, False, False]]

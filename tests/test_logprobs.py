@@ -1,0 +1,261 @@
+"""completion_logprobs: grouped layout == padded layout == a naive full-logits loop (values and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import VOCAB, random_prompts, tiny_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from cohort import logprobs as lp_module
+from cohort.logprobs import LogProbs, completion_logprobs
+
+G = 3
+
+
+def ragged_completions(n_rows: int, *, seed: int, max_len: int = 9, empties: bool = True) -> list[list[int]]:
+    """Returns n_rows completions with lengths in [0 or 1, max_len], including lengths 0 and 1."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0 if empties else 1, max_len + 1, (n_rows,), generator=g).tolist()
+    lengths[0], lengths[1] = max_len, 1
+    if empties:
+        lengths[-1] = 0
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def naive(model, prompts, completions, group_size, rows=None, temperature=1.0):
+    """Loop reference: one full forward per row on prompt + completion, full [L, V] log_softmax."""
+    rows = list(range(len(completions))) if rows is None else rows
+    T = max(len(completions[r]) for r in rows)
+    logp = torch.zeros(len(rows), T)
+    entropy = torch.zeros(len(rows), T)
+    for i, r in enumerate(rows):
+        comp = completions[r]
+        if not comp:
+            continue
+        prompt = prompts[r // group_size]
+        logits = model(torch.tensor([prompt + comp])).logits[0].float() / temperature  # [L, V]
+        all_logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]  # [len(comp), V]
+        logp = logp.index_put(
+            (torch.tensor([i]), torch.arange(len(comp))),
+            all_logp.gather(-1, torch.tensor(comp)[:, None]).squeeze(-1),
+        )
+        ent = -(all_logp.exp() * all_logp).sum(-1)
+        entropy = entropy.index_put((torch.tensor([i]), torch.arange(len(comp))), ent)
+    return logp, entropy
+
+
+def assert_grads_close(got: dict, ref: dict, what: str = "") -> None:
+    """Float32 sums in a different order differ by ~1e-7 relative to the tensor's scale, not per element."""
+    assert got.keys() == ref.keys()
+    for name in ref:
+        scale = ref[name].abs().max().item()
+        err = (got[name] - ref[name]).abs().max().item()
+        assert err <= 1e-5 * scale + 1e-8, f"{what} {name}: max error {err:.3g} vs scale {scale:.3g}"
+
+
+def grads_of(model, fn) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    fn().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3, logit_scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    prompts = random_prompts(4, seed=11, min_len=1, max_len=12)
+    completions = ragged_completions(4 * G, seed=12)
+    return prompts, completions
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_grouped_equals_padded_equals_naive(attn, data):
+    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+    prompts, comps = data
+    ref, _ = naive(model, prompts, comps, G)
+    lengths = torch.tensor([len(c) for c in comps])
+    for layout in ("grouped", "padded"):
+        out = completion_logprobs(model, prompts, comps, G, layout=layout)
+        assert isinstance(out, LogProbs) and out.entropy is None
+        assert out.logp.dtype == torch.float32 and out.logp.shape == (len(comps), lengths.max())
+        assert torch.equal(out.mask, torch.arange(lengths.max())[None] < lengths[:, None])
+        torch.testing.assert_close(out.logp, ref, rtol=0, atol=1e-5)
+        assert (out.logp[~out.mask] == 0).all()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_parameter_gradients_match(attn, data):
+    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+    prompts, comps = data
+    w = torch.randn(len(comps), max(len(c) for c in comps), generator=torch.Generator().manual_seed(0))
+    ref = grads_of(model, lambda: (naive(model, prompts, comps, G)[0] * w).sum())
+    for layout in ("grouped", "padded"):
+        loss = lambda layout=layout: (  # noqa: E731
+            completion_logprobs(model, prompts, comps, G, layout=layout, chunk_size=7).logp * w
+        ).sum()
+        got = grads_of(model, loss)
+        assert_grads_close(got, ref, layout)
+
+
+def test_row_subsets_from_different_groups(model, data):
+    prompts, comps = data
+    full = completion_logprobs(model, prompts, comps, G)
+    # Groups 0, 1 and 3; group 1 and group 3 with a single selected row; out of order; row 11 is empty.
+    rows = [7, 0, 4, 2, 11, 9]
+    sub = completion_logprobs(model, prompts, comps, G, rows=rows)
+    T = max(len(comps[r]) for r in rows)
+    torch.testing.assert_close(sub.logp, full.logp[rows, :T], rtol=0, atol=1e-5)
+    assert torch.equal(sub.mask, full.mask[rows, :T])
+    ref, _ = naive(model, prompts, comps, G, rows=rows)
+    torch.testing.assert_close(sub.logp, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["grouped", "padded"])
+def test_temperature_and_entropy(model, data, layout):
+    prompts, comps = data
+    ref_logp, ref_ent = naive(model, prompts, comps, G, temperature=0.7)
+    out = completion_logprobs(model, prompts, comps, G, temperature=0.7, with_entropy=True, layout=layout)
+    torch.testing.assert_close(out.logp, ref_logp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.entropy, ref_ent, rtol=0, atol=1e-5)
+    assert (out.entropy[out.mask] > 0).all() and (out.entropy[~out.mask] == 0).all()
+    plain = completion_logprobs(model, prompts, comps, G, layout=layout)
+    assert (plain.logp - out.logp)[out.mask].abs().min() > 1e-4  # the temperature is actually applied
+
+
+def test_chunk_size_does_not_change_the_result(model, data):
+    prompts, comps = data
+    big = completion_logprobs(model, prompts, comps, G, with_entropy=True)
+    for chunk in (1, 3, 16):
+        small = completion_logprobs(model, prompts, comps, G, with_entropy=True, chunk_size=chunk)
+        torch.testing.assert_close(small.logp, big.logp, rtol=0, atol=1e-6)
+        torch.testing.assert_close(small.entropy, big.entropy, rtol=0, atol=1e-6)
+
+
+def test_entropy_gradients_match_naive(model, data):
+    prompts, comps = data
+    ref = grads_of(model, lambda: naive(model, prompts, comps, G)[1].sum())
+    got = grads_of(
+        model,
+        lambda: completion_logprobs(model, prompts, comps, G, with_entropy=True, chunk_size=5).entropy.sum(),
+    )
+    assert_grads_close(got, ref)
+
+
+def test_empty_completions(model):
+    prompts = [[4, 5], [6]]
+    empty = completion_logprobs(model, prompts, [[], [], [], []], 2, with_entropy=True)
+    assert empty.logp.shape == (4, 0) and empty.mask.shape == (4, 0) and empty.entropy.shape == (4, 0)
+    some = completion_logprobs(model, prompts, [[], [3], [], []], 2)
+    assert some.mask.tolist() == [[False], [True], [False], [False]]
+    assert some.logp[1, 0] < 0 and (some.logp[[0, 2, 3]] == 0).all()
+
+
+def test_grad_only_when_enabled(model, data):
+    prompts, comps = data
+    assert completion_logprobs(model, prompts, comps, G).logp.requires_grad
+    with torch.no_grad():
+        assert not completion_logprobs(model, prompts, comps, G).logp.requires_grad
+
+
+def test_grouped_layout_computes_each_prompt_once(model, data):
+    """Tokens fed to the model: one copy of each prompt plus the completions (minus their last token)."""
+    prompts, comps = data
+    seen = []
+    hook = model.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        completion_logprobs(model, prompts, comps, G)
+    finally:
+        hook.remove()
+    n_groups_used = len({r // G for r, c in enumerate(comps) if c})
+    real = sum(len(prompts[j]) for j in range(len(prompts)) if any(comps[j * G : (j + 1) * G]))
+    real += sum(max(len(c) - 1, 0) for c in comps)
+    rows, width = seen[-1]
+    assert rows <= n_groups_used and rows * width >= real
+    assert rows * width < sum(len(prompts[r // G]) + len(c) for r, c in enumerate(comps) if c)
+
+
+def test_packed_rows_hold_several_groups():
+    lay = lp_module._grouped_layout([[1, 2, 3, 4, 5, 6], [7], [8]], [[9, 9], [9], [9], []], 1, [0, 1, 2], 2)
+    # Sizes 6 + 1, 1 + 0, 1 + 0: the two small groups share a row of width 7.
+    assert len(lay.input_ids) == 2 and len(lay.input_ids[0]) == 7
+    assert lay.group[1] == [1, 2, -1, -1, -1, -1, -1]
+
+
+def test_errors(model, data):
+    prompts, comps = data
+    with pytest.raises(ValueError, match="layout must be one of"):
+        completion_logprobs(model, prompts, comps, G, layout="packed2")
+    with pytest.raises(ValueError, match="len\\(completion_ids\\) = 12"):
+        completion_logprobs(model, prompts, comps, 2)
+    with pytest.raises(ValueError, match="rows \\[12\\] out of range"):
+        completion_logprobs(model, prompts, comps, G, rows=[0, 12])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        completion_logprobs(model, prompts, comps, G, temperature=0.0)
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        completion_logprobs(model, [[]], [[3]], 1)
+
+
+class _SoftcappedQwen2(Qwen2ForCausalLM):
+    """A model that transforms logits after its head: the decoder + head split must not be used."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = 5.0 * torch.tanh(out.logits / 5.0)
+        return out
+
+
+def test_falls_back_to_full_logits_when_the_head_split_is_wrong(data):
+    base = tiny_model(seed=3, logit_scale=3.0)
+    model = _SoftcappedQwen2(base.config)
+    model.load_state_dict(base.state_dict())
+    model.eval()
+    prompts, comps = data
+    with pytest.warns(UserWarning, match="full logits"):
+        out = completion_logprobs(model, prompts, comps, G)
+    torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
+
+
+def test_sliding_window_models_use_the_padded_layout():
+    """A 4D mask would bypass the window of sliding layers, so grouped must fall back (and stay exact)."""
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    prompts = random_prompts(2, seed=1, min_len=5, max_len=8)
+    comps = ragged_completions(2 * G, seed=2, empties=False)
+    lp_module._WARNED.clear()  # the fallback warns once per reason and process
+    with pytest.warns(UserWarning, match="sliding-window attention layers; using 'padded'"):
+        out = completion_logprobs(model, prompts, comps, G)
+    torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
+
+
+def test_peft_lora_model(data):
+    peft = pytest.importorskip("peft")
+    model = tiny_model(seed=3, logit_scale=3.0)
+    lora = peft.get_peft_model(
+        model,
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    prompts, comps = data
+    w = torch.randn(len(comps), max(len(c) for c in comps), generator=torch.Generator().manual_seed(1))
+    ref_grads = grads_of(lora, lambda: (naive(lora, prompts, comps, G)[0] * w).sum())
+    got_grads = grads_of(lora, lambda: (completion_logprobs(lora, prompts, comps, G).logp * w).sum())
+    assert all("lora" in n for n in got_grads)
+    assert_grads_close(got_grads, ref_grads)
+    assert lp_module._model_parts(lora) is not None  # the decoder + head split was used

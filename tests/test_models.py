@@ -1,0 +1,196 @@
+"""Tiny model / tokenizer factory, loading through the Auto classes, dtype, LoRA and error messages."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from cohort.models import (
+    CHAR_VOCAB,
+    TINY_SIZES,
+    LoraSettings,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    count_parameters,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+)
+
+ROUND_TRIP = [
+    "12+34=46",
+    "Hi there , a b  c",  # the default decode cleanup would turn " ," into ","
+    "3 + 4 * 2 - 5 = 6\nnext line\n\n",
+    "<think> 2 and 2 </think><answer>4</answer>",
+    "  leading and trailing spaces  ",
+    "tab\tand unicode é ü 你好",  # outside CHAR_VOCAB: still lossless through UTF-8 bytes
+    "don't ? ! . ; : ' \" ` ~ ^ | \\ { } [ ] ( )",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir):
+    return load_tokenizer(tiny_dir)
+
+
+def test_auto_tokenizer_round_trip_matches_original(tiny_dir, tok):
+    """Guards the bug DESIGN.md names: AutoTokenizer picks Qwen2Tokenizer for a qwen2 folder and
+    a plain char vocabulary then loses every space."""
+    original = build_tiny_tokenizer()
+    auto = AutoTokenizer.from_pretrained(tiny_dir)
+    fast = PreTrainedTokenizerFast.from_pretrained(tiny_dir)
+    for text in ROUND_TRIP:
+        ids = original(text, add_special_tokens=False)["input_ids"]
+        assert original.decode(ids) == text
+        for loaded in (auto, fast, tok):
+            assert loaded(text, add_special_tokens=False)["input_ids"] == ids, (type(loaded).__name__, text)
+            assert loaded.decode(ids) == text
+
+
+def test_char_vocab_is_one_token_per_char_with_lowest_ids(tok):
+    ids = [tok(c, add_special_tokens=False)["input_ids"] for c in CHAR_VOCAB]
+    assert all(len(i) == 1 for i in ids)
+    flat = [i[0] for i in ids]
+    assert flat == list(range(2, 2 + len(CHAR_VOCAB)))  # after <|pad|>=0 and <|endoftext|>=1
+
+
+def test_special_tokens_are_single_ids_and_skipped_on_decode(tiny_dir, tok):
+    assert (tok.pad_token_id, tok.eos_token_id) == (0, 1)
+    assert tok(tok.eos_token, add_special_tokens=False)["input_ids"] == [1]
+    assert tok(tok.pad_token, add_special_tokens=False)["input_ids"] == [0]
+    ids = tok("7+8=15", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids + [1, 0, 0], skip_special_tokens=True) == "7+8=15"
+    assert tok.decode(ids + [1], skip_special_tokens=False) == "7+8=15<|endoftext|>"
+    assert tok("12", add_special_tokens=True)["input_ids"] == tok("12", add_special_tokens=False)["input_ids"]
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert (config["eos_token_id"], config["pad_token_id"], config["bos_token_id"]) == (1, 0, None)
+    assert tok.padding_side == "left"
+    tokenizer_config = json.loads((tiny_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert tokenizer_config["clean_up_tokenization_spaces"] is False
+
+
+def test_optional_bos_token(tmp_path):
+    d = build_tiny_model(tmp_path, add_bos=True)
+    tok = load_tokenizer(d)
+    assert tok.bos_token == "<|bos|>" and tok.bos_token_id == 2
+    assert tok.decode([2, 5, 1], skip_special_tokens=True) == tok.decode([5])
+
+
+def test_chat_template(tok):
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "1+2="}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "User: 1+2=\nAssistant: "
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}], tokenize=False
+    )
+    assert full == "User: 1+2=\nAssistant: 3<|endoftext|>\n"
+
+
+def test_tiny_model_loads_back_tied_and_generates(tiny_dir, tok):
+    _, info = AutoModelForCausalLM.from_pretrained(tiny_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    model = load_model(tiny_dir)
+    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config._attn_implementation == "sdpa"
+    assert model.config.vocab_size == len(tok) == 258
+    ids = tok("12+34=", add_special_tokens=False)["input_ids"]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, len(ids) + 4) and out[0, : len(ids)].tolist() == ids
+    assert 0 <= int(out.max()) < 258
+
+
+def test_seed_makes_weights_reproducible(tmp_path, tiny_dir):
+    same = load_model(build_tiny_model(tmp_path / "same", seed=0)).state_dict()
+    other = load_model(build_tiny_model(tmp_path / "other", seed=1)).state_dict()
+    ref = load_model(tiny_dir).state_dict()
+    assert all(torch.equal(ref[k], same[k]) for k in ref)
+    assert not torch.equal(ref["model.embed_tokens.weight"], other["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("name, low, high", [("0.5m", 0.4e6, 0.6e6), ("14m", 12e6, 16e6)])
+def test_size_presets_parameter_count(tmp_path, name, low, high):
+    model = load_model(build_tiny_model(tmp_path, **TINY_SIZES[name]))
+    assert low <= count_parameters(model) <= high
+
+
+def test_wide_vocab_pads_embedding_keeps_tokenizer(tmp_path):
+    d = build_tiny_model(tmp_path, vocab_size=151936, hidden_size=16, num_layers=1, num_heads=2)
+    model, tok = load_model(d), load_tokenizer(d)
+    assert model.model.embed_tokens.weight.shape == (151936, 16)
+    assert len(tok) == 258 and tok.decode(tok("1 2")["input_ids"]) == "1 2"
+
+
+def test_build_rejects_bad_sizes(tmp_path):
+    with pytest.raises(ValueError, match="smaller than the tiny tokenizer's 258"):
+        build_tiny_model(tmp_path, vocab_size=100)
+    with pytest.raises(ValueError, match="divisible by num_heads=5"):
+        build_tiny_model(tmp_path, hidden_size=64, num_heads=5)
+
+
+def test_dtype_device_and_attention_override(tiny_dir):
+    model = load_model(tiny_dir, dtype="bfloat16", attn_implementation="eager")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config._attn_implementation == "eager"
+    assert resolve_dtype("auto") == "auto" and resolve_dtype(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match=r"dtype='float8'.*'bfloat16'"):
+        load_model(tiny_dir, dtype="float8")
+    with pytest.raises(ValueError, match="not a valid torch device"):
+        load_model(tiny_dir, device="gpu0")
+
+
+def test_unknown_local_path_error_suggests_demo(tmp_path):
+    for bad in ("./no/such/model", str(tmp_path / "missing")):
+        for loader in (load_model, load_tokenizer):
+            with pytest.raises(ValueError, match="neither a local model folder nor.*cohort demo"):
+                loader(bad)
+    with pytest.raises(ValueError, match="holds no config.json"):
+        load_model(tmp_path)
+    with pytest.raises(ValueError, match="holds no tokenizer_config.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="is a file, not a model folder"):
+        load_model(tmp_path / "weights.bin")
+
+
+def test_unreachable_hub_name_error(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail fast, no retries
+    with pytest.raises(ValueError, match="neither a local model folder nor a model that could be downloaded"):
+        load_model("cohort-test-nonexistent/model-xyz")
+    with pytest.raises(ValueError, match="cohort demo"):
+        load_tokenizer("cohort-test-nonexistent/model-xyz")
+
+
+def test_lora_trains_only_adapters_and_starts_equal_to_base(tiny_dir):
+    base = load_model(tiny_dir)
+    model = load_model(tiny_dir, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    # 2 layers x (q_proj, v_proj) x (A: 4x64 + B: 64x4)
+    assert count_parameters(model, trainable=True) == 2 * 2 * (4 * 64 + 64 * 4)
+    ids = torch.tensor([[5, 6, 76, 7, 8, 84]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, base(ids).logits)  # LoRA's B starts at zero
+
+
+def test_lora_errors(tiny_dir, monkeypatch):
+    with pytest.raises(ValueError, match=r"match no Linear layer.*'q_proj'"):
+        load_model(tiny_dir, lora=LoraSettings(target_modules=("query",)))
+    with pytest.raises(ValueError, match="positive integer"):
+        LoraSettings(r=0)
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'cohort\[peft\]'"):
+        load_model(tiny_dir, lora=LoraSettings())
