@@ -182,9 +182,40 @@ def test_grouped_layout_computes_each_prompt_once(model, data):
 
 def test_packed_rows_hold_several_groups():
     lay = lp_module._grouped_layout([[1, 2, 3, 4, 5, 6], [7], [8]], [[9, 9], [9], [9], []], 1, [0, 1, 2], 2)
-    # Sizes 6 + 1, 1 + 0, 1 + 0: the two small groups share a row of width 7.
+    # Sizes 6 + 1, 1 + 0, 1 + 0: the two small groups share a row of width 7, each seeing only itself.
     assert len(lay.input_ids) == 2 and len(lay.input_ids[0]) == 7
-    assert lay.group[1] == [1, 2, -1, -1, -1, -1, -1]
+    assert lay.input_ids[1][:2] == [7, 8] and lay.group[1] == [0, 1, -1, -1, -1, -1, -1]
+    assert lay.position_ids[1][:2] == [0, 0]
+
+
+def test_row_planner_splits_long_groups_only_when_attention_dominates():
+    prompt_len = {0: 10, 1: 4}
+    bodies = {0: [("a", 50), ("b", 40), ("c", 5)], 1: [("d", 3)]}
+    width, rows = lp_module._plan_rows(prompt_len, bodies, pair_cost=0.0)
+    assert width == 105 and rows == [[(0, ["a", "b", "c"])], [(1, ["d"])]]  # 10+50+40+5: one piece each
+    width, rows = lp_module._plan_rows(prompt_len, bodies, pair_cost=1.0)
+    pieces = [piece for row in rows for piece in row]
+    assert sorted(m for _, members in pieces for m in members) == ["a", "b", "c", "d"]
+    assert width < 105 and len([g for g, _ in pieces if g == 0]) > 1  # group 0 is split
+    for row in rows:
+        used = sum(prompt_len[g] + sum(dict(bodies[g])[m] for m in members) for g, members in row)
+        assert used <= width
+
+
+def test_split_groups_give_the_same_values_and_gradients(model, monkeypatch):
+    prompts = random_prompts(2, seed=5, min_len=2, max_len=3)
+    comps = ragged_completions(2 * G, seed=6, max_len=8, empties=False)
+    ref_value = completion_logprobs(model, prompts, comps, G).logp
+    w = torch.randn(ref_value.shape, generator=torch.Generator().manual_seed(2))
+    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
+    monkeypatch.setattr(lp_module, "ATTENTION_SLOWDOWN", 1e4)  # attention dominates: split the groups
+    lay = lp_module._grouped_layout(prompts, comps, G, range(len(comps)), 8, lp_module._pair_cost(model))
+    pieces = {(r, g) for r, row in enumerate(lay.group) for g in row if g >= 0}
+    assert len(pieces) > len(prompts)
+    got_value = completion_logprobs(model, prompts, comps, G).logp
+    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
+    torch.testing.assert_close(got_value, ref_value, rtol=0, atol=1e-5)
+    assert_grads_close(got, ref)
 
 
 def test_errors(model, data):

@@ -29,6 +29,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 LAYOUTS = ("grouped", "padded")
+ATTENTION_SLOWDOWN = 1.0
+"""How much slower a masked attention FLOP is than a projection FLOP (row planning of the grouped layout)."""
 
 
 @dataclass
@@ -73,7 +75,7 @@ def completion_logprobs(
     if layout == "grouped" and mask_kind is None:
         layout = "padded"
     if layout == "grouped":
-        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T)
+        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, _pair_cost(model))
     else:
         lay = _padded_layout(prompt_ids, completion_ids, group_size, sel, T)
     input_ids = torch.tensor(lay.input_ids, dtype=torch.long, device=device)  # [R, L]
@@ -141,41 +143,34 @@ def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
     return lay
 
 
-def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
-    """Returns rows packing [prompt, c1[:-1], c2[:-1], ...] per group, the groups placed first-fit decreasing."""
+def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: float = 0.0) -> _Layout:
+    """Returns packed rows of pieces [prompt, c1[:-1], c2[:-1], ...], one or more pieces per group.
+
+    See _plan_rows for how groups are split into pieces and pieces placed into rows.
+    """
     groups: dict[int, list[tuple[int, int]]] = {}  # prompt index -> [(output index, row)]
     for i, r in enumerate(sel):
         if len(completion_ids[r]) > 0:
             groups.setdefault(r // group_size, []).append((i, r))
-    sizes = {
-        g: len(prompt_ids[g]) + sum(len(completion_ids[r]) - 1 for _, r in members)
-        for g, members in groups.items()
-    }
-    width = max(sizes.values())
-    bins: list[list[int]] = []  # groups per packed row
-    room: list[int] = []
-    for g in sorted(groups, key=lambda g: -sizes[g]):
-        slot = next((b for b, free in enumerate(room) if free >= sizes[g]), None)
-        if slot is None:
-            bins.append([])
-            room.append(width)
-            slot = len(bins) - 1
-        bins[slot].append(g)
-        room[slot] -= sizes[g]
-
+    width, bins = _plan_rows(
+        {g: len(prompt_ids[g]) for g in groups},
+        {g: [(m, len(completion_ids[m[1]]) - 1) for m in members] for g, members in groups.items()},
+        pair_cost,
+    )
     lay = _Layout([], [], [], [], [], group=[], segment=[], is_prompt=[])
-    for row, members_of_row in enumerate(bins):
+    for row, pieces in enumerate(bins):
         ids, pos, grp, seg, isp = [], [], [], [], []
-        for g in members_of_row:
+        for g, members in pieces:
             prompt = prompt_ids[g]
             p = len(prompt)
             last_prompt = row * width + len(ids) + p - 1
+            piece_id = len(ids)  # unique within the row: a piece's tokens see only their own prompt copy
             ids.extend(prompt)
             pos.extend(range(p))
-            grp.extend([g] * p)
-            seg.extend([len(seg)] * p)  # a segment id unique within the row
+            grp.extend([piece_id] * p)
+            seg.extend([piece_id] * p)
             isp.extend([True] * p)
-            for i, r in groups[g]:
+            for i, r in members:
                 comp = completion_ids[r]
                 body = comp[:-1]
                 start = row * width + len(ids)
@@ -183,10 +178,10 @@ def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
                 lay.source.extend(range(start, start + len(body)))
                 lay.target.extend(comp)
                 lay.dest.extend(range(i * T, i * T + len(comp)))
-                seg_id = len(seg)
+                seg_id = len(ids)
                 ids.extend(body)
                 pos.extend(range(p, p + len(body)))
-                grp.extend([g] * len(body))
+                grp.extend([piece_id] * len(body))
                 seg.extend([seg_id] * len(body))
                 isp.extend([False] * len(body))
         pad = width - len(ids)
@@ -196,6 +191,58 @@ def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
         lay.segment.append(seg + [-1] * pad)
         lay.is_prompt.append(isp + [False] * pad)
     return lay
+
+
+def _plan_rows(prompt_len: dict, bodies: dict, pair_cost: float):
+    """Returns (row width W, rows) where each row is a list of pieces (prompt index, [member]).
+
+    `bodies[g]` lists (member, tokens after the prompt) for group g. Every token of a row costs 1 and
+    every (query, key) pair pair_cost: a dense-mask attention kernel pays for masked pairs too, so one
+    very long row per group can cost more than laying the prompt out more than once. For each
+    candidate width W (from the longest single prompt + completion up to the longest whole group),
+    groups longer than W are split into pieces of at most W tokens (each repeating its prompt), the
+    pieces are packed first-fit decreasing into rows of width W, and the cheapest W wins.
+    pair_cost = 0 never splits a group.
+    """
+    group_size = {g: prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies}
+    widest = max(group_size.values())
+    narrowest = max(prompt_len[g] + n for g in bodies for _, n in bodies[g])
+    candidates = {widest}
+    w = float(narrowest)
+    while pair_cost > 0 and w < widest:
+        candidates.add(int(w))
+        w *= 1.25
+    best = None
+    for width in sorted(candidates, reverse=True):
+        pieces = []  # (size, prompt index, members)
+        for g, members in bodies.items():
+            if group_size[g] <= width:
+                pieces.append((group_size[g], g, [m for m, _ in members]))
+                continue
+            room: list[int] = []
+            split: list[list] = []
+            for m, n in sorted(members, key=lambda mn: -mn[1]):
+                k = next((k for k, free in enumerate(room) if free >= n), None)
+                if k is None:
+                    room.append(width - prompt_len[g])
+                    split.append([])
+                    k = len(room) - 1
+                room[k] -= n
+                split[k].append(m)
+            pieces += [(width - free, g, ms) for free, ms in zip(room, split)]
+        room, rows = [], []
+        for size, g, members in sorted(pieces, key=lambda x: -x[0]):
+            k = next((k for k, free in enumerate(room) if free >= size), None)
+            if k is None:
+                room.append(width)
+                rows.append([])
+                k = len(room) - 1
+            room[k] -= size
+            rows[k].append((g, members))
+        cost = len(rows) * width * (1.0 + pair_cost * width)
+        if best is None or cost < best[0]:
+            best = (cost, width, rows)
+    return best[1], best[2]
 
 
 def _block_mask(lay: _Layout, device, kind: str, dtype: torch.dtype) -> torch.Tensor:
@@ -338,6 +385,27 @@ def _custom_mask_kind(model: torch.nn.Module) -> str | None:
             f"completion_logprobs: layout='grouped' unavailable: {reason}; using 'padded'", stacklevel=3
         )
     return kind
+
+
+def _pair_cost(model: torch.nn.Module) -> float:
+    """Returns attention FLOPs per (query, key) pair over dense FLOPs per token, from the config (0 if unknown).
+
+    Layers cancel out; a dense-mask attention kernel pays for masked pairs too, and runs at a lower
+    FLOP rate than the projections, hence ATTENTION_SLOWDOWN.
+    """
+    config = getattr(_unwrap(model), "config", None)
+    try:
+        config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        hidden = config.hidden_size
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        inter = getattr(config, "intermediate_size", None) or 4 * hidden
+    except AttributeError:
+        return 0.0
+    per_token = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
+    per_pair = 4 * heads * head_dim
+    return ATTENTION_SLOWDOWN * per_pair / per_token
 
 
 def _input_device(model: torch.nn.Module) -> torch.device:

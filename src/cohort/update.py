@@ -86,6 +86,12 @@ def plan_micro_batches(
     return micro
 
 
+def _skippable(advantages: torch.Tensor, rows: Sequence[int]) -> list[int]:
+    """Return the rows whose advantage is exactly 0: at beta = 0 they add exactly 0 to loss and gradient."""
+    zero = (advantages == 0).tolist()
+    return [r for r in rows if zero[r]]
+
+
 class PolicyUpdater:
     """Applies the GRPO-family objective to a PolicyBatch: computes log-probs, losses and optimizer steps."""
 
@@ -192,8 +198,8 @@ class PolicyUpdater:
                 num_seq = dist.all_sum_int(len(rows))
                 tokens = sum(batch.lengths[r] for r in rows)
                 num_items = dist.all_sum_int(tokens) if a.loss_type == "dapo" else tokens
-                # beta = 0: a row with advantage exactly 0 contributes exactly 0 loss and gradient.
-                work = rows if a.beta > 0 else [r for r in rows if float(adv[r]) != 0.0]
+                skip = set(_skippable(adv, rows)) if a.beta == 0 else set()
+                work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
                 for micro in self._micro_batches(batch, work):
@@ -226,7 +232,7 @@ class PolicyUpdater:
                     for k, v in metrics.items():
                         add(k, float(v), ntok)
                     if lp.entropy is not None:
-                        add("entropy", float((lp.entropy * lp.mask).sum() / max(ntok, 1.0)), ntok)
+                        add("entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok)
                 dist.all_sum_grads(self.model)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:

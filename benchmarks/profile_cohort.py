@@ -1,0 +1,160 @@
+"""Where does a cohort step spend its time? Phase timings plus the top torch operators.
+
+    python benchmarks/profile_cohort.py --workload b_gsm8k --model 14m [--steps 3] [--torch-profile]
+
+Uses the models and prompts `run.py` builds (run it once first, or pass --workdir of a previous run).
+Phases: generation split into prefill and decode steps, log-prob forward, backward, optimizer; each
+timed by wrapping the function that owns it, so the numbers add up to the step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def main(argv=None) -> None:
+    """Profile cohort on one workload and print the phase table (and optionally torch's operator table)."""
+    import run as bench
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", default="b_gsm8k", choices=sorted(bench.WORKLOADS))
+    p.add_argument("--model", default="14m", choices=sorted(bench.MODEL_SHAPES))
+    p.add_argument("--workdir", default="runs/bench")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--max-len", type=int, default=None)
+    p.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    import bench_tasks
+    from cohort.config import load_config
+    from cohort.trainer import GRPOTrainer
+
+    w = bench.WORKLOADS[args.workload]
+    workdir = Path(args.workdir).resolve()
+    key = bench.model_key(args.model, w["mean_length"])
+    meta = bench.build_models(workdir, {key}, 0)[key]
+    rows = bench_tasks.addition_rows(512, seed=1234) if w["prompts"] == "addition" else bench_tasks.gsm8k_like_rows(512, seed=0)
+    G = args.group_size or w["group_size"]
+    cfg = load_config(
+        None,
+        {
+            "model": {"name_or_path": meta["path"], "device": "cpu"},
+            "data": {"task": "addition"},
+            "rollout": {
+                "group_size": G,
+                "batch_size": args.batch_size or w["batch_size"],
+                "max_completion_length": args.max_len or w["max_completion_length"],
+                "temperature": 1.0,
+                "engine": "builtin",
+            },
+            "algo": {"loss_type": "grpo", "beta": 0.0},
+            "optim": {"lr": 1e-6},
+            "steps": args.steps + 1,
+            "out_dir": str(workdir / "scratch" / "profile"),
+            "progress": False,
+            "eval_at_ends": False,
+            "save_every": 0,
+            "threads": args.threads,
+        },
+    )
+    trainer = GRPOTrainer(cfg, reward_funcs=[bench_tasks.token_parity], train_rows=rows, eval_rows=[])
+    model = trainer.model
+    clock: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+
+    def wrap(obj, name, label):
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                clock[label] += time.perf_counter() - t0
+                counts[label] += 1
+
+        setattr(obj, name, timed)
+
+    # Generation: a model call with more than one input position is a prefill, else a decode step.
+    forward = model.forward
+
+    def timed_forward(*a, **k):
+        ids = k.get("input_ids")
+        grad = torch.is_grad_enabled()
+        label = "forward with grad" if grad else ("generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps")
+        t0 = time.perf_counter()
+        try:
+            return forward(*a, **k)
+        finally:
+            clock[label] += time.perf_counter() - t0
+            counts[label] += 1
+
+    model.forward = timed_forward
+    import cohort.update as upd
+
+    wrap(trainer.engine, "generate", "generate (total)")
+    wrap(upd, "completion_logprobs", "logprobs (total, incl. layout + LM head)")
+    decoder = model.model
+    dec_forward = decoder.forward
+
+    def timed_decoder(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return dec_forward(*a, **k)
+        finally:
+            if torch.is_grad_enabled():
+                clock["logprobs: decoder forward"] += time.perf_counter() - t0
+                counts["logprobs: decoder forward"] += 1
+
+    decoder.forward = timed_decoder
+    wrap(trainer.optimizer, "step", "optimizer step")
+    wrap(torch.Tensor, "backward", "backward")
+    wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm")
+
+    trainer.step()  # warm-up
+    clock.clear()
+    counts.clear()
+    prof = None
+    if args.torch_profile:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
+        prof.__enter__()
+    step_times, lengths = [], []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        m = trainer.step().metrics
+        step_times.append(time.perf_counter() - t0)
+        lengths.append(m["completions/mean_length"])
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    n = args.steps
+    print(f"cohort on {args.workload} / {args.model}: G={G}, N={cfg.rollout.batch_size}, L={cfg.rollout.max_completion_length}, "
+          f"mean length {statistics.mean(lengths):.1f}, median step {statistics.median(step_times):.3f} s")
+    print(f"{'phase':45} {'s/step':>8} {'calls/step':>10} {'% step':>7}")
+    total = statistics.mean(step_times)
+    for label, s in sorted(clock.items(), key=lambda kv: -kv[1]):
+        print(f"{label:45} {s / n:8.3f} {counts[label] / n:10.1f} {100 * s / n / total:6.1f}%")
+    if prof is not None:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    print(json.dumps({"step_times": step_times, "phases": {k: v / n for k, v in clock.items()}}))
+
+
+if __name__ == "__main__":
+    main()

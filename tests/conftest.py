@@ -1,0 +1,18 @@
+"""Shared fixtures: a tiny model folder built once per session with cohort's own factory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Return the folder of a ~40 k-parameter Qwen2 model + char tokenizer saved with save_pretrained."""
+    from cohort.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=2, num_heads=4, seed=0)

@@ -1,0 +1,165 @@
+"""The trainer on a tiny model: reproducibility, exact resume, the zero-advantage skip, Ctrl-C, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cohort.config import ConfigError, load_config
+from cohort.trainer import GRPOTrainer
+
+DIGITS = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
+
+
+def _cfg(model_dir, out, **over):
+    base = {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"task": "addition", "n_train": 64, "n_eval": 16},
+        "rollout": {"group_size": 4, "batch_size": 16, "max_completion_length": 6},
+        "optim": {"lr": 5e-3},
+        "rewards": [DIGITS],
+        "steps": 3,
+        "out_dir": str(out),
+        "progress": False,
+        "eval_at_ends": False,
+        "save_every": 0,
+    }
+    for k, v in over.items():
+        node = base
+        *path, last = k.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return load_config(None, base)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_seeded_runs_are_reproducible(tiny_model_dir, tmp_path):
+    runs = []
+    for i in range(2):
+        t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / f"r{i}"))
+        t.train()
+        runs.append(_params(t.model))
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+def test_resume_continues_exactly(tiny_model_dir, tmp_path):
+    full = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "full", steps=4))
+    full.train()
+    first = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "part", steps=2))
+    first.train()
+    resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "part", steps=4, resume="auto"))
+    assert resumed.step_idx == 2
+    resumed.train()
+    a, b = _params(full.model), _params(resumed.model)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(tiny_model_dir, tmp_path, loss_type, monkeypatch):
+    """A binary reward gives many all-equal groups; skipping their rows must not change the gradient.
+
+    Gradients are compared (not parameters after AdamW, which rescales even 1e-12 noise on parameters
+    whose true gradient is 0, such as key biases, into full-size steps).
+    """
+    import cohort.update as update
+
+    grads, computed = [], []
+    for skip in (True, False):
+        cfg = _cfg(tiny_model_dir, tmp_path / f"{loss_type}{skip}", **{"algo.loss_type": loss_type})
+        cfg.rewards = [DIGITS.replace("digit_fraction", "any_digit")]
+        if not skip:  # compute every row, as a trainer without the lever would
+            monkeypatch.setattr(update, "_skippable", lambda adv, rows: [])
+        t = GRPOTrainer(cfg)
+        m = t.step().metrics
+        monkeypatch.undo()
+        computed.append(m["rows_computed_frac"])
+        assert 0 < m["frac_reward_zero_std"] < 1, "the batch needs both all-equal and mixed groups"
+        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters()})
+    assert computed[0] < 1 and computed[1] == 1, computed
+    scale = max(g.abs().max() for g in grads[1].values())
+    assert scale > 0
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6 * float(scale), msg=n)
+
+
+def test_interrupt_leaves_a_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "int", steps=5))
+    real_step = t.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(t, "step", flaky_step)
+    with pytest.raises(KeyboardInterrupt):
+        t.train()
+    ckpt = tmp_path / "int" / "checkpoints" / "step-2"
+    assert (ckpt / "trainer_state.pt").is_file()
+    resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "int", steps=5, resume="auto"))
+    assert resumed.step_idx == 2
+
+
+def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "m", **{"algo.beta": 0.05}))
+    result = t.step()
+    m = result.metrics
+    for key in ("reward", "reward_std", "kl", "loss", "grad_norm", "entropy", "clip_ratio/region_mean"):
+        assert m[key] is not None and math.isfinite(m[key]), key
+    assert m["kl"] >= 0
+
+
+def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    cfg = _cfg(tiny_model_dir, tmp_path / "lora", **{"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4})
+    t = GRPOTrainer(cfg)
+    assert t.ref_model is None  # no second copy: the adapter is switched off instead
+    trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    t.train()
+    assert (tmp_path / "lora" / "checkpoints" / "step-3" / "adapter_model.safetensors").is_file()
+
+
+def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
+    import cohort.trainer as trainer_mod
+
+    def no_load(*a, **k):
+        raise AssertionError("the model must not be loaded for a bad config")
+
+    monkeypatch.setattr(trainer_mod, "load_model", no_load)
+    monkeypatch.setattr(trainer_mod, "load_tokenizer", no_load)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    nocol = tmp_path / "nocol.jsonl"
+    nocol.write_text('{"question": "1+1=", "answer": "2"}\n')
+    cases = [
+        ({"data.path": str(empty), "data.task": None}, "empty"),
+        ({"data.path": str(nocol), "data.task": None}, "question"),
+        ({"rewards": ["no_such_reward"]}, "accuracy"),
+        ({"rollout.group_size": 1}, "at least 2"),
+        ({"rollout.batch_size": 10}, "multiple"),
+        ({"rollout.max_completion_length": 0}, "positive"),
+    ]
+    for over, fragment in cases:
+        with pytest.raises((ValueError, ConfigError)) as e:
+            GRPOTrainer(_cfg("unused-model", tmp_path / "bad", **over))
+        assert fragment in str(e.value), (over, str(e.value))
+
+
+def test_unknown_model_path_is_clear(tmp_path):
+    with pytest.raises(ValueError, match="neither a local model folder"):
+        GRPOTrainer(_cfg(tmp_path / "missing-model", tmp_path / "x"))
