@@ -79,15 +79,33 @@ def main(argv=None) -> None:
     model = trainer.model
     clock: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
+    peak: dict[str, float] = defaultdict(float)  # MiB: highest RSS seen while the phase was innermost
+    stack: list[str] = ["other"]
+
+    def sample_rss() -> None:
+        from worker import rss_mib
+
+        while not stop.is_set():
+            label = stack[-1]
+            peak[label] = max(peak[label], rss_mib())
+            time.sleep(0.005)
+
+    import threading
+
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
 
     def wrap(obj, name, label):
         fn = getattr(obj, name)
 
         def timed(*a, **k):
             t0 = time.perf_counter()
+            stack.append(label)
             try:
                 return fn(*a, **k)
             finally:
+                stack.pop()
                 clock[label] += time.perf_counter() - t0
                 counts[label] += 1
 
@@ -101,9 +119,11 @@ def main(argv=None) -> None:
         grad = torch.is_grad_enabled()
         label = "forward with grad" if grad else ("generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps")
         t0 = time.perf_counter()
+        stack.append(label)
         try:
             return forward(*a, **k)
         finally:
+            stack.pop()
             clock[label] += time.perf_counter() - t0
             counts[label] += 1
 
@@ -117,9 +137,11 @@ def main(argv=None) -> None:
 
     def timed_decoder(*a, **k):
         t0 = time.perf_counter()
+        stack.append("logprobs: decoder forward" if torch.is_grad_enabled() else stack[-1])
         try:
             return dec_forward(*a, **k)
         finally:
+            stack.pop()
             if torch.is_grad_enabled():
                 clock["logprobs: decoder forward"] += time.perf_counter() - t0
                 counts["logprobs: decoder forward"] += 1
@@ -147,13 +169,17 @@ def main(argv=None) -> None:
     n = args.steps
     print(f"cohort on {args.workload} / {args.model}: G={G}, N={cfg.rollout.batch_size}, L={cfg.rollout.max_completion_length}, "
           f"mean length {statistics.mean(lengths):.1f}, median step {statistics.median(step_times):.3f} s")
-    print(f"{'phase':45} {'s/step':>8} {'calls/step':>10} {'% step':>7}")
+    stop.set()
+    print(f"{'phase':45} {'s/step':>8} {'calls/step':>10} {'% step':>7} {'peak RSS MiB':>12}")
     total = statistics.mean(step_times)
     for label, s in sorted(clock.items(), key=lambda kv: -kv[1]):
-        print(f"{label:45} {s / n:8.3f} {counts[label] / n:10.1f} {100 * s / n / total:6.1f}%")
+        print(f"{label:45} {s / n:8.3f} {counts[label] / n:10.1f} {100 * s / n / total:6.1f}% {peak.get(label, 0):12.0f}")
+    from worker import peak_rss_mib
+
+    print(f"process peak RSS {peak_rss_mib():.0f} MiB; innermost-phase peaks: {dict((k, round(v)) for k, v in peak.items())}")
     if prof is not None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-    print(json.dumps({"step_times": step_times, "phases": {k: v / n for k, v in clock.items()}}))
+    print(json.dumps({"step_times": step_times, "phases": {k: v / n for k, v in clock.items()}, "peak_rss_mib": dict(peak)}))
 
 
 if __name__ == "__main__":

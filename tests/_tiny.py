@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -58,3 +61,18 @@ def random_prompts(n: int, *, seed: int, min_len: int = 2, max_len: int = 9) -> 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
     return [torch.randint(2, VOCAB, (n_i,), generator=g).tolist() for n_i in lengths]
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Yields with torch on one CPU thread, restoring the previous count.
+
+    Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine OpenMP threads
+    that wait on each other made these tests 10-20x slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

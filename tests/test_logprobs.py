@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import VOCAB, random_prompts, tiny_model
+from _tiny import VOCAB, random_prompts, single_thread, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
@@ -58,6 +58,12 @@ def grads_of(model, fn) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     fn().backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +151,28 @@ def test_entropy_gradients_match_naive(model, data):
     assert_grads_close(got, ref)
 
 
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_backward_keeps_no_vocab_sized_tensor(checkpointed, monkeypatch):
+    """Autograd must not save [M, V] logits: each chunk's head + log-softmax is recomputed in backward."""
+    vocab = 2048
+    model = tiny_model(seed=0, hidden_size=32, vocab_size=vocab)
+    prompts = random_prompts(2, seed=1)
+    comps = ragged_completions(2 * G, seed=2, empties=False)
+    if not checkpointed:  # positive control: without checkpointing the logits are saved
+        monkeypatch.setattr(lp_module, "checkpoint", lambda fn, *args, **kw: fn(*args))
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = completion_logprobs(model, prompts, comps, G, chunk_size=8, with_entropy=True)
+    out.logp.sum().backward()
+    vocab_sized = [shape for shape in saved if shape[-1] == vocab and len(shape) >= 2 and shape[0] > 1]
+    assert (not vocab_sized) == checkpointed, vocab_sized
+
+
 def test_empty_completions(model):
     prompts = [[4, 5], [6]]
     empty = completion_logprobs(model, prompts, [[], [], [], []], 2, with_entropy=True)
@@ -203,17 +231,18 @@ def test_row_planner_splits_long_groups_only_when_attention_dominates():
 
 
 def test_split_groups_give_the_same_values_and_gradients(model, monkeypatch):
+    group = 6  # many completions per short prompt: one long row per group is the costly layout
     prompts = random_prompts(2, seed=5, min_len=2, max_len=3)
-    comps = ragged_completions(2 * G, seed=6, max_len=8, empties=False)
-    ref_value = completion_logprobs(model, prompts, comps, G).logp
+    comps = ragged_completions(2 * group, seed=6, max_len=8, empties=False)
+    ref_value = completion_logprobs(model, prompts, comps, group).logp
     w = torch.randn(ref_value.shape, generator=torch.Generator().manual_seed(2))
-    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
+    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group).logp * w).sum())
     monkeypatch.setattr(lp_module, "ATTENTION_SLOWDOWN", 1e4)  # attention dominates: split the groups
-    lay = lp_module._grouped_layout(prompts, comps, G, range(len(comps)), 8, lp_module._pair_cost(model))
+    lay = lp_module._grouped_layout(prompts, comps, group, range(len(comps)), 8, lp_module._pair_cost(model))
     pieces = {(r, g) for r, row in enumerate(lay.group) for g in row if g >= 0}
     assert len(pieces) > len(prompts)
-    got_value = completion_logprobs(model, prompts, comps, G).logp
-    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
+    got_value = completion_logprobs(model, prompts, comps, group).logp
+    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group).logp * w).sum())
     torch.testing.assert_close(got_value, ref_value, rtol=0, atol=1e-5)
     assert_grads_close(got, ref)
 

@@ -6,9 +6,11 @@ Two layouts of the same computation:
   sequence. A block attention mask lets every completion see its prompt and (causally) itself only,
   and position ids restart at the prompt length for every completion, so each token sees exactly
   the context it has in a plain prompt+completion row. The prompt's activations are computed once
-  and receive the gradients of all its completions. Several groups are packed into each batch row
-  (first-fit decreasing, row length = the longest group), so rows are not padded to a common length
-  beyond that of the longest group.
+  and receive the gradients of all its completions. Pieces are packed first-fit decreasing into
+  batch rows of one width, several small groups per row. Because sdpa / eager attention with a
+  dense mask pays for masked (query, key) pairs too, a group whose single row would make attention
+  dominate (many long completions behind a short prompt) is split into pieces that each repeat the
+  prompt; the width is chosen by a FLOP estimate from the config (see `_plan_rows`).
 - "padded": one right-padded prompt+completion row per completion; the reference, and the fallback
   for attention implementations that cannot take a custom mask (flash-attention, flex-attention)
   or for models with sliding-window layers.
@@ -204,8 +206,8 @@ def _plan_rows(prompt_len: dict, bodies: dict, pair_cost: float):
     pieces are packed first-fit decreasing into rows of width W, and the cheapest W wins.
     pair_cost = 0 never splits a group.
     """
-    group_size = {g: prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies}
-    widest = max(group_size.values())
+    tokens = {g: prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies}
+    widest = max(tokens.values())
     narrowest = max(prompt_len[g] + n for g in bodies for _, n in bodies[g])
     candidates = {widest}
     w = float(narrowest)
@@ -216,8 +218,8 @@ def _plan_rows(prompt_len: dict, bodies: dict, pair_cost: float):
     for width in sorted(candidates, reverse=True):
         pieces = []  # (size, prompt index, members)
         for g, members in bodies.items():
-            if group_size[g] <= width:
-                pieces.append((group_size[g], g, [m for m, _ in members]))
+            if tokens[g] <= width:
+                pieces.append((tokens[g], g, [m for m, _ in members]))
                 continue
             room: list[int] = []
             split: list[list] = []

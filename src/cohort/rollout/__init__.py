@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from cohort.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from cohort.rollout.builtin import BuiltinEngine
 from cohort.rollout.hf import HFEngine
-from cohort.rollout.sampling import filter_logits, sample_next
+from cohort.rollout.sampling import draw, filter_logits, sample_next
 
 ENGINES: dict[str, type[RolloutEngine]] = {"builtin": BuiltinEngine, "hf": HFEngine}
 
@@ -29,6 +29,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutEngine",
     "SamplingParams",
+    "draw",
     "filter_logits",
     "make_engine",
     "sample_next",
