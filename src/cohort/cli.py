@@ -19,7 +19,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from cohort.config import load_config
     from cohort.trainer import GRPOTrainer
 
-    cfg = load_config(args.config, args.overrides)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).is_file():
+        config, overrides = None, [config, *overrides]  # only overrides were given
+    cfg = load_config(config, overrides)
     trainer = GRPOTrainer(cfg)
     summary = trainer.train()
     final = trainer.save_final()

@@ -174,6 +174,8 @@ class OptimConfig:
     """AdamW beta1."""
     adam_beta2: float = 0.99
     """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     warmup_steps: int = 0

@@ -188,11 +188,13 @@ class GRPOTrainer:
         eos_ids = sorted({self.tokenizer.eos_token_id, *gen_eos} - {None})
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
         self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad)
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed * 7919 + dist.rank())
+        # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
+        self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729 + dist.rank())
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
-            params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), weight_decay=o.weight_decay
+            params, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, weight_decay=o.weight_decay
         )
         updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
         self.scheduler = make_scheduler(self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step)
@@ -258,6 +260,8 @@ class GRPOTrainer:
         extra = state.get("extra", {})
         self.sampler.load_state_dict(extra["sampler"])
         self.num_tokens = extra.get("num_tokens", 0)
+        if "shuffle_rng" in extra:
+            self.shuffle_generator.set_state(extra["shuffle_rng"])
         if self.ref_model is not None and "ref_step" in extra:
             self.ref_model.load_state_dict(self.model.state_dict())
         self.step_idx = state["step"]
@@ -306,7 +310,7 @@ class GRPOTrainer:
         t_score = time.perf_counter()
         # 5. Policy update.
         batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
-        update_metrics = self.updater.update(batch, self.generator)
+        update_metrics = self.updater.update(batch, self.shuffle_generator)
         t_update = time.perf_counter()
         # 6. Reference refresh (recipes that let the anchor follow the policy).
         self.step_idx += 1
@@ -402,12 +406,17 @@ class GRPOTrainer:
                 prompt_column=self.cfg.data.prompt_column,
                 k=k,
                 temperature=self.cfg.rollout.temperature or 1.0,
-                generator=self.generator,
+                # its own stream, so evaluating does not change the training trajectory
+                generator=torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step_idx),
             )
 
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""
-        extra = {"sampler": self.sampler.state_dict(), "num_tokens": self.num_tokens}
+        extra = {
+            "sampler": self.sampler.state_dict(),
+            "num_tokens": self.num_tokens,
+            "shuffle_rng": self.shuffle_generator.get_state(),
+        }
         return save_checkpoint(
             self.run_dir,
             self.step_idx,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from _tiny import EOS, PAD, VOCAB
 
-from cohort.rollout import SamplingParams, filter_logits, make_engine
+from cohort.rollout import SamplingParams, draw, filter_logits, make_engine
 
 PROMPT = [5, 17, 3, 22, 9]
 N_SAMPLES = 4000
@@ -131,3 +131,14 @@ def test_top_p_always_keeps_the_most_likely_token():
     logits = torch.tensor([[5.0, 0.0, 0.0, -1.0]])  # the top token alone holds > 0.9 of the mass
     out = filter_logits(logits, top_k=0, top_p=0.01)
     assert torch.isfinite(out).tolist() == [[True, False, False, False]]
+
+
+def test_draw_respects_zero_probabilities_and_unnormalised_rows():
+    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])  # row sums 8 and 1
+    rows = probs.repeat(5000, 1)  # [10000, 5]
+    tokens = draw(rows, torch.Generator().manual_seed(0)).view(5000, 2)
+    assert set(tokens[:, 1].tolist()) == {4}
+    counts = torch.bincount(tokens[:, 0], minlength=5)
+    assert counts[[0, 2, 4]].sum() == 0
+    stat, crit = chi_square(counts, probs[0].double() / 8)
+    assert stat < crit, (stat, crit)

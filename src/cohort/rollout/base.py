@@ -55,11 +55,11 @@ class RolloutBatch:
     completion_ids: list[list[int]]
     """N = B*G completions, unpadded; EOS included when the row ended with one, nothing after it."""
     truncated: torch.Tensor
-    """[N] bool: the row reached max_completion_length without emitting EOS."""
+    """[N] bool on CPU: the row reached max_completion_length without emitting EOS."""
     group_size: int
     """G, the number of completions per prompt."""
     sampling_logprobs: list[torch.Tensor] | None = None
-    """Per row a float32 [T_i] tensor: log-prob of each sampled token under logits / temperature
+    """Per row a float32 [T_i] CPU tensor: log-prob of each sampled token under logits / temperature
     (raw logits when greedy), before top-k / top-p filtering; None when the engine cannot report it."""
 
     @property

@@ -1,0 +1,82 @@
+"""End-to-end: the real `cohort` command line on a tiny model, asserting on what the run logged."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
+REQUIRED = [
+    "step", "reward", "reward_std", "rewards/digit_fraction/mean", "rewards/digit_fraction/std", "kl",
+    "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean", "completions/mean_length",
+    "completions/clipped_ratio", "num_tokens", "frac_reward_zero_std", "entropy", "step_time", "loss", "grad_norm",
+]
+
+
+def _cohort(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "cohort.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.mark.slow
+def test_train_cli_learns_an_easy_reward(tiny_model_dir, tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"model: {{name_or_path: {tiny_model_dir}}}\n"
+        "data: {task: addition, n_train: 200, n_eval: 16}\n"
+        "rollout: {group_size: 8, batch_size: 64, max_completion_length: 8}\n"
+        "algo: {loss_type: dapo, beta: 0.02}\n"
+        "optim: {lr: 3.0e-3, warmup_steps: 2}\n"
+        f"rewards: ['{REWARD}']\n"
+        "steps: 25\nsave_every: 10\nprogress: false\nthreads: 2\n"
+    )
+    out = tmp_path / "run"
+    proc = _cohort("train", cfg, f"out_dir={out}", "eval_at_ends=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 26))
+    for key in REQUIRED:
+        assert key in rows[0], key
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["kl"]) for r in rows)
+    first = sum(r["reward"] for r in rows[:5]) / 5
+    last = sum(r["reward"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, (first, last)  # digits are ~4 % of random characters at the start
+    before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    after = load_file(str(out / "final" / "model.safetensors"))
+    assert any(not (before[k] == after[k]).all() for k in before)
+    assert (out / "report.html").is_file() and (out / "config.yaml").is_file()
+    assert (out / "checkpoints" / "step-25" / "trainer_state.pt").is_file()
+    # the report can be rebuilt from the run directory alone
+    assert _cohort("report", out).returncode == 0
+
+
+def test_cli_errors_are_clear(tmp_path, tiny_model_dir):
+    proc = _cohort("train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "rollout.group_size=1")
+    assert proc.returncode == 2 and "group_size" in proc.stderr and "at least 2" in proc.stderr
+    proc = _cohort("train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "algo.bogus=1")
+    assert proc.returncode == 2 and "valid keys" in proc.stderr
+    proc = _cohort("train", "model.name_or_path=x", "data.task=addition", "preset=nope")
+    assert proc.returncode == 2 and "r1, dapo, dr_grpo" in proc.stderr
+    proc = _cohort("report", tmp_path / "nothing-here")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
+    sft_out = tmp_path / "sft"
+    proc = _cohort("sft", "--model", tiny_model_dir, "--task", "addition", "--n", 64, "--steps", 5, "--lr", "1e-3", "--out", sft_out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _cohort("eval", "--model", sft_out, "--task", "addition", "--split", "test", "--n", 16, "--k", 4, "--max-completion-length", 6)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert {"accuracy", "pass@4", "maj@4", "n"} <= set(result) and 0 <= result["pass@4"] <= 1
+    proc = _cohort("sample", "--model", sft_out, "--task", "addition", "--n", 8, "--k", 2, "--max-completion-length", 4,
+                   "--reward", REWARD, "--threshold", "0.0", "--out", tmp_path / "s.jsonl")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and "completion" in json.loads(lines[0])
