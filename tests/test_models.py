@@ -97,12 +97,14 @@ def test_chat_template(tok):
     assert full == "User: 1+2=\nAssistant: 3<|endoftext|>\n"
 
 
-def test_tiny_model_loads_back_tied_and_generates(tiny_dir, tok):
+def test_tiny_model_loads_back_and_generates(tiny_dir, tok, tmp_path):
     _, info = AutoModelForCausalLM.from_pretrained(tiny_dir, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     model = load_model(tiny_dir)
-    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config.model_type == "qwen2" and not model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    tied = load_model(build_tiny_model(tmp_path / "tied", hidden_size=16, num_layers=1, tie_word_embeddings=True))
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
     assert model.config._attn_implementation == "sdpa"
     assert model.config.vocab_size == len(tok) == 258
     ids = tok("12+34=", add_special_tokens=False)["input_ids"]

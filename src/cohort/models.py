@@ -56,9 +56,9 @@ TINY_CHAT_TEMPLATE: str = (
 """Plain-text chat template of the tiny tokenizer: ``"User: 1+2=\\nAssistant: "``."""
 
 TINY_SIZES: dict[str, dict[str, int]] = {
-    # about 0.50 M parameters with the 258-token vocabulary (tied embeddings)
+    # about 0.52 M parameters with the 258-token vocabulary (untied embeddings)
     "0.5m": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 416},
-    # about 14.2 M parameters
+    # about 14.4 M parameters
     "14m": {"hidden_size": 384, "num_layers": 8, "num_heads": 6, "intermediate_size": 1024},
 }
 """Named size presets for :func:`build_tiny_model`: ``build_tiny_model(d, **TINY_SIZES["14m"])``."""
@@ -171,12 +171,18 @@ def build_tiny_model(
     seed: int = 0,
     vocab_size: int | None = None,
     add_bos: bool = False,
+    tie_word_embeddings: bool = False,
 ) -> Path:
     """Returns ``out_dir`` after saving a randomly initialised tiny Qwen2ForCausalLM and its char tokenizer there.
 
     ``vocab_size=None`` uses the tokenizer's size (258, or 259 with ``add_bos``); a larger value pads
     the embedding (e.g. 151936, Qwen2.5's vocabulary, for memory benchmarks) and leaves the extra ids
     unused. ``intermediate_size=None`` means ``4 * hidden_size``. Sizes: see :data:`TINY_SIZES`.
+
+    Embeddings are untied by default: in a model this small, with tied weights every policy-gradient
+    step on the output side of the digit tokens also moves their input embeddings, and GRPO from a
+    half-trained warm start then loses accuracy instead of gaining it (measured: 28 % -> 7 % held-out
+    in 100 steps tied, 40 % -> 52 % in 60 steps untied, same recipe).
     """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -210,7 +216,7 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         use_sliding_window=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
