@@ -28,9 +28,16 @@ import time
 import torch
 
 
-def forward_flops(meta: dict, prompt_lengths: list[int], completion_lengths: list[int], group_size: int) -> dict:
+def forward_flops(
+    meta: dict, prompt_lengths: list[int], completion_lengths: list[int], group_size: int
+) -> dict:
     """Return {"linear", "lm_head", "attention", "total"} FLOPs of one forward over the floor's tokens."""
-    h, V, L, P_ne = meta["hidden_size"], meta["vocab_size"], meta["num_layers"], meta["parameters_nonembedding"]
+    h, V, L, P_ne = (
+        meta["hidden_size"],
+        meta["vocab_size"],
+        meta["num_layers"],
+        meta["parameters_nonembedding"],
+    )
     linear = lm_head = attention = 0
     for g, P in enumerate(prompt_lengths):
         comps = completion_lengths[g * group_size : (g + 1) * group_size]
@@ -39,7 +46,12 @@ def forward_flops(meta: dict, prompt_lengths: list[int], completion_lengths: lis
         lm_head += 2 * h * V * sum(comps)
         ctx = P * (P + 1) // 2 + sum((c - 1) * P + (c - 1) * c // 2 for c in comps if c > 1)
         attention += 4 * h * L * ctx
-    return {"linear": linear, "lm_head": lm_head, "attention": attention, "total": linear + lm_head + attention}
+    return {
+        "linear": linear,
+        "lm_head": lm_head,
+        "attention": attention,
+        "total": linear + lm_head + attention,
+    }
 
 
 def step_floor_flops(meta: dict, prompt_lengths, completion_lengths, group_size: int, beta: float) -> float:
@@ -103,7 +115,9 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
     }
 
 
-def floor_seconds(meta: dict, rate: dict, prompt_lengths, completion_lengths, group_size: int, beta: float) -> float:
+def floor_seconds(
+    meta: dict, rate: dict, prompt_lengths, completion_lengths, group_size: int, beta: float
+) -> float:
     """Return the step's FLOP floor in seconds: the layer FLOPs at the layer rate plus the LM head at its rate."""
     f = forward_flops(meta, prompt_lengths, completion_lengths, group_size)
     passes = 4 + (1 if beta > 0 else 0)

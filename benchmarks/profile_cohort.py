@@ -44,6 +44,7 @@ def main(argv=None) -> None:
 
     hf_logging.disable_progress_bar()
     import bench_tasks
+
     from cohort.config import load_config
     from cohort.trainer import GRPOTrainer
 
@@ -51,7 +52,11 @@ def main(argv=None) -> None:
     workdir = Path(args.workdir).resolve()
     key = bench.model_key(args.model, w["mean_length"])
     meta = bench.build_models(workdir, {key}, 0)[key]
-    rows = bench_tasks.addition_rows(512, seed=1234) if w["prompts"] == "addition" else bench_tasks.gsm8k_like_rows(512, seed=0)
+    rows = (
+        bench_tasks.addition_rows(512, seed=1234)
+        if w["prompts"] == "addition"
+        else bench_tasks.gsm8k_like_rows(512, seed=0)
+    )
     G = args.group_size or w["group_size"]
     cfg = load_config(
         None,
@@ -117,7 +122,11 @@ def main(argv=None) -> None:
     def timed_forward(*a, **k):
         ids = k.get("input_ids")
         grad = torch.is_grad_enabled()
-        label = "forward with grad" if grad else ("generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps")
+        label = (
+            "forward with grad"
+            if grad
+            else ("generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps")
+        )
         t0 = time.perf_counter()
         stack.append(label)
         try:
@@ -167,19 +176,33 @@ def main(argv=None) -> None:
     if prof is not None:
         prof.__exit__(None, None, None)
     n = args.steps
-    print(f"cohort on {args.workload} / {args.model}: G={G}, N={cfg.rollout.batch_size}, L={cfg.rollout.max_completion_length}, "
-          f"mean length {statistics.mean(lengths):.1f}, median step {statistics.median(step_times):.3f} s")
+    print(
+        f"cohort on {args.workload} / {args.model}: G={G}, N={cfg.rollout.batch_size}, L={cfg.rollout.max_completion_length}, "
+        f"mean length {statistics.mean(lengths):.1f}, median step {statistics.median(step_times):.3f} s"
+    )
     stop.set()
     print(f"{'phase':45} {'s/step':>8} {'calls/step':>10} {'% step':>7} {'peak RSS MiB':>12}")
     total = statistics.mean(step_times)
     for label, s in sorted(clock.items(), key=lambda kv: -kv[1]):
-        print(f"{label:45} {s / n:8.3f} {counts[label] / n:10.1f} {100 * s / n / total:6.1f}% {peak.get(label, 0):12.0f}")
+        print(
+            f"{label:45} {s / n:8.3f} {counts[label] / n:10.1f} {100 * s / n / total:6.1f}% {peak.get(label, 0):12.0f}"
+        )
     from worker import peak_rss_mib
 
-    print(f"process peak RSS {peak_rss_mib():.0f} MiB; innermost-phase peaks: {dict((k, round(v)) for k, v in peak.items())}")
+    print(
+        f"process peak RSS {peak_rss_mib():.0f} MiB; innermost-phase peaks: {dict((k, round(v)) for k, v in peak.items())}"
+    )
     if prof is not None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-    print(json.dumps({"step_times": step_times, "phases": {k: v / n for k, v in clock.items()}, "peak_rss_mib": dict(peak)}))
+    print(
+        json.dumps(
+            {
+                "step_times": step_times,
+                "phases": {k: v / n for k, v in clock.items()},
+                "peak_rss_mib": dict(peak),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -143,7 +143,9 @@ def run_trl(spec: dict, rows: list[dict]) -> list[dict]:
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        spec["model"], dtype=torch.float32, attn_implementation="sdpa"
+    )
     G, N = spec["group_size"], spec["batch_size"]
     args = GRPOConfig(
         output_dir=spec["scratch"],
@@ -245,16 +247,22 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_len: int) -> float:
     from cohort.rewards import accuracy_reward
     from cohort.rollout import make_engine
 
-    engine = make_engine("builtin", eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    engine = make_engine(
+        "builtin", eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
     ids = encode_prompts(tokenizer, [r["prompt"] for r in rows])
-    res = evaluate(model, tokenizer, rows, accuracy_reward, prompt_ids=ids, engine=engine, max_completion_length=max_len)
+    res = evaluate(
+        model, tokenizer, rows, accuracy_reward, prompt_ids=ids, engine=engine, max_completion_length=max_len
+    )
     return res["accuracy"]
 
 
 def tta_prepare(spec: dict) -> dict:
-    """Return facts about the shared warm start: cohort's demo model, SFT-ed with the demo's recipe."""
+    """Return facts about the shared warm start: cohort's demo model, SFT-ed exactly as `cohort demo` does."""
+    import inspect
+
+    from cohort import demo
     from cohort.data import encode_prompts, make_task, sft_completion
-    from cohort.demo import DEMO_MODEL, DEMO_SFT, DEMO_TASK, demo_config
     from cohort.models import build_tiny_model, load_model, load_tokenizer
     from cohort.sft import SFTConfig, encode_pairs, sft_train
     from cohort.trainer import seed_everything
@@ -262,20 +270,40 @@ def tta_prepare(spec: dict) -> dict:
     out = Path(spec["out_dir"])
     seed = spec["seed"]
     seed_everything(seed)
-    base = build_tiny_model(out / "base-model", seed=seed, **DEMO_MODEL)
+    base = build_tiny_model(out / "base-model", seed=seed, **demo.DEMO_MODEL)
     tokenizer, model = load_tokenizer(base), load_model(base)
-    cfg = demo_config(out / "unused", base, steps=None, seed=seed)
-    train, held = make_task(DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed)
-    pairs = encode_pairs(
-        tokenizer, encode_prompts(tokenizer, [r["prompt"] for r in train]), [sft_completion(DEMO_TASK, r) for r in train]
+    cfg = demo.demo_config(out / "unused", base, steps=None, seed=seed)
+    L = cfg.rollout.max_completion_length
+    train, held = make_task(
+        demo.DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed
     )
+    pairs = encode_pairs(
+        tokenizer,
+        encode_prompts(tokenizer, [r["prompt"] for r in train]),
+        [sft_completion(demo.DEMO_TASK, r) for r in train],
+    )
+    sft_cfg = SFTConfig(**{**demo.DEMO_SFT.__dict__, "seed": seed})
+    kwargs = {}
+    target = getattr(demo, "DEMO_SFT_TARGET", None)
+    if target is not None and "stop" in inspect.signature(sft_train).parameters:
+        # The demo stops its warm start at a validation accuracy on training problems; so does this.
+        val = train[:200]
+        kwargs["stop"] = lambda step: greedy_accuracy(model, tokenizer, val, L) >= target
     t0 = time.perf_counter()
-    hist = sft_train(model, pairs, SFTConfig(**{**DEMO_SFT.__dict__, "seed": seed}))
+    hist = sft_train(model, pairs, sft_cfg, **kwargs)
     sft_s = time.perf_counter() - t0
     model.save_pretrained(out / "sft-model")
     tokenizer.save_pretrained(out / "sft-model")
-    acc = greedy_accuracy(model, tokenizer, held[: cfg.eval_limit], cfg.rollout.max_completion_length)
-    return {"sft_steps": DEMO_SFT.steps, "sft_seconds": sft_s, "sft_final_loss": hist[-1]["loss"], "accuracy": acc}
+    acc = greedy_accuracy(model, tokenizer, held[: cfg.eval_limit], L)
+    return {
+        "model": demo.DEMO_MODEL,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "sft_steps": hist[-1]["step"],
+        "sft_target": target,
+        "sft_seconds": sft_s,
+        "sft_final_loss": hist[-1]["loss"],
+        "accuracy": acc,
+    }
 
 
 def tta_config(spec: dict):
@@ -286,7 +314,9 @@ def tta_config(spec: dict):
     cfg = demo_config(spec["scratch"], spec["model"], steps=spec["max_steps"], seed=spec["seed"])
     cfg.progress, cfg.eval_at_ends, cfg.save_every, cfg.eval_every = False, False, 0, 0
     cfg.threads = spec["threads"]
-    train, held = make_task(DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed)
+    train, held = make_task(
+        DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed
+    )
     return cfg, train, held[: cfg.eval_limit]
 
 
@@ -299,16 +329,18 @@ def tta_cohort(spec: dict) -> dict:
     trainer = GRPOTrainer(cfg, train_rows=train, eval_rows=held)
     setup = time.perf_counter() - t0
     L = cfg.rollout.max_completion_length
-    curve = [{"step": 0, "seconds": 0.0, "accuracy": greedy_accuracy(trainer.model, trainer.tokenizer, held, L)}]
+    curve = [
+        {"step": 0, "seconds": 0.0, "accuracy": greedy_accuracy(trainer.model, trainer.tokenizer, held, L)}
+    ]
     train_s = 0.0
     for step in range(1, spec["max_steps"] + 1):
         t0 = time.perf_counter()
         trainer.step()
         train_s += time.perf_counter() - t0
-        if step % spec["eval_every"] == 0:
+        if step % spec["eval_every"] == 0 or train_s > spec["max_seconds"]:
             acc = greedy_accuracy(trainer.model, trainer.tokenizer, held, L)
             curve.append({"step": step, "seconds": train_s, "accuracy": acc})
-            if acc >= spec["target"]:
+            if acc >= spec["target"] or train_s > spec["max_seconds"]:
                 break
     return tta_result(curve, spec, setup, cfg)
 
@@ -332,7 +364,9 @@ def tta_trl(spec: dict) -> dict:
     probe = [row["prompt"] for row in train[:16]]
     if tokenizer(text=probe)["input_ids"] != encode_prompts(tokenizer, probe):
         raise ValueError("TRL and cohort tokenize the prompts differently; the comparison would be unfair")
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        spec["model"], dtype=torch.float32, attn_implementation="sdpa"
+    )
     schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[o.schedule]
     per_step = r.batch_size // a.num_minibatches
     args = GRPOConfig(
@@ -394,10 +428,11 @@ def tta_trl(spec: dict) -> dict:
             now = time.perf_counter()
             self.train_s += now - self.t
             gen_step = state.global_step // updates_per_gen
-            if state.global_step % updates_per_gen == 0 and gen_step % spec["eval_every"] == 0:
+            over = self.train_s > spec["max_seconds"]
+            if state.global_step % updates_per_gen == 0 and (gen_step % spec["eval_every"] == 0 or over):
                 acc = greedy_accuracy(trainer.model, tokenizer, held, L)
                 curve.append({"step": gen_step, "seconds": self.train_s, "accuracy": acc})
-                if acc >= spec["target"]:
+                if acc >= spec["target"] or over:
                     control.should_training_stop = True
             self.t = time.perf_counter()  # evaluation time is not training time
 
@@ -414,6 +449,8 @@ def tta_result(curve: list[dict], spec: dict, setup: float, cfg) -> dict:
         "curve": curve,
         "seconds_to_target": hit["seconds"] if hit else None,
         "steps_to_target": hit["step"] if hit else None,
+        "seconds_trained": last["seconds"],
+        "steps_trained": last["step"],
         "seconds_per_step": last["seconds"] / max(last["step"], 1),
         "setup_seconds": setup,
         "final_accuracy": last["accuracy"],
@@ -447,10 +484,19 @@ def main() -> None:
     mode = spec.get("mode", "speed")
     if mode != "speed":
         t0 = time.perf_counter()
-        runner = {"tta_prepare": lambda sp: tta_prepare(sp), "tta": tta_cohort if framework == "cohort" else tta_trl}[mode]
+        runner = {
+            "tta_prepare": lambda sp: tta_prepare(sp),
+            "tta": tta_cohort if framework == "cohort" else tta_trl,
+        }[mode]
         result = runner(spec)
-        out = {"framework": framework, "spec": spec, "runs": [result], "peak_rss_mib": peak_rss_mib(),
-               "rss_after_import_mib": rss_mib(), "seconds_total": time.perf_counter() - t0}
+        out = {
+            "framework": framework,
+            "spec": spec,
+            "runs": [result],
+            "peak_rss_mib": peak_rss_mib(),
+            "rss_after_import_mib": rss_mib(),
+            "seconds_total": time.perf_counter() - t0,
+        }
         Path(sys.argv[2]).write_text(json.dumps(out))
         return
     rows = read_rows(spec["rows"])

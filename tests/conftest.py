@@ -10,6 +10,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models run fastest on one thread, and two busy-waiting pools on two cores slow everything."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Return the folder of a ~40 k-parameter Qwen2 model + char tokenizer saved with save_pretrained."""

@@ -60,8 +60,14 @@ def sft_train(
     *,
     log: Callable[[dict[str, float]], None] | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    stop: Callable[[int], bool] | None = None,
+    check_every: int = 25,
 ) -> list[dict[str, float]]:
-    """Return the logged losses after `cfg.steps` optimizer steps of completion-only cross-entropy."""
+    """Return the logged losses after `cfg.steps` optimizer steps of completion-only cross-entropy.
+
+    `stop(step)`, when given, is asked every `check_every` steps and ends training early when it
+    returns True (the demo stops its warm start once a validation accuracy is reached).
+    """
     if not pairs:
         raise ValueError("SFT needs at least one prompt/completion pair; the dataset is empty")
     if any(len(c) == 0 for _, c in pairs):
@@ -93,9 +99,12 @@ def sft_train(
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
         sched.step()
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            row = {"step": step, "loss": float(loss), "seconds": time.perf_counter() - t0}
+        stopping = stop is not None and step % check_every == 0 and stop(step)
+        if step % cfg.log_every == 0 or step == cfg.steps or stopping:
+            row = {"step": step, "loss": float(loss.detach()), "seconds": time.perf_counter() - t0}
             history.append(row)
             if log:
                 log(row)
+        if stopping:
+            break
     return history
