@@ -94,3 +94,17 @@ def barrier() -> None:
 
 def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def assert_in_sync(model: torch.nn.Module) -> None:
+    """Raise RuntimeError if the processes' copies of the trainable parameters differ."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        total = sum(float(p.double().sum()) for p in model.parameters() if p.requires_grad)
+    t = torch.tensor([total], dtype=torch.float64, device=_device())
+    gathered = [torch.zeros_like(t) for _ in range(world_size())]
+    tdist.all_gather(gathered, t)
+    values = [float(g) for g in gathered]
+    if max(values) - min(values) > 1e-6 * max(1.0, abs(values[0])):
+        raise RuntimeError(f"processes hold different parameters after training (checksums {values}); this is a bug")

@@ -477,6 +477,7 @@ class GRPOTrainer:
             interrupted = True
         finally:
             progress.close()
+        dist.assert_in_sync(self.model)
         if main:
             ckpt = self.save()
             summary["checkpoint"] = str(ckpt)
