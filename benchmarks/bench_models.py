@@ -9,14 +9,17 @@ offset `b` above every other logit, whatever the context:
    layer's output projections (`o_proj`, `down_proj`) write nothing into dimension 0;
 2. after the final RMSNorm that dimension is then ``s = c * norm.weight[0] / rms(h)``, nearly constant
    because `c` dominates the residual's RMS (measured: it varies by < 1 %);
-3. the (tied) embedding row of EOS gets ``c + b / s`` in dimension 0, so its logit is ``b`` above the
-   others. EOS is never an *input* whose output matters (it is the last token of a completion), so
-   the changed entry only acts through the LM head.
+3. the LM-head row of EOS gets ``b / s`` in dimension 0 and every other row 0 there (untied
+   embeddings, cohort's default), so the EOS logit is ``b`` above the others. With tied embeddings
+   the EOS row gets ``c + b / s`` instead (every logit then carries ``c * s``, which softmax
+   ignores); EOS is never an input whose output matters (it is the last token of a completion).
 
 Other logits stay near-uniform (a random model), so the EOS probability is
 ``p = e^b / (e^b + V - 1)`` and lengths are geometric, truncated at max_completion_length:
-mean ``(1 - (1 - p)^L) / p``. `eos_rate=0` sets ``b = -60`` (EOS unreachable: every completion is
-exactly max_completion_length tokens, as the sweep needs). The model stays a plain Qwen2 checkpoint
+mean ``(1 - (1 - p)^L) / p``. Because real prompts are other contexts than the random ids the offset
+is first fitted on, `b` is then corrected twice against the mean length of 128 completions sampled
+(with transformers' `generate`) on prompts of the workload's kind. `eos_rate=0` sets ``b = -60``
+(EOS unreachable: every completion is exactly max_completion_length tokens, as the sweep needs). The model stays a plain Qwen2 checkpoint
 that both trainers load with ``from_pretrained``.
 """
 
@@ -78,6 +81,32 @@ def _eos_prob(model, eos: int, vocab: int, seed: int) -> float:
 
 
 @torch.no_grad()
+def sample_lengths(
+    model, tokenizer, prompts: list[str], max_len: int, *, seed: int, per_prompt: int = 8
+) -> list[int]:
+    """Return the lengths (EOS included) of completions sampled at temperature 1 with transformers' generate."""
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    lengths = []
+    for i in range(0, len(prompts), 8):
+        enc = tokenizer(prompts[i : i + 8], return_tensors="pt", padding=True, padding_side="left")
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_len,
+            num_return_sequences=per_prompt,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            lengths.append(row.index(eos) + 1 if eos in row else len(row))
+    return lengths
+
+
+@torch.no_grad()
 def build_bench_model(
     out_dir: str | Path,
     *,
@@ -89,6 +118,8 @@ def build_bench_model(
     eos_rate: float = 0.0,
     max_position_embeddings: int = 1024,
     seed: int = 0,
+    calibration_prompts: list[str] | None = None,
+    calibration_length: int = 128,
 ) -> dict:
     """Return facts about the model saved in `out_dir` (cohort tiny Qwen2 + EOS-rate edit, see module doc)."""
     from cohort.models import build_tiny_model, load_model, load_tokenizer
@@ -104,6 +135,7 @@ def build_bench_model(
         "eos_rate": eos_rate,
         "max_position_embeddings": max_position_embeddings,
         "seed": seed,
+        "calibration": [len(calibration_prompts or []), calibration_length],
     }
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -123,8 +155,20 @@ def build_bench_model(
     model = load_model(out).eval()
     V = model.config.vocab_size
     eos = tok.eos_token_id
-    emb = model.get_input_embeddings().weight  # [V, h] (tied with the LM head)
+    emb = model.get_input_embeddings().weight  # [V, h]
+    head = model.get_output_embeddings().weight  # [V, h], the same tensor when tied
+    tied = head.data_ptr() == emb.data_ptr()
     emb[:, 0] = RESIDUAL_CONST
+    base = RESIDUAL_CONST if tied else 0.0  # tied: every logit gets c * s, which softmax ignores
+    if not tied:
+        head[:, 0] = 0.0
+
+    def set_offset(b: float) -> None:
+        head[eos, 0] = base + b / s
+
+    def offset() -> float:
+        return float((head[eos, 0] - base) * s)
+
     for layer in model.model.layers:
         layer.self_attn.o_proj.weight[0, :] = 0.0
         layer.mlp.down_proj.weight[0, :] = 0.0
@@ -134,14 +178,29 @@ def build_bench_model(
     # The other logits are not exactly equal, so correct b twice against the measured probability
     # (for small p, p is proportional to e^b).
     for _ in range(3 if eos_rate > 0 else 1):
-        emb[eos, 0] = RESIDUAL_CONST + b / s
+        set_offset(b)
         p_eos = _eos_prob(model, eos, V, seed + 1)
         if eos_rate > 0:
             b += math.log(eos_rate / p_eos)
+    sampled = []
+    if eos_rate > 0 and calibration_prompts:
+        # Real prompts give other contexts than random ids: correct b on sampled completion lengths.
+        want = expected_length(eos_rate, calibration_length)
+        for it in range(2):
+            lengths = sample_lengths(model, tok, calibration_prompts, calibration_length, seed=seed + it)
+            mean = sum(lengths) / len(lengths)
+            sampled.append(mean)
+            set_offset(offset() + math.log(eos_rate / rate_for_mean_length(mean, calibration_length)))
+        lengths = sample_lengths(model, tok, calibration_prompts, calibration_length, seed=seed + 10)
+        sampled.append(sum(lengths) / len(lengths))
+        if abs(sampled[-1] - want) > 0.25 * want:
+            raise RuntimeError(
+                f"EOS calibration failed: mean sampled length {sampled} for a target of {want:.1f}"
+            )
     model.save_pretrained(out)
     tok.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
-    n_embed = emb.numel()
+    n_embed = emb.numel() + (0 if tied else head.numel())
     meta = {
         "spec": spec,
         "path": str(out),
@@ -151,12 +210,14 @@ def build_bench_model(
         "intermediate_size": intermediate_size,
         "parameters": n_params,
         "parameters_nonembedding": n_params - n_embed,
-        "tied_embeddings": bool(model.config.tie_word_embeddings),
-        "eos_offset": float((emb[eos, 0] - RESIDUAL_CONST) * s),
+        "tied_embeddings": tied,
+        "eos_offset": offset(),
         "final_dim0_mean": s,
         "final_dim0_std": s_std,
         "eos_prob_target": eos_rate,
-        "eos_prob_measured": p_eos,
+        "eos_prob_random_contexts": p_eos,
+        "calibration_mean_lengths": sampled,
+        "mean_length_target": expected_length(eos_rate, calibration_length) if eos_rate > 0 else None,
     }
     meta_path.write_text(json.dumps(meta, indent=2))
     return meta

@@ -180,16 +180,22 @@ def _cpu_model() -> str:
 def build_models(workdir: Path, names: set[str], seed: int) -> dict[str, dict]:
     """Return {name: model facts} for every (shape, EOS behaviour) the chosen workloads need."""
     import bench_models
+    import bench_tasks
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    prompts = bench_tasks.gsm8k_like_rows(16, seed=seed + 99)  # not the benchmark's own prompts
     out = {}
     for name in sorted(names):
         shape, _, eos = name.partition("@")
         mean_len = None if eos == "exact" else float(eos.removeprefix("mean"))
         rate = 0.0 if mean_len is None else bench_models.rate_for_mean_length(mean_len, 128)
         out[name] = bench_models.build_bench_model(
-            workdir / "models" / name.replace("@", "_"), **MODEL_SHAPES[shape], eos_rate=rate, seed=seed
+            workdir / "models" / name.replace("@", "_"),
+            **MODEL_SHAPES[shape],
+            eos_rate=rate,
+            seed=seed,
+            calibration_prompts=None if mean_len is None else [r["prompt"] for r in prompts[:16]],
         )
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 __all__ = ["answers_match", "extract_answer", "extract_boxed", "last_number", "parse_number"]
 
@@ -50,6 +51,7 @@ def last_number(text: str) -> str | None:
     return re.sub(r"[,\s]", "", matches[-1]) if matches else None
 
 
+@lru_cache(maxsize=65536)  # rewards parse the same few strings for every completion of a group
 def parse_number(text: str) -> Fraction | None:
     """Returns the exact value of a string that is one number (int, decimal, ``a/b``, ``\\frac``), else None."""
     s = _delatex(str(text)).strip().rstrip(".").replace(" ", "")
@@ -77,6 +79,7 @@ def extract_answer(text: str) -> str | None:
     return last_number(text)
 
 
+@lru_cache(maxsize=65536)
 def _gold_value(answer: str) -> Fraction | None:
     """Returns the numeric value of a reference answer ("46", "#### 72", "\\boxed{3/4}"), or None."""
     if "####" in answer:  # GSM8K-style "reasoning #### final"
