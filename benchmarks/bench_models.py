@@ -16,11 +16,11 @@ offset `b` above every other logit, whatever the context:
 
 Other logits stay near-uniform (a random model), so the EOS probability is
 ``p = e^b / (e^b + V - 1)`` and lengths are geometric, truncated at max_completion_length:
-mean ``(1 - (1 - p)^L) / p``. Because real prompts are other contexts than the random ids the offset
-is first fitted on, `b` is then corrected twice against the mean length of 128 completions sampled
-(with transformers' `generate`) on prompts of the workload's kind. `eos_rate=0` sets ``b = -60``
-(EOS unreachable: every completion is exactly max_completion_length tokens, as the sweep needs). The model stays a plain Qwen2 checkpoint
-that both trainers load with ``from_pretrained``.
+mean ``(1 - (1 - p)^L) / p``. `s` and the measured EOS probability (from which `b` is corrected
+twice) come from contexts like those sampling meets: prompts of the workload's kind followed by
+128 tokens drawn uniformly. `eos_rate=0` sets ``b = -60`` (EOS unreachable: every completion is
+exactly max_completion_length tokens, as the sweep needs). The model stays a plain Qwen2
+checkpoint that both trainers load with ``from_pretrained``.
 """
 
 from __future__ import annotations
@@ -62,48 +62,45 @@ def rate_for_mean_length(mean: float, max_len: int) -> float:
     return (lo + hi) / 2
 
 
-@torch.no_grad()
-def _final_dim0(model, vocab: int, seed: int) -> tuple[float, float]:
-    """Return (mean, std) of dimension 0 after the final norm over random contexts."""
+CONTEXT_COMPLETION = 128  # random completion tokens appended to each calibration prompt
+
+
+def _contexts(tokenizer, prompts: list[str] | None, vocab: int, seed: int) -> torch.Tensor:
+    """Return [n, T] contexts like the ones sampling meets: a prompt, then tokens drawn uniformly from
+    the tokenizer's ids (what a near-uniform model samples). Prompts are cut to a common length."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, min(vocab, 258), (4, 96), generator=g)  # [4, 96]
-    out = model.model(input_ids=ids).last_hidden_state  # [4, 96, h]
+    n_ids = min(vocab, len(tokenizer))
+    if prompts:
+        enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        width = min(len(e) for e in enc)
+        head = torch.tensor([e[:width] for e in enc])  # [n, P]
+    else:
+        head = torch.randint(2, n_ids, (8, 16), generator=g)  # [8, 16]
+    tail = torch.randint(2, n_ids, (head.shape[0], CONTEXT_COMPLETION), generator=g)  # [n, 128]
+    return torch.cat([head, tail], dim=1)  # [n, P + 128]
+
+
+@torch.no_grad()
+def _final_dim0(model, tokenizer, prompts, vocab: int, seed: int) -> tuple[float, float]:
+    """Return (mean, std) of dimension 0 after the final norm over calibration contexts."""
+    ids = _contexts(tokenizer, prompts, vocab, seed)  # [n, T]
+    out = model.model(input_ids=ids).last_hidden_state  # [n, T, h]
     return float(out[..., 0].mean()), float(out[..., 0].std())  # Qwen2Model applies the final norm
 
 
 @torch.no_grad()
-def _eos_prob(model, eos: int, vocab: int, seed: int) -> float:
-    """Return the mean next-token probability of EOS over random contexts."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, min(vocab, 258), (4, 96), generator=g)  # [4, 96]
-    logits = model(input_ids=ids).logits.float()  # [4, 96, V]
-    return float(torch.softmax(logits, -1)[..., eos].mean())
-
-
-@torch.no_grad()
-def sample_lengths(
-    model, tokenizer, prompts: list[str], max_len: int, *, seed: int, per_prompt: int = 8
-) -> list[int]:
-    """Return the lengths (EOS included) of completions sampled at temperature 1 with transformers' generate."""
-    torch.manual_seed(seed)
-    eos = tokenizer.eos_token_id
-    lengths = []
-    for i in range(0, len(prompts), 8):
-        enc = tokenizer(prompts[i : i + 8], return_tensors="pt", padding=True, padding_side="left")
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_len,
-            num_return_sequences=per_prompt,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        for row in out[:, enc["input_ids"].shape[1] :].tolist():
-            lengths.append(row.index(eos) + 1 if eos in row else len(row))
-    return lengths
+def _eos_prob(model, tokenizer, prompts, eos: int, vocab: int, seed: int) -> float:
+    """Return the mean next-token probability of EOS where completion tokens are predicted."""
+    ids = _contexts(tokenizer, prompts, vocab, seed)  # [n, T]
+    P = ids.shape[1] - CONTEXT_COMPLETION
+    hidden = model.model(input_ids=ids).last_hidden_state[
+        :, P - 1 :
+    ]  # [n, 129, h]: predicts completion tokens
+    head = model.get_output_embeddings()
+    probs = [
+        torch.softmax(head(h).float(), -1)[:, eos] for h in hidden.reshape(-1, hidden.shape[-1]).split(256)
+    ]
+    return float(torch.cat(probs).mean())
 
 
 @torch.no_grad()
@@ -119,7 +116,6 @@ def build_bench_model(
     max_position_embeddings: int = 1024,
     seed: int = 0,
     calibration_prompts: list[str] | None = None,
-    calibration_length: int = 128,
 ) -> dict:
     """Return facts about the model saved in `out_dir` (cohort tiny Qwen2 + EOS-rate edit, see module doc)."""
     from cohort.models import build_tiny_model, load_model, load_tokenizer
@@ -135,7 +131,7 @@ def build_bench_model(
         "eos_rate": eos_rate,
         "max_position_embeddings": max_position_embeddings,
         "seed": seed,
-        "calibration": [len(calibration_prompts or []), calibration_length],
+        "calibration_prompts": len(calibration_prompts or []),
     }
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
@@ -172,31 +168,16 @@ def build_bench_model(
     for layer in model.model.layers:
         layer.self_attn.o_proj.weight[0, :] = 0.0
         layer.mlp.down_proj.weight[0, :] = 0.0
-    s, s_std = _final_dim0(model, V, seed)
+    s, s_std = _final_dim0(model, tok, calibration_prompts, V, seed)
     b = eos_offset(eos_rate, V)
     p_eos = 0.0
     # The other logits are not exactly equal, so correct b twice against the measured probability
     # (for small p, p is proportional to e^b).
     for _ in range(3 if eos_rate > 0 else 1):
         set_offset(b)
-        p_eos = _eos_prob(model, eos, V, seed + 1)
+        p_eos = _eos_prob(model, tok, calibration_prompts, eos, V, seed + 1)
         if eos_rate > 0:
             b += math.log(eos_rate / p_eos)
-    sampled = []
-    if eos_rate > 0 and calibration_prompts:
-        # Real prompts give other contexts than random ids: correct b on sampled completion lengths.
-        want = expected_length(eos_rate, calibration_length)
-        for it in range(2):
-            lengths = sample_lengths(model, tok, calibration_prompts, calibration_length, seed=seed + it)
-            mean = sum(lengths) / len(lengths)
-            sampled.append(mean)
-            set_offset(offset() + math.log(eos_rate / rate_for_mean_length(mean, calibration_length)))
-        lengths = sample_lengths(model, tok, calibration_prompts, calibration_length, seed=seed + 10)
-        sampled.append(sum(lengths) / len(lengths))
-        if abs(sampled[-1] - want) > 0.25 * want:
-            raise RuntimeError(
-                f"EOS calibration failed: mean sampled length {sampled} for a target of {want:.1f}"
-            )
     model.save_pretrained(out)
     tok.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
@@ -215,9 +196,8 @@ def build_bench_model(
         "final_dim0_mean": s,
         "final_dim0_std": s_std,
         "eos_prob_target": eos_rate,
-        "eos_prob_random_contexts": p_eos,
-        "calibration_mean_lengths": sampled,
-        "mean_length_target": expected_length(eos_rate, calibration_length) if eos_rate > 0 else None,
+        "eos_prob_calibrated": p_eos,
+        "mean_length_at_128": expected_length(eos_rate, 128),
     }
     meta_path.write_text(json.dumps(meta, indent=2))
     return meta

@@ -195,7 +195,7 @@ def build_models(workdir: Path, names: set[str], seed: int) -> dict[str, dict]:
             **MODEL_SHAPES[shape],
             eos_rate=rate,
             seed=seed,
-            calibration_prompts=None if mean_len is None else [r["prompt"] for r in prompts[:16]],
+            calibration_prompts=[r["prompt"] for r in prompts[:8]],
         )
     return out
 

@@ -38,9 +38,9 @@ DEMO_GRPO = {
     "algo": {"loss_type": "dapo", "beta": 0.0, "eps_low": 0.2, "eps_high": 0.28},
     "optim": {"lr": 1.5e-4, "warmup_steps": 10, "schedule": "constant", "max_grad_norm": 1.0},
     "rewards": ["accuracy"],
-    "steps": 1200,
-    "save_every": 600,
-    "eval_every": 300,
+    "steps": 3000,
+    "save_every": 1000,
+    "eval_every": 500,
 }
 
 
