@@ -234,6 +234,9 @@ def write_report(run_dir: str | Path, *, title: str | None = None, max_samples: 
                 series[key] = ([p[0] for p in pts], [p[1] for p in pts])
         if series:
             images.append((plot_title, _plot_png(plot_title, series)))
+        else:
+            why = "beta = 0: no reference model is run" if keys == ["kl"] else "nothing logged yet"
+            images.append((plot_title, why))
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title or 'cohort run ' + run_dir.name)}</title>",
@@ -259,7 +262,13 @@ def write_report(run_dir: str | Path, *, title: str | None = None, max_samples: 
         parts.append("</table>")
     parts.append("<h2>Plots</h2><div class='grid'>")
     for plot_title, png in images:
-        parts.append(f"<img alt='{html.escape(plot_title)}' src='data:image/png;base64,{png}'>")
+        if png.startswith(("beta", "nothing")):
+            parts.append(
+                f"<div style='width:468px;height:270px;border:1px solid #ddd;display:flex;align-items:center;"
+                f"justify-content:center'><b>{html.escape(plot_title)}</b>: {html.escape(png)}</div>"
+            )
+        else:
+            parts.append(f"<img alt='{html.escape(plot_title)}' src='data:image/png;base64,{png}'>")
     parts.append("</div>")
     if samples:
         parts.append("<h2>Sample completions</h2><table><tr><th>step</th><th>prompt</th>"
