@@ -1,7 +1,7 @@
 """One measurement in a fresh process: train one framework on one workload and write what it took.
 
 Run by `run.py` as ``python benchmarks/worker.py SPEC.json OUT.json``; never imports the other
-framework, so the process's peak RSS (``ru_maxrss``) is that framework's alone. SPEC keys:
+framework, so the process's peak RSS (VmHWM) is that framework's alone. SPEC keys:
 framework (cohort | trl), model, rows (JSONL of {"prompt", "answer"}), group_size, batch_size
 (completions per optimizer step), max_completion_length, lr, beta, loss_type, temperature, threads,
 steps, seed, reward (token_parity | accuracy), and optionally `configs` (a list of overrides run one
@@ -35,7 +35,14 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Return this process's peak resident set size so far in MiB (ru_maxrss is in KiB on Linux)."""
+    """Return this process's peak resident set size so far in MiB (VmHWM).
+
+    Not ``ru_maxrss``: Linux keeps that across ``exec``, so a worker would inherit the high-water
+    mark of the runner that forked it; VmHWM belongs to the worker's own address space.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
