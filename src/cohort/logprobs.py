@@ -31,6 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 LAYOUTS = ("grouped", "padded")
+_CHUNK_BYTES = 32 << 20  # float32 logits held per LM-head chunk
 ATTENTION_SLOWDOWN = 1.0
 """How much slower a masked attention FLOP is than a projection FLOP (row planning of the grouped layout)."""
 
@@ -102,7 +103,11 @@ def completion_logprobs(
         ).logits  # [R, L, V]
         picked = logits.reshape(-1, logits.shape[-1]).index_select(0, source)  # [M, V]
 
-    logp, entropy = _chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size)  # [M]
+    vocab = head.weight.shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
+    # Bound each chunk's float32 logits to ~_CHUNK_BYTES whatever the vocabulary (152k-token vocabularies
+    # would otherwise allocate 0.6 GB per 1024-row chunk, several times over in softmax temporaries).
+    rows_per_chunk = max(1, min(chunk_size, _CHUNK_BYTES // (4 * vocab)))
+    logp, entropy = _chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
     flat = torch.zeros(n * T, dtype=torch.float32, device=device)  # [n*T]
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
     ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
