@@ -35,6 +35,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
+    p.add_argument("--rows", type=int, default=15, help="operators per torch.profiler table")
     args = p.parse_args(argv)
 
     import torch
@@ -91,13 +92,19 @@ def main(argv=None) -> None:
         from worker import rss_mib
 
         while not stop.is_set():
-            label = stack[-1]
-            peak[label] = max(peak[label], rss_mib())
-            time.sleep(0.005)
+            label, rss = stack[-1], rss_mib()
+            peak[label] = max(peak[label], rss)
+            if recording.is_set():
+                if segments and segments[-1][0] == label:
+                    segments[-1][2] = max(segments[-1][2], rss)
+                else:
+                    segments.append([label, rss, rss])
+            time.sleep(0.002)
 
     import threading
 
-    stop = threading.Event()
+    stop, recording = threading.Event(), threading.Event()
+    segments: list[list] = []  # [phase, RSS when entered, max RSS while in it] over the first step
     sampler = threading.Thread(target=sample_rss, daemon=True)
     sampler.start()
 
@@ -160,21 +167,21 @@ def main(argv=None) -> None:
     wrap(torch.Tensor, "backward", "backward")
     wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm")
 
-    trainer.step()  # warm-up
+    recording.set()
+    trainer.step()  # warm-up (the first step of a fresh process: where the peak RSS is set)
+    recording.clear()
+    print("RSS over the first step (MiB): phase, at entry -> max inside, for phases that grew it by > 8 MiB")
+    for label, entry, top in segments:
+        if top - entry > 8:
+            print(f"  {label:45} {entry:7.0f} -> {top:7.0f}  (+{top - entry:.0f})")
     clock.clear()
     counts.clear()
-    prof = None
-    if args.torch_profile:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
-        prof.__enter__()
     step_times, lengths = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         m = trainer.step().metrics
         step_times.append(time.perf_counter() - t0)
         lengths.append(m["completions/mean_length"])
-    if prof is not None:
-        prof.__exit__(None, None, None)
     n = args.steps
     print(
         f"cohort on {args.workload} / {args.model}: G={G}, N={cfg.rollout.batch_size}, L={cfg.rollout.max_completion_length}, "
@@ -192,8 +199,27 @@ def main(argv=None) -> None:
     print(
         f"process peak RSS {peak_rss_mib():.0f} MiB; innermost-phase peaks: {dict((k, round(v)) for k, v in peak.items())}"
     )
-    if prof is not None:
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    if args.torch_profile:
+        # One more step, with torch.profiler around generation and around the update separately.
+        tables = {}
+
+        def profiled(obj, name, label):
+            fn = getattr(obj, name)
+
+            def run(*a, **k):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    out = fn(*a, **k)
+                tables[label] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
+                return out
+
+            setattr(obj, name, run)
+
+        profiled(trainer.engine, "generate", "generation")
+        profiled(trainer.updater, "update", "policy update")
+        trainer.step()
+        for label, table in tables.items():
+            print(f"torch.profiler, one step, {label}:")
+            print(table)
     print(
         json.dumps(
             {

@@ -196,3 +196,16 @@ def test_lora_errors(tiny_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
     with pytest.raises(ImportError, match=r"pip install 'cohort\[peft\]'"):
         load_model(tiny_dir, lora=LoraSettings())
+
+
+def test_bound_heap_fixes_glibc_threshold_or_says_it_cannot():
+    import sys
+
+    from cohort.memory import bound_heap
+
+    assert bound_heap(0) is False  # 0 = leave glibc's dynamic threshold alone
+    applied = bound_heap(16)
+    if sys.platform.startswith("linux"):
+        import platform
+
+        assert applied is (platform.libc_ver()[0] == "glibc")

@@ -234,6 +234,9 @@ class TrainConfig:
     """Show a live progress bar."""
     threads: int | None = None
     """torch.set_num_threads (None leaves torch's default)."""
+    malloc_mmap_threshold_mib: int = 16
+    """Linux/glibc: tensors of this many MiB or more are always mmapped, so freed memory goes back to the
+    system instead of fragmenting the heap (see cohort/memory.py); 0 keeps glibc's dynamic threshold."""
     preset: str | None = None
     """Named recipe applied before the file and overrides: r1, dapo, dr_grpo, ppo_classic."""
 

@@ -45,7 +45,8 @@ class LogProbs:
     mask: torch.Tensor
     """[n, T] bool: True at real completion tokens."""
     entropy: torch.Tensor | None = None
-    """[n, T] float32 entropy of the predictive distribution (logits / temperature); 0 where masked."""
+    """[n, T] float32 entropy of the predictive distribution (logits / temperature); 0 where masked.
+    Carries no gradient."""
 
 
 def completion_logprobs(
@@ -308,7 +309,12 @@ def _logp_entropy(head, h, target, temperature):
     logits = _scaled_logits(head, h, temperature)  # [m, V]
     logz = logits.logsumexp(-1)  # [m]
     logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
-    entropy = logz - (logits.softmax(-1) * logits).sum(-1)  # [m]
+    # Entropy is a statistic, not a loss term: outside autograd. Under checkpointing, tensors saved for a
+    # backward that never runs stay alive until the whole backward ends, so a differentiable entropy
+    # would keep two [m, V] tensors per chunk (2.7 GB at a 152k vocabulary).
+    with torch.no_grad():
+        z = logits.detach()
+        entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
     return logp, entropy
 
 

@@ -34,6 +34,7 @@ from cohort.checkpoint import (
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
 from cohort.evaluation import evaluate
+from cohort.memory import bound_heap
 from cohort.models import load_model, load_tokenizer
 from cohort.report import MetricsLogger, Progress, write_report
 from cohort.rewards import resolve_reward_funcs, reward_name, score
@@ -162,6 +163,7 @@ class GRPOTrainer:
         seed_everything(cfg.seed + dist.rank())
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        bound_heap(cfg.malloc_mmap_threshold_mib)
         self.device = resolve_device(cfg.model.device)
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
         self.model = model or load_model(

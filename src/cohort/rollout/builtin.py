@@ -3,7 +3,8 @@
 Compared with `model.generate(num_return_sequences=G)`, which prefills every prompt G times, this
 engine prefills the B unique prompts once and repeats their cache rows G times; it stops as soon as
 every row has ended and drops ended rows from the batch once a sizeable fraction of it has ended, so
-no compute is spent decoding rows that already emitted EOS.
+no compute is spent decoding rows that already emitted EOS. The cache is written in place into buffers
+sized for prompt + max_completion_length (`kv_cache.py`), so no decode step copies the cache.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import inspect
 import math
 
 import torch
-from transformers import DynamicCache
 
 from cohort.rollout.base import (
     RolloutBatch,
@@ -23,6 +23,7 @@ from cohort.rollout.base import (
     model_device,
     validate_request,
 )
+from cohort.rollout.kv_cache import preallocated_cache
 from cohort.rollout.sampling import sample_next
 
 
@@ -78,8 +79,7 @@ class BuiltinEngine(RolloutEngine):
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         P = input_ids.shape[1]
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        config = getattr(model, "config", None)
-        cache = DynamicCache(config=config) if config is not None else DynamicCache()
+        cache = preallocated_cache(getattr(model, "config", None), P + T)
         extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         out = model(
             input_ids=input_ids,

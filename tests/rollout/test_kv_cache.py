@@ -1,0 +1,64 @@
+"""PreallocatedLayer must behave exactly like transformers' DynamicLayer, without concatenating."""
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from cohort.rollout.kv_cache import PreallocatedLayer, preallocated_cache
+
+
+def _states(rows, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 2, n, 4, generator=g), torch.randn(rows, 2, n, 4, generator=g)
+
+
+def _same(a, b):
+    assert a.get_seq_length() == b.get_seq_length()
+    torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=0)
+    torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+
+
+def test_matches_dynamic_layer_through_prefill_repeat_select_and_crop():
+    ours, ref = PreallocatedLayer(capacity=9), DynamicLayer()
+    k, v = _states(2, 5, 0)  # prefill of 2 prompts, 5 positions
+    torch.testing.assert_close(ours.update(k, v)[0], ref.update(k, v)[0])
+    ours.batch_repeat_interleave(3)
+    ref.batch_repeat_interleave(3)
+    _same(ours, ref)
+    for step in range(3):
+        k, v = _states(6 if step < 2 else 4, 1, step + 1)
+        if step == 2:
+            keep = torch.tensor([0, 2, 3, 5])
+            ours.batch_select_indices(keep)
+            ref.batch_select_indices(keep)
+        out_k, out_v = ours.update(k, v)
+        ref_k, ref_v = ref.update(k, v)
+        torch.testing.assert_close(out_k, ref_k, rtol=0, atol=0)
+        torch.testing.assert_close(out_v, ref_v, rtol=0, atol=0)
+    ours.crop(-2)
+    ref.crop(-2)
+    _same(ours, ref)
+
+
+def test_writes_in_place_and_grows_past_capacity():
+    layer = PreallocatedLayer(capacity=4)
+    k, v = _states(1, 3, 0)
+    layer.update(k, v)
+    buffer = layer._k
+    layer.update(*_states(1, 1, 1))
+    assert layer._k is buffer  # no new allocation while within capacity
+    k2, v2 = _states(1, 3, 2)
+    keys, _ = layer.update(k2, v2)  # 7 > 4: grows and keeps what was there
+    assert keys.shape[-2] == 7 and layer.get_seq_length() == 7
+    torch.testing.assert_close(keys[..., :3, :], k)
+    torch.testing.assert_close(keys[..., 4:, :], k2)
+
+
+def test_cache_replaces_only_full_attention_layers(tiny_model_dir):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    cache = preallocated_cache(config, 16)
+    assert cache.layers and all(isinstance(x, PreallocatedLayer) for x in cache.layers)
+    lazy = preallocated_cache(None, 16)
+    lazy.update(*_states(1, 2, 0), layer_idx=1)
+    assert all(isinstance(x, PreallocatedLayer) for x in lazy.layers)
