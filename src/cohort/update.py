@@ -177,7 +177,9 @@ class PolicyUpdater:
         """Return the metrics of μ × num_minibatches optimizer steps on `batch`."""
         a = self.algo
         n = len(batch.completion_ids)
-        loss_rows = [r for r in range(n) if bool(batch.in_loss[r])]
+        in_loss = batch.in_loss.tolist()
+        lengths = batch.lengths
+        loss_rows = [r for r in range(n) if in_loss[r]]
         multi_step = a.num_iterations * a.num_minibatches > 1
         old = self._frozen_logprobs(self.model, batch, loss_rows) if multi_step else None
         ref = None
@@ -194,9 +196,9 @@ class PolicyUpdater:
 
         for it in range(a.num_iterations):
             for mb_rows in self._minibatches(batch, generator):
-                rows = [r for r in mb_rows if bool(batch.in_loss[r])]
+                rows = [r for r in mb_rows if in_loss[r]]
                 num_seq = dist.all_sum_int(len(rows))
-                tokens = sum(batch.lengths[r] for r in rows)
+                tokens = sum(lengths[r] for r in rows)
                 num_items = dist.all_sum_int(tokens) if a.loss_type == "dapo" else tokens
                 skip = set(_skippable(adv, rows)) if a.beta == 0 else set()
                 work = [r for r in rows if r not in skip]
