@@ -60,6 +60,12 @@ def step_floor_flops(meta: dict, prompt_lengths, completion_lengths, group_size:
     return (4 + (1 if beta > 0 else 0)) * fwd
 
 
+DECODE_ROWS = (32, 128)
+"""Row counts at which the layer matmuls are also timed: one decode step multiplies only as many rows
+as there are live sequences (32 in workloads (b) and (c), 128 in (a)), and small-M matmuls run far
+below the large-M rate on a CPU."""
+
+
 def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: int | None = None) -> dict:
     """Return the measured float32 matmul rate (GFLOP/s) on this model's layer and LM-head shapes.
 
@@ -101,18 +107,45 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
         t2 = time.perf_counter()
         return (t1 - t0) / 2, t2 - t1
 
+    def decode_round(rows: int, inner: int) -> float:
+        xr, xir = x[:rows], xi[:rows]
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            xr @ w["qo"]
+            xr @ w["qo"]
+            xr @ w["kv"]
+            xr @ w["kv"]
+            xr @ w["up"]
+            xr @ w["up"]
+            xir @ w["down"]
+        return (time.perf_counter() - t0) / inner
+
     one_round()  # warm-up
     layer_times, head_times = zip(*(one_round() for _ in range(repeats)))
     layer_rate = layer_flops / min(layer_times) / 1e9
     head_rate = head_flops / min(head_times) / 1e9
     total_rate = (layer_flops + head_flops) / (min(layer_times) + min(head_times)) / 1e9
+    decode = {}
+    for rows in DECODE_ROWS:
+        inner = max(1, tokens // rows)  # the same FLOPs per round as one large-M round
+        decode_round(rows, inner)
+        best = min(decode_round(rows, inner) for _ in range(repeats))
+        decode[str(rows)] = 2 * rows * (2 * h * h + 2 * h * kv + 3 * h * inter) / best / 1e9
     return {
         "gflops_layer": layer_rate,
         "gflops_lm_head": head_rate,
         "gflops": total_rate,
+        "gflops_layer_decode": decode,
         "tokens": tokens,
         "threads": torch.get_num_threads(),
     }
+
+
+def decode_rate(rate: dict, rows: int) -> float | None:
+    """Return the layer matmul rate measured at the largest DECODE_ROWS not above `rows` (None if unmeasured)."""
+    got = {int(k): v for k, v in rate.get("gflops_layer_decode", {}).items()}
+    fits = [r for r in got if r <= rows]
+    return got[max(fits)] if fits else (got[min(got)] if got else None)
 
 
 def floor_seconds(
@@ -124,3 +157,20 @@ def floor_seconds(
     body = (f["linear"] + f["attention"]) / (rate["gflops_layer"] * 1e9)
     head = f["lm_head"] / (rate["gflops_lm_head"] * 1e9)
     return passes * (body + head)
+
+
+def decode_floor_seconds(
+    meta: dict, rate: dict, prompt_lengths, completion_lengths, group_size: int, beta: float
+) -> float | None:
+    """Return floor_seconds with generation's completion-token matmuls at the decode-shaped rate.
+
+    Generation feeds completion tokens one step at a time, `len(completion_lengths)` rows per step at
+    most, so its layer matmuls cannot run at the large-M rate; the prompts (one prefill) and the
+    training passes keep it. This is the floor a step-by-step sampler can approach on this machine.
+    """
+    rows_rate = decode_rate(rate, len(completion_lengths))
+    if rows_rate is None:
+        return None
+    full = floor_seconds(meta, rate, prompt_lengths, completion_lengths, group_size, beta)
+    decoded = 2 * meta["parameters_nonembedding"] * sum(max(c - 1, 0) for c in completion_lengths)
+    return full + decoded / (rows_rate * 1e9) - decoded / (rate["gflops_layer"] * 1e9)

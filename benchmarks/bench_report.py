@@ -114,7 +114,7 @@ def _f(x, spec=".3g") -> str:
 
 def print_speed(entries: list[dict]) -> None:
     """Print one block per workload/model: both frameworks' figures and the cohort/TRL ratios."""
-    head = f"{'workload':9} {'model':9} {'framework':9} {'s/step':>7} {'gen s':>6} {'upd s':>6} {'compl/s':>8} {'tok/s':>7} {'len':>5} {'RSS MiB':>8} {'floor s':>8} {'/floor':>6} {'GFLOP/s':>7} {'others%':>7}"
+    head = f"{'workload':9} {'model':9} {'framework':9} {'s/step':>7} {'gen s':>6} {'upd s':>6} {'compl/s':>8} {'tok/s':>7} {'len':>5} {'RSS MiB':>8} {'floor s':>8} {'/floor':>6} {'/dfloor':>7} {'GFLOP/s':>7} {'others%':>7}"
     print(head)
     for e in entries:
         for fw in ("cohort", "trl"):
@@ -125,7 +125,8 @@ def print_speed(entries: list[dict]) -> None:
                 f"{e['workload']:9} {e['model']:9} {fw:9} {r['seconds_per_step']:7.3f} {r['seconds_generate']:6.2f} "
                 f"{r['seconds_update']:6.2f} {r['completions_per_s']:8.1f} {r['tokens_per_s']:7.0f} "
                 f"{r['mean_completion_length']:5.1f} {r['peak_rss_mib']:8.0f} {r['floor_seconds']:8.3f} "
-                f"{r['step_over_floor']:6.2f} {r['useful_gflops']:7.1f} {100 * max(r['others_cpu_during']):7.0f}"
+                f"{r['step_over_floor']:6.2f} {_f(r.get('step_over_decode_floor'), '7.2f')} {r['useful_gflops']:7.1f} "
+                f"{100 * max(r['others_cpu_during']):7.0f}"
             )
         if "ratio" in e:
             x = e["ratio"]

@@ -313,6 +313,13 @@ def summarise(results: list[dict], warmup: int, meta: dict, rate: dict, spec: di
         for s in steps
     ]
     floor = statistics.mean(floors)
+    decode_floors = [
+        bench_flops.decode_floor_seconds(
+            meta, rate, s["prompt_lengths"], s["completion_lengths"], G, spec["beta"]
+        )
+        for s in steps
+    ]
+    decode_floor = statistics.mean(decode_floors) if None not in decode_floors else None
     out = {
         "seconds_per_step": step_time,
         "seconds_per_step_all": [round(s["step_time"], 4) for s in steps],
@@ -326,6 +333,8 @@ def summarise(results: list[dict], warmup: int, meta: dict, rate: dict, spec: di
         "rss_after_import_mib": max(r["rss_after_import_mib"] for r in results),
         "floor_seconds": floor,
         "step_over_floor": step_time / floor,
+        "decode_floor_seconds": decode_floor,
+        "step_over_decode_floor": step_time / decode_floor if decode_floor else None,
         "useful_gflops": statistics.mean(flops) / step_time / 1e9,
         "measured_steps": len(steps),
         "others_cpu_during": [round(r["others_cpu_during"], 3) for r in results],
@@ -412,7 +421,7 @@ def section_sweep(args, workdir: Path, models: dict, rates: dict, rows: dict) ->
         "model": models[key]["path"],
         "rows": rows["addition"],
         "threads": args.threads,
-        "steps": args.warmup + (args.steps or (1 if args.quick else 2)),
+        "steps": args.warmup + (args.steps or (1 if args.quick else 3)),
         "seed": args.seed,
         "configs": configs,
         "group_size": Gs[0],
@@ -569,8 +578,10 @@ def main(argv=None) -> None:
     rates = {}
     for k in sorted(needed):
         rates[k] = bench_flops.matmul_rate(models[k], threads=args.threads)
+        dec = ", ".join(f"{v:.1f} at {r} rows" for r, v in rates[k]["gflops_layer_decode"].items())
         print(
-            f"  matmul rate on {k} shapes: {rates[k]['gflops_layer']:.1f} GFLOP/s (layers), {rates[k]['gflops_lm_head']:.1f} (LM head)"
+            f"  matmul rate on {k} shapes: {rates[k]['gflops_layer']:.1f} GFLOP/s (layers), "
+            f"{rates[k]['gflops_lm_head']:.1f} (LM head); decode-shaped layers: {dec}"
         )
     rows = {kind: write_rows(workdir, kind, args.seed) for kind in ("addition", "gsm8k")}
 

@@ -142,3 +142,15 @@ def test_draw_respects_zero_probabilities_and_unnormalised_rows():
     assert counts[[0, 2, 4]].sum() == 0
     stat, crit = chi_square(counts, probs[0].double() / 8)
     assert stat < crit, (stat, crit)
+
+
+@pytest.mark.parametrize("block", [1, 3, 4, 1024])
+def test_two_level_draw_matches_the_distribution_across_block_edges(block):
+    # Mass on both sides of block edges and in the zero-padded last block (V = 10 is not a multiple of 4).
+    probs = torch.tensor([[0.0, 0.0, 0.0, 3.0, 1.0, 0.0, 0.0, 2.0, 0.0, 4.0], [5.0] + [0.0] * 9])
+    tokens = draw(probs.repeat(6000, 1), torch.Generator().manual_seed(1), block=block).view(6000, 2)
+    assert set(tokens[:, 1].tolist()) == {0}
+    counts = torch.bincount(tokens[:, 0], minlength=10)
+    assert counts[probs[0] == 0].sum() == 0
+    stat, crit = chi_square(counts, probs[0].double() / probs[0].sum())
+    assert stat < crit, (stat, crit)

@@ -93,6 +93,7 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", "", text.replace("$", "")).rstrip(".")
 
 
+@lru_cache(maxsize=65536)  # pure in its two strings; policies repeat their answers as training converges
 def answers_match(completion: str, answer: str) -> bool:
     """Returns True when the completion's final answer equals the reference answer.
 

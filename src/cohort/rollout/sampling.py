@@ -51,16 +51,37 @@ def sample_next(
     return tokens, logp
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None, block: int = 1024) -> torch.Tensor:
     """Returns one token per row [n] drawn from probs [n, V] (rows need not be normalised).
 
     On CPU, inverse-CDF sampling: one uniform per row instead of torch.multinomial's V random
-    numbers (about 20x faster for an 8k vocabulary). The CDF is float64 so rounding cannot move
-    mass between tokens, and a zero-probability token (a flat CDF step) is never chosen. On
-    accelerators torch.multinomial is fast and avoids an [n, V] float64 buffer.
+    numbers (about 20x faster for an 8k vocabulary). Two levels keep it light at large vocabularies:
+    the uniform first picks a block of `block` tokens from the blocks' masses, then a token inside
+    that block, so float64 cumulative sums cover only the block masses and one block per row (28 ->
+    0.7 ms per step for 32 rows of a 152k vocabulary), and rounding cannot absorb a small token's
+    mass into a large running sum. A zero-probability token is never chosen. On
+    accelerators torch.multinomial is fast and needs no float64 buffer.
     """
     if probs.device.type != "cpu":
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [n]
-    cdf = probs.double().cumsum(dim=-1)  # [n, V]
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator) * cdf[:, -1:]  # [n, 1]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # [n]
+    n, V = probs.shape
+    if V <= block:
+        cdf = probs.double().cumsum(dim=-1)  # [n, V]
+        u = torch.rand(n, 1, dtype=torch.float64, generator=generator) * cdf[:, -1:]  # [n, 1]
+        return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=V - 1)  # [n]
+    full = V // block
+    # Block masses summed in the input dtype (sum(dtype=float64) is 80x slower): a relative error of
+    # ~1e-7 per block, and an all-zero block still sums to exactly 0.
+    sums = probs[:, : full * block].view(n, full, block).sum(-1)  # [n, full]
+    if full * block < V:
+        sums = torch.cat([sums, probs[:, full * block :].sum(-1, keepdim=True)], 1)
+    cdf = sums.double().cumsum(-1)  # [n, nb]
+    u = torch.rand(n, 1, dtype=torch.float64, generator=generator) * cdf[:, -1:]  # [n, 1]
+    b = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)  # [n, 1] first block with cdf > u
+    before = torch.where(b > 0, cdf.gather(1, (b - 1).clamp(min=0)), 0.0)  # [n, 1]
+    cols = b * block + torch.arange(block)  # [n, block]
+    inner = probs.gather(1, cols.clamp(max=V - 1)).masked_fill(cols >= V, 0.0)  # [n, block]
+    t = torch.searchsorted(inner.double().cumsum(-1), u - before, right=True)  # [n, 1]
+    # Summation order can leave u - before a hair above the block's own cumsum: take its last live token.
+    last = (inner > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # [n, 1]
+    return (b * block + torch.minimum(t, last)).squeeze(-1)  # [n]
