@@ -32,7 +32,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 LAYOUTS = ("grouped", "padded")
-_CHUNK_BYTES = 32 << 20  # float32 logits held per LM-head chunk
+_CHUNK_BYTES = {"cpu": 32 << 20}
+"""float32 logits held per LM-head chunk, by device type. Every chunk reads the whole head matrix, so
+on a GPU (whose matmuls need ~300 FLOPs per byte read to be compute-bound) chunks are larger."""
+_CHUNK_BYTES_ACCELERATOR = 256 << 20
 ATTENTION_SLOWDOWN = 1.4
 """How much slower a masked attention FLOP is than a projection FLOP (row planning of the grouped layout).
 
@@ -108,9 +111,10 @@ def completion_logprobs(
         picked = logits.reshape(-1, logits.shape[-1]).index_select(0, source)  # [M, V]
 
     vocab = head.weight.shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
-    # Bound each chunk's float32 logits to ~_CHUNK_BYTES whatever the vocabulary (152k-token vocabularies
+    # Bound each chunk's float32 logits to a byte budget whatever the vocabulary (152k-token vocabularies
     # would otherwise allocate 0.6 GB per 1024-row chunk, several times over in softmax temporaries).
-    rows_per_chunk = max(1, min(chunk_size, _CHUNK_BYTES // (4 * vocab)))
+    budget = _CHUNK_BYTES.get(picked.device.type, _CHUNK_BYTES_ACCELERATOR)
+    rows_per_chunk = max(1, min(chunk_size, budget // (4 * vocab)))
     logp, entropy = _chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
     flat = torch.zeros(n * T, dtype=torch.float32, device=device)  # [n*T]
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
