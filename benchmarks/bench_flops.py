@@ -92,16 +92,19 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
     layer_flops = 2 * tokens * (2 * h * h + 2 * h * kv + 3 * h * inter)
     head_flops = 2 * head_rows * h * V
 
+    def layer(xr: torch.Tensor, xir: torch.Tensor) -> None:
+        xr @ w["qo"]
+        xr @ w["qo"]
+        xr @ w["kv"]
+        xr @ w["kv"]
+        xr @ w["up"]
+        xr @ w["up"]
+        xir @ w["down"]
+
     def one_round() -> tuple[float, float]:
         t0 = time.perf_counter()
         for _ in range(2):
-            x @ w["qo"]
-            x @ w["qo"]
-            x @ w["kv"]
-            x @ w["kv"]
-            x @ w["up"]
-            x @ w["up"]
-            xi @ w["down"]
+            layer(x, xi)
         t1 = time.perf_counter()
         xh @ w["head"]
         t2 = time.perf_counter()
@@ -111,13 +114,7 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
         xr, xir = x[:rows], xi[:rows]
         t0 = time.perf_counter()
         for _ in range(inner):
-            xr @ w["qo"]
-            xr @ w["qo"]
-            xr @ w["kv"]
-            xr @ w["kv"]
-            xr @ w["up"]
-            xr @ w["up"]
-            xir @ w["down"]
+            layer(xr, xir)
         return (time.perf_counter() - t0) / inner
 
     one_round()  # warm-up

@@ -109,60 +109,36 @@ def main(argv=None) -> None:
     sampler.start()
 
     def wrap(obj, name, label):
+        """Time obj.name under `label`, or under label(kwargs) when it is a function (None: not timed)."""
         fn = getattr(obj, name)
 
         def timed(*a, **k):
+            tag = label(k) if callable(label) else label
             t0 = time.perf_counter()
-            stack.append(label)
+            stack.append(tag or stack[-1])
             try:
                 return fn(*a, **k)
             finally:
                 stack.pop()
-                clock[label] += time.perf_counter() - t0
-                counts[label] += 1
+                if tag:
+                    clock[tag] += time.perf_counter() - t0
+                    counts[tag] += 1
 
         setattr(obj, name, timed)
 
-    # Generation: a model call with more than one input position is a prefill, else a decode step.
-    forward = model.forward
-
-    def timed_forward(*a, **k):
+    def forward_label(k):
+        # Generation: a model call with more than one input position is a prefill, else a decode step.
+        if torch.is_grad_enabled():
+            return "forward with grad"
         ids = k.get("input_ids")
-        grad = torch.is_grad_enabled()
-        label = (
-            "forward with grad"
-            if grad
-            else ("generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps")
-        )
-        t0 = time.perf_counter()
-        stack.append(label)
-        try:
-            return forward(*a, **k)
-        finally:
-            stack.pop()
-            clock[label] += time.perf_counter() - t0
-            counts[label] += 1
+        return "generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps"
 
-    model.forward = timed_forward
     import cohort.update as upd
 
+    wrap(model, "forward", forward_label)
     wrap(trainer.engine, "generate", "generate (total)")
     wrap(upd, "completion_logprobs", "logprobs (total, incl. layout + LM head)")
-    decoder = model.model
-    dec_forward = decoder.forward
-
-    def timed_decoder(*a, **k):
-        t0 = time.perf_counter()
-        stack.append("logprobs: decoder forward" if torch.is_grad_enabled() else stack[-1])
-        try:
-            return dec_forward(*a, **k)
-        finally:
-            stack.pop()
-            if torch.is_grad_enabled():
-                clock["logprobs: decoder forward"] += time.perf_counter() - t0
-                counts["logprobs: decoder forward"] += 1
-
-    decoder.forward = timed_decoder
+    wrap(model.model, "forward", lambda k: "logprobs: decoder forward" if torch.is_grad_enabled() else None)
     wrap(trainer.optimizer, "step", "optimizer step")
     wrap(torch.Tensor, "backward", "backward")
     wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm")

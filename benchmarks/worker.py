@@ -27,6 +27,21 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("DISABLE_TQDM", "1")
 
 
+TRL_RUNTIME = {
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "gradient_checkpointing": False,  # TRL defaults to True; cohort does not recompute activations
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "disable_tqdm": True,
+    "log_completions": False,
+    "dataloader_num_workers": 0,
+}
+"""GRPOConfig settings every TRL run here shares: float32 on the CPU, no logging, saving or checkpointing."""
+
+
 def rss_mib() -> float:
     """Return this process's current resident set size in MiB (from /proc)."""
     with open("/proc/self/statm") as f:
@@ -179,16 +194,7 @@ def run_trl(spec: dict, rows: list[dict]) -> list[dict]:
         max_grad_norm=1.0,
         max_steps=spec["steps"],
         seed=spec["seed"],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,  # TRL defaults to True; cohort does not recompute activations
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
+        **TRL_RUNTIME,
     )
     dataset = Dataset.from_list(rows)
     trainer = GRPOTrainer(
@@ -403,16 +409,7 @@ def tta_trl(spec: dict) -> dict:
         max_grad_norm=o.max_grad_norm,
         max_steps=spec["max_steps"] * a.num_iterations * a.num_minibatches,
         seed=spec["seed"],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        log_completions=False,
-        dataloader_num_workers=0,
+        **TRL_RUNTIME,
     )
     t0 = time.perf_counter()
     trainer = GRPOTrainer(

@@ -37,14 +37,12 @@ class PreallocatedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
-        if self._k is None or self._len + n > self._k.shape[-2]:
-            # Over capacity only if a caller decodes past the length it announced; grow geometrically.
-            cap = max(self.capacity, self._len + n, 2 * self._len)
-            k, v = self._new_buffers(key_states, value_states, key_states.shape[0], cap)
-            if self._k is not None and self._len:
-                k[..., : self._len, :] = self._k[..., : self._len, :]
-                v[..., : self._len, :] = self._v[..., : self._len, :]
-            self._k, self._v = k, v
+        if self._k is None or self._len == 0:
+            rows = key_states.shape[0]
+            self._k, self._v = self._new_buffers(key_states, value_states, rows, max(self.capacity, n))
+        elif self._len + n > self._k.shape[-2]:
+            # Only if a caller decodes past the length it announced: grow geometrically.
+            self._rebuild(lambda t: t, capacity=max(self._len + n, 2 * self._len))
         self._k[..., self._len : self._len + n, :] = key_states
         self._v[..., self._len : self._len + n, :] = value_states
         self._len += n
@@ -69,13 +67,15 @@ class PreallocatedLayer(DynamicLayer):
             self._len = max(0, self._len + tokens_to_remove)
             self._set_views()
 
-    def _rebuild(self, take) -> None:
-        """Moves the filled part into fresh buffers whose rows are take(old filled part)."""
+    def _rebuild(self, take, capacity: int | None = None) -> None:
+        """Moves the filled part into fresh buffers (of `capacity` positions, default the current one)
+        whose rows are take(old filled part)."""
         if self._k is None or self._len == 0:
             return
         k_old, v_old = self._k[..., : self._len, :], self._v[..., : self._len, :]
         k_rows, v_rows = take(k_old), take(v_old)
-        self._k, self._v = self._new_buffers(k_old, v_old, k_rows.shape[0], self._k.shape[-2])
+        cap = capacity or self._k.shape[-2]
+        self._k, self._v = self._new_buffers(k_old, v_old, k_rows.shape[0], cap)
         self._k[..., : self._len, :] = k_rows
         self._v[..., : self._len, :] = v_rows
         self._set_views()
