@@ -5,20 +5,17 @@ from __future__ import annotations
 import os
 
 import pytest
+from _tiny import single_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _one_thread():
-    """Tiny models run fastest on one thread, and two busy-waiting pools on two cores slow everything."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """One torch thread in every test, reset each time in case a test (a trainer's `threads`) changed it."""
+    with single_thread():
+        yield
 
 
 @pytest.fixture(scope="session")

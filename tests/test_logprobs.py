@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import VOCAB, random_prompts, single_thread, tiny_model
+from _tiny import VOCAB, random_prompts, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
@@ -58,12 +58,6 @@ def grads_of(model, fn) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     fn().backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with single_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,7 @@ import pytest
 # tests/_tiny.py is shared with tests/test_logprobs.py; make it importable from this sub-folder.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _tiny import single_thread, tiny_model  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with single_thread():
-        yield
+from _tiny import tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
