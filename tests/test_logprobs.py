@@ -72,9 +72,20 @@ def data():
     return prompts, completions
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_grouped_equals_padded_equals_naive(attn, data):
-    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+# Attention implementation, and whether the grouped layout may use segment attention (sdpa only).
+GROUPED_MODES = [("sdpa", True), ("sdpa", False), ("eager", False)]
+
+
+def grouped_model(attn, segments, monkeypatch):
+    """Returns the test model; without segments, the grouped layout falls back to one dense block mask."""
+    if not segments:
+        monkeypatch.setattr(lp_module, "_segments_ok", lambda model: False)
+    return tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+
+
+@pytest.mark.parametrize(("attn", "segments"), GROUPED_MODES)
+def test_grouped_equals_padded_equals_naive(attn, segments, data, monkeypatch):
+    model = grouped_model(attn, segments, monkeypatch)
     prompts, comps = data
     ref, _ = naive(model, prompts, comps, G)
     lengths = torch.tensor([len(c) for c in comps])
@@ -85,11 +96,13 @@ def test_grouped_equals_padded_equals_naive(attn, data):
         assert torch.equal(out.mask, torch.arange(lengths.max())[None] < lengths[:, None])
         torch.testing.assert_close(out.logp, ref, rtol=0, atol=1e-5)
         assert (out.logp[~out.mask] == 0).all()
+    assert lp_module._SEGMENTS_OK.get(model, False) is segments
+    assert model.config._attn_implementation == attn  # switched back after the call
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_parameter_gradients_match(attn, data):
-    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+@pytest.mark.parametrize(("attn", "segments"), GROUPED_MODES)
+def test_parameter_gradients_match(attn, segments, data, monkeypatch):
+    model = grouped_model(attn, segments, monkeypatch)
     prompts, comps = data
     w = torch.randn(len(comps), max(len(c) for c in comps), generator=torch.Generator().manual_seed(0))
     ref = grads_of(model, lambda: (naive(model, prompts, comps, G)[0] * w).sum())
@@ -224,8 +237,10 @@ def test_grad_only_when_enabled(model, data):
         assert not completion_logprobs(model, prompts, comps, G).logp.requires_grad
 
 
-def test_grouped_layout_computes_each_prompt_once(model, data):
+@pytest.mark.parametrize("segments", [True, False])
+def test_grouped_layout_computes_each_prompt_once(segments, data, monkeypatch):
     """Tokens fed to the model: one copy of each prompt plus the completions (minus their last token)."""
+    model = grouped_model("sdpa", segments, monkeypatch)
     prompts, comps = data
     seen = []
     hook = model.model.register_forward_pre_hook(
@@ -240,6 +255,8 @@ def test_grouped_layout_computes_each_prompt_once(model, data):
     real += sum(max(len(c) - 1, 0) for c in comps)
     rows, width = seen[-1]
     assert rows <= n_groups_used and rows * width >= real
+    if segments:  # one packed row of exactly the real tokens: no padding, no repeated prompt
+        assert (rows, width) == (1, real)
     assert rows * width < sum(len(prompts[r // G]) + len(c) for r, c in enumerate(comps) if c)
 
 
@@ -266,6 +283,7 @@ def test_row_planner_splits_long_groups_only_when_attention_dominates():
 
 
 def test_split_groups_give_the_same_values_and_gradients(model, monkeypatch):
+    monkeypatch.setattr(lp_module, "_segments_ok", lambda model: False)  # the dense-mask grouped layout
     group = 6  # many completions per short prompt: one long row per group is the costly layout
     prompts = random_prompts(2, seed=5, min_len=2, max_len=3)
     comps = ragged_completions(2 * group, seed=6, max_len=8, empties=False)

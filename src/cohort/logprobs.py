@@ -23,6 +23,7 @@ chunk's logits at a time instead of keeping all of them.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from cohort.attention import build_plan, plan_masks, segment_attention
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -72,6 +75,15 @@ def completion_logprobs(
     Row r belongs to prompt r // group_size. Differentiable when grad is enabled.
     """
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, layout)
+    mode = "padded"
+    if layout == "grouped":
+        mask_kind = _custom_mask_kind(model)
+        mode = "segments" if mask_kind == "bool" and _segments_ok(model) else (mask_kind or "padded")
+    return _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode)
+
+
+def _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode):
+    """Returns LogProbs of rows `sel`; mode is "segments", "bool" / "float" (grouped, dense mask) or "padded"."""
     device = _input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
     n, T = len(sel), int(lengths.max()) if sel else 0
@@ -81,35 +93,28 @@ def completion_logprobs(
         return LogProbs(logp=empty, mask=mask, entropy=empty.clone() if with_entropy else None)
 
     parts = _model_parts(model)
-    mask_kind = _custom_mask_kind(model) if layout == "grouped" else None
-    if layout == "grouped" and mask_kind is None:
-        layout = "padded"
-    if layout == "grouped":
-        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, _pair_cost(model))
-    else:
+    if mode == "segments":
+        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, one_row=True)
+    elif mode == "padded":
         lay = _padded_layout(prompt_ids, completion_ids, group_size, sel, T)
+    else:
+        lay = _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, _pair_cost(model))
     input_ids = torch.tensor(lay.input_ids, dtype=torch.long, device=device)  # [R, L]
     position_ids = torch.tensor(lay.position_ids, dtype=torch.long, device=device)  # [R, L]
     source = torch.tensor(lay.source, dtype=torch.long, device=device)  # [M] index into R*L
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
-    if layout == "grouped":
-        attn = _block_mask(lay, device, mask_kind, _float_dtype(model))  # [R, 1, L, L]
-    else:
+    if mode == "segments":
+        attn = plan_masks(_unwrap(model), build_plan(lay.prompt_pos, lay.body_pos, device))
+    elif mode == "padded":
         attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
-
-    if parts is not None:
-        decoder, head = parts
-        out = decoder(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]  # [R, L, H]
-        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, source)  # [M, H]
     else:
-        head = None
-        logits = model(
-            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
-        ).logits  # [R, L, V]
-        picked = logits.reshape(-1, logits.shape[-1]).index_select(0, source)  # [M, V]
+        attn = _block_mask(lay, device, mode, _float_dtype(model))  # [R, 1, L, L]
 
+    with segment_attention(model) if mode == "segments" else contextlib.nullcontext():
+        hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
+    picked = hidden_or_logits.reshape(-1, hidden_or_logits.shape[-1]).index_select(0, source)  # [M, H or V]
+    head = parts[1] if parts is not None else None
     vocab = head.weight.shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
     # Bound each chunk's float32 logits to a byte budget whatever the vocabulary (152k-token vocabularies
     # would otherwise allocate 0.6 GB per 1024-row chunk, several times over in softmax temporaries).
@@ -120,6 +125,14 @@ def completion_logprobs(
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
     ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
     return LogProbs(logp=logp_out, mask=mask, entropy=ent_out)
+
+
+def _forward(model, parts, input_ids, attn, position_ids) -> torch.Tensor:
+    """Returns the decoder's last hidden states [R, L, H] when the model splits, else its logits [R, L, V]."""
+    if parts is None:
+        return model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
+    out = parts[0](input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
 # --------------------------------------------------------------------------------------------- layouts
@@ -136,6 +149,8 @@ class _Layout:
     group: list[list[int]] | None = None  # [R, L] group instance per token (-1 = pad), grouped only
     segment: list[list[int]] | None = None  # [R, L] segment per token (-1 = pad), grouped only
     is_prompt: list[list[bool]] | None = None  # [R, L], grouped only
+    prompt_pos: list[list[int]] | None = None  # flat positions of each laid-out prompt, grouped only
+    body_pos: list[tuple[int, list[int]]] | None = None  # (prompt_pos index, flat positions) per non-empty body
 
 
 def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
@@ -158,21 +173,26 @@ def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
     return lay
 
 
-def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: float = 0.0) -> _Layout:
+def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: float = 0.0, one_row=False) -> _Layout:
     """Returns packed rows of pieces [prompt, c1[:-1], c2[:-1], ...], one or more pieces per group.
 
-    See _plan_rows for how groups are split into pieces and pieces placed into rows.
+    See _plan_rows for how groups are split into pieces and pieces placed into rows; with one_row,
+    every group is one piece and all pieces share a single unpadded row.
     """
     groups: dict[int, list[tuple[int, int]]] = {}  # prompt index -> [(output index, row)]
     for i, r in enumerate(sel):
         if len(completion_ids[r]) > 0:
             groups.setdefault(r // group_size, []).append((i, r))
-    width, bins = _plan_rows(
-        {g: len(prompt_ids[g]) for g in groups},
-        {g: [(m, len(completion_ids[m[1]]) - 1) for m in members] for g, members in groups.items()},
-        pair_cost,
-    )
-    lay = _Layout([], [], [], [], [], group=[], segment=[], is_prompt=[])
+    if one_row:
+        bins = [list(groups.items())]
+        width = sum(len(prompt_ids[g]) + sum(len(completion_ids[r]) - 1 for _, r in m) for g, m in bins[0])
+    else:
+        width, bins = _plan_rows(
+            {g: len(prompt_ids[g]) for g in groups},
+            {g: [(m, len(completion_ids[m[1]]) - 1) for m in members] for g, members in groups.items()},
+            pair_cost,
+        )
+    lay = _Layout([], [], [], [], [], group=[], segment=[], is_prompt=[], prompt_pos=[], body_pos=[])
     for row, pieces in enumerate(bins):
         ids, pos, grp, seg, isp = [], [], [], [], []
         for g, members in pieces:
@@ -180,6 +200,7 @@ def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: f
             p = len(prompt)
             last_prompt = row * width + len(ids) + p - 1
             piece_id = len(ids)  # unique within the row: a piece's tokens see only their own prompt copy
+            lay.prompt_pos.append(list(range(row * width + len(ids), row * width + len(ids) + p)))
             ids.extend(prompt)
             pos.extend(range(p))
             grp.extend([piece_id] * p)
@@ -194,6 +215,8 @@ def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: f
                 lay.target.extend(comp)
                 lay.dest.extend(range(i * T, i * T + len(comp)))
                 seg_id = len(ids)
+                if body:
+                    lay.body_pos.append((len(lay.prompt_pos) - 1, list(range(start, start + len(body)))))
                 ids.extend(body)
                 pos.extend(range(p, p + len(body)))
                 grp.extend([piece_id] * len(body))
@@ -416,6 +439,49 @@ def _custom_mask_kind(model: torch.nn.Module) -> str | None:
             f"completion_logprobs: layout='grouped' unavailable: {reason}; using 'padded'", stacklevel=3
         )
     return kind
+
+
+_SEGMENTS_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _segments_ok(model: torch.nn.Module) -> bool:
+    """Returns whether segment attention reproduces the padded layout's log-probs on this model.
+
+    Checked once per model on a small batch of two groups. Models whose forward ignores a pre-built mask
+    dict, or transforms attention beyond sdpa's math, fail and keep the dense-mask grouped layout. With
+    gradient checkpointing on, the backward pass re-runs layers after the attention function has been
+    switched back, so segments are not used then.
+    """
+    inner = _unwrap(model)
+    flag = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    if getattr(inner, flag, False):
+        return False
+    if model in _SEGMENTS_OK:
+        return _SEGMENTS_OK[model]
+    vocab = _unwrap(model).get_input_embeddings().weight.shape[0]
+    prompts = [[1 % vocab, 2 % vocab, 3 % vocab], [4 % vocab, 5 % vocab]]
+    comps = [[6 % vocab, 7 % vocab, 8 % vocab], [9 % vocab], [10 % vocab, 11 % vocab], [12 % vocab] * 4]
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024)
+            ours = _logprobs(*args, "segments").logp
+            theirs = _logprobs(*args, "padded").logp
+        ok = bool(torch.allclose(ours.float(), theirs.float(), rtol=1e-3, atol=1e-3))
+    except Exception:  # noqa: BLE001 - any failure means segments are unusable on this model
+        ok = False
+    finally:
+        for m, was_training in flags:
+            m.training = was_training
+    if not ok:
+        warnings.warn(
+            f"completion_logprobs: segment attention does not reproduce {type(_unwrap(model)).__name__}'s "
+            "log-probs; using the dense-mask grouped layout",
+            stacklevel=3,
+        )
+    _SEGMENTS_OK[model] = ok
+    return ok
 
 
 def _pair_cost(model: torch.nn.Module) -> float:

@@ -1,0 +1,171 @@
+"""Segment attention: a group's prompt and its completions in one packed row, no mask over the whole row.
+
+The grouped log-prob layout puts each prompt once, followed by its completions, in one sequence.
+With a dense [L, L] mask every (query, key) pair of the row is paid for, masked or not, and row
+padding and prompt repeats (to keep rows short) cost projections too. Here the row stays one packed
+sequence of exactly the real tokens for every projection and MLP, and only attention is regrouped:
+
+- each prompt attends causally to itself (prompts of similar length batched, causal kernel);
+- each completion's queries attend to its prompt's keys and, causally, to its own keys: its keys
+  are gathered into [prompt, own tokens] and completions of similar length share one call with a
+  small mask.
+
+The gathers are differentiable (their backward sums into the packed row), so a prompt's keys and
+values receive the gradients of all its completions. transformers passes a dict given as
+`attention_mask` straight to every layer, which is how the plan reaches this function; the
+function is selected by switching the model's `_attn_implementation` for the duration of a call
+(:func:`segment_attention`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PretrainedConfig
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "cohort_segments"
+BUCKET_RATIO = 0.75
+"""A new length bucket starts when a segment is shorter than this fraction of its bucket's longest:
+padding stays under a third while the number of kernel calls grows only logarithmically with length."""
+
+
+@dataclass
+class _Bucket:
+    q_idx: torch.Tensor  # [b, Tq] packed positions of the queries (padded with a valid position)
+    k_idx: torch.Tensor  # [b, Tk] packed positions of the keys
+    mask: torch.Tensor | None  # [b, 1, Tq, Tk] bool (True = attend), or None for plain causal
+
+
+@dataclass
+class SegmentPlan:
+    """Which packed positions attend to which, as index tensors for one packed row of N tokens."""
+
+    buckets: list[_Bucket]
+    inverse: torch.Tensor
+    """[N] row of each packed position in the concatenated (padded) bucket outputs."""
+
+
+def build_plan(prompts: Sequence[Sequence[int]], bodies: Sequence[tuple[int, Sequence[int]]], device) -> SegmentPlan:
+    """Returns the plan for a row whose prompts are `prompts` (packed positions of each prompt's tokens)
+    and whose completions are `bodies`: (prompt index, packed positions of the completion's tokens)."""
+    buckets: list[_Bucket] = []
+    slot: dict[int, int] = {}  # packed position -> row in the concatenated outputs
+    offset = 0
+
+    def place(q_rows: list[Sequence[int]], width: int) -> None:
+        nonlocal offset
+        for i, q in enumerate(q_rows):
+            for t, pos in enumerate(q):
+                slot[pos] = offset + i * width + t
+        offset += len(q_rows) * width
+
+    for part in _length_buckets([len(p) for p in prompts]):
+        rows = [prompts[i] for i in part]
+        width = len(rows[0])
+        # Right padding repeats a real position: under the causal kernel no real query sees a padded key.
+        idx = torch.tensor([_pad(r, width) for r in rows], dtype=torch.long)
+        buckets.append(_Bucket(q_idx=idx.to(device), k_idx=idx.to(device), mask=None))
+        place(rows, width)
+
+    for part in _length_buckets([len(b) for _, b in bodies]):
+        rows = [bodies[i] for i in part]
+        tq = len(rows[0][1])
+        tp = max(len(prompts[g]) for g, _ in rows)
+        q_idx = torch.tensor([_pad(b, tq) for _, b in rows], dtype=torch.long)  # [b, Tq]
+        k_idx = torch.tensor([_pad(prompts[g], tp) + _pad(b, tq) for g, b in rows], dtype=torch.long)
+        p_len = torch.tensor([len(prompts[g]) for g, _ in rows])[:, None, None]  # [b, 1, 1]
+        b_len = torch.tensor([len(b) for _, b in rows])[:, None, None]  # [b, 1, 1]
+        t = torch.arange(tq)[None, :, None]  # [1, Tq, 1]
+        j = torch.arange(tp + tq)[None, None, :]  # [1, 1, Tk]
+        in_prompt = j < p_len
+        own = (j >= tp) & (j - tp <= t) & (j - tp < b_len)
+        # Padded queries still see their prompt, so no row is fully masked (which would give NaN).
+        mask = (in_prompt | own)[:, None]  # [b, 1, Tq, Tk]
+        buckets.append(_Bucket(q_idx=q_idx.to(device), k_idx=k_idx.to(device), mask=mask.to(device)))
+        place([b for _, b in rows], tq)
+
+    inverse = torch.tensor([slot[p] for p in range(len(slot))], dtype=torch.long, device=device)
+    return SegmentPlan(buckets=buckets, inverse=inverse)
+
+
+def _pad(positions: Sequence[int], width: int) -> list[int]:
+    return [*positions, *[positions[-1]] * (width - len(positions))]
+
+
+def _length_buckets(lengths: Sequence[int]) -> list[list[int]]:
+    """Returns indices into `lengths` (all > 0) grouped by similar length, longest first in each bucket."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and lengths[i] >= BUCKET_RATIO * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def segment_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Returns (attention output [1, N, H, D], None) following a SegmentPlan; plain sdpa for any other mask."""
+    plan = attention_mask
+    if not isinstance(plan, SegmentPlan):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"segment attention expects one packed row, got a batch of {query.shape[0]}")
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
+    q = query[0].transpose(0, 1)  # [N, H, D]
+    k = key[0].transpose(0, 1)  # [N, Hkv, D]
+    v = value[0].transpose(0, 1)  # [N, Hkv, D]
+    outs = []
+    for b in plan.buckets:
+        # index_select, not advanced indexing: its backward is an index_add, several times faster on CPU
+        # than the accumulating index_put that indexing's backward runs.
+        qb = _rows(q, b.q_idx)  # [b, H, Tq, D]
+        kb = _rows(k, b.k_idx)  # [b, Hkv, Tk, D]
+        vb = _rows(v, b.k_idx)  # [b, Hkv, Tk, D]
+        if kv_heads != heads:
+            kb = kb.repeat_interleave(heads // kv_heads, dim=1)  # [b, H, Tk, D]
+            vb = vb.repeat_interleave(heads // kv_heads, dim=1)
+        o = F.scaled_dot_product_attention(
+            qb, kb, vb, attn_mask=b.mask, is_causal=b.mask is None, dropout_p=dropout, scale=scaling
+        )  # [b, H, Tq, D]
+        outs.append(o.transpose(1, 2).reshape(-1, heads, dim))  # [b*Tq, H, D]
+    out = torch.cat(outs).index_select(0, plan.inverse)  # [N, H, D]
+    return out[None], None
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Returns x [N, H, D] gathered at idx [b, T] as [b, H, T, D]."""
+    return x.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:]).transpose(1, 2)
+
+
+AttentionInterface.register(NAME, segment_attention_forward)
+# Masks are handed over pre-built (plan_masks); a model that builds its own gets sdpa's.
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+@contextlib.contextmanager
+def segment_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with every config of `model` selecting segment attention, then restores each one's own choice."""
+    configs = {id(c): c for m in model.modules() if isinstance(c := getattr(m, "config", None), PretrainedConfig)}
+    saved = [(c, c._attn_implementation_internal) for c in configs.values()]
+    for c, _ in saved:
+        c._attn_implementation_internal = NAME
+    try:
+        yield
+    finally:
+        for c, impl in saved:
+            c._attn_implementation_internal = impl
+
+
+def plan_masks(model: torch.nn.Module, plan: SegmentPlan) -> dict[str, SegmentPlan]:
+    """Returns the `attention_mask` dict that hands `plan` to every attention layer of the model."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(config, "layer_types", None) or []) | {"full_attention"}
+    return dict.fromkeys(kinds, plan)

@@ -1,0 +1,92 @@
+"""Segment attention: the plan covers every packed position once, and the grouped layout falls back safely."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import random_prompts, tiny_model
+from test_logprobs import G, assert_grads_close, grads_of, naive, ragged_completions
+from transformers import AttentionInterface
+
+from cohort import attention
+from cohort import logprobs as lp_module
+from cohort.logprobs import completion_logprobs
+
+
+def test_plan_places_every_position_once_in_length_buckets():
+    prompts = [[0, 1, 2], [9, 10]]  # packed positions of each prompt
+    bodies = [(0, [3, 4, 5, 6]), (0, [7]), (0, [8]), (1, [11, 12, 13]), (1, [14, 15, 16, 17, 18])]
+    plan = attention.build_plan(prompts, bodies, "cpu")
+    assert len(set(plan.inverse.tolist())) == 19  # one output row per packed position
+    flat = torch.cat([b.q_idx.reshape(-1) for b in plan.buckets])
+    assert torch.equal(flat[plan.inverse], torch.arange(19))  # each position reads its own output row
+    prompt_buckets = [b for b in plan.buckets if b.mask is None]
+    assert sorted(len(q) for b in prompt_buckets for q in b.q_idx) == [2, 3]  # prompts of 3 and 2 share one
+    for b in plan.buckets:
+        if b.mask is not None:
+            assert b.mask.shape == (b.q_idx.shape[0], 1, b.q_idx.shape[1], b.k_idx.shape[1])
+
+
+def test_length_buckets_bound_padding():
+    lengths = [1, 128, 60, 61, 2, 3, 100, 90, 5, 128]
+    buckets = attention._length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for b in buckets:
+        assert lengths[b[0]] == max(lengths[i] for i in b)  # the bucket's width
+        assert min(lengths[i] for i in b) >= attention.BUCKET_RATIO * lengths[b[0]]
+    assert len(buckets) < len(set(lengths))
+
+
+def test_mask_lets_a_completion_see_its_prompt_and_its_own_past_only():
+    plan = attention.build_plan([[0, 1, 2], [3]], [(0, [4, 5]), (1, [6, 7])], "cpu")
+    bucket = plan.buckets[-1]  # both completions, keys = [prompt padded to 3, own 2 tokens]
+    rows = {tuple(q.tolist()): (k.tolist(), m[0].int().tolist()) for q, k, m in zip(bucket.q_idx, bucket.k_idx, bucket.mask)}
+    keys, mask = rows[(6, 7)]  # prompt [3] (padded), then 6, 7
+    assert keys == [3, 3, 3, 6, 7]
+    assert mask == [[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]
+    keys, mask = rows[(4, 5)]
+    assert keys == [0, 1, 2, 4, 5] and mask == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.fixture
+def data():
+    return random_prompts(3, seed=21, min_len=1, max_len=10), ragged_completions(3 * G, seed=22)
+
+
+def test_gradient_checkpointing_uses_the_dense_mask_and_stays_exact(data):
+    model = tiny_model(seed=4, logit_scale=3.0).train()
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    prompts, comps = data
+    ref = grads_of(model, lambda: naive(model, prompts, comps, G)[0].sum())
+    got = grads_of(model, lambda: completion_logprobs(model, prompts, comps, G).logp.sum())
+    assert_grads_close(got, ref)
+    assert model not in lp_module._SEGMENTS_OK  # never tried: the check itself is skipped
+
+
+def test_a_model_that_segments_get_wrong_falls_back_with_a_warning(data, monkeypatch):
+    def wrong(module, query, key, value, attention_mask, **kwargs):
+        out, _ = attention.segment_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return out * 0.5, None
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, wrong)
+    model = tiny_model(seed=5, logit_scale=3.0)
+    prompts, comps = data
+    with pytest.warns(UserWarning, match="segment attention does not reproduce"):
+        out = completion_logprobs(model, prompts, comps, G)
+    torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
+    assert lp_module._SEGMENTS_OK[model] is False
+
+
+def test_attention_choice_is_restored_when_the_forward_fails(data, monkeypatch):
+    model = tiny_model(seed=6)
+    prompts, comps = data
+    completion_logprobs(model, prompts, comps, G)  # passes the check
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        completion_logprobs(model, prompts, comps, G)
+    assert model.config._attn_implementation == "sdpa"
