@@ -40,7 +40,10 @@ def test_length_buckets_bound_padding():
 def test_mask_lets_a_completion_see_its_prompt_and_its_own_past_only():
     plan = attention.build_plan([[0, 1, 2], [3]], [(0, [4, 5]), (1, [6, 7])], "cpu")
     bucket = plan.buckets[-1]  # both completions, keys = [prompt padded to 3, own 2 tokens]
-    rows = {tuple(q.tolist()): (k.tolist(), m[0].int().tolist()) for q, k, m in zip(bucket.q_idx, bucket.k_idx, bucket.mask)}
+    rows = {
+        tuple(q.tolist()): (k.tolist(), m[0].int().tolist())
+        for q, k, m in zip(bucket.q_idx, bucket.k_idx, bucket.mask)
+    }
     keys, mask = rows[(6, 7)]  # prompt [3] (padded), then 6, 7
     assert keys == [3, 3, 3, 6, 7]
     assert mask == [[1, 0, 0, 1, 0], [1, 0, 0, 1, 1]]
@@ -66,7 +69,7 @@ def test_gradient_checkpointing_uses_the_dense_mask_and_stays_exact(data):
 
 def test_a_model_that_segments_get_wrong_falls_back_with_a_warning(data, monkeypatch):
     def wrong(module, query, key, value, attention_mask, **kwargs):
-        out, _ = attention.segment_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        out, _ = attention.custom_attention_forward(module, query, key, value, attention_mask, **kwargs)
         return out * 0.5, None
 
     monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, wrong)

@@ -1,4 +1,6 @@
-"""Segment attention: a group's prompt and its completions in one packed row, no mask over the whole row.
+"""Attention for a prompt shared by a group: segment attention (training) and shared-prefix decoding.
+
+**Segment attention**: a group's prompt and its completions in one packed row, no mask over the whole row.
 
 The grouped log-prob layout puts each prompt once, followed by its completions, in one sequence.
 With a dense [L, L] mask every (query, key) pair of the row is paid for, masked or not, and row
@@ -14,7 +16,13 @@ The gathers are differentiable (their backward sums into the packed row), so a p
 values receive the gradients of all its completions. transformers passes a dict given as
 `attention_mask` straight to every layer, which is how the plan reaches this function; the
 function is selected by switching the model's `_attn_implementation` for the duration of a call
-(:func:`segment_attention`).
+(:func:`custom_attention`).
+
+**Shared-prefix decoding**: the G samples of a prompt decode against one copy of its prompt's keys and
+values instead of G copies. Each step's query of every live row scores its group's prompt keys (rows of
+a group batched into one matmul, so the prompt's cache is read once per group, not once per sample) and
+its own completion keys (a per-sample cache), with one softmax over both. In decoding, reading the
+prompt's cache G times was most of attention's time and memory traffic.
 """
 
 from __future__ import annotations
@@ -51,7 +59,9 @@ class SegmentPlan:
     """[N] row of each packed position in the concatenated (padded) bucket outputs."""
 
 
-def build_plan(prompts: Sequence[Sequence[int]], bodies: Sequence[tuple[int, Sequence[int]]], device) -> SegmentPlan:
+def build_plan(
+    prompts: Sequence[Sequence[int]], bodies: Sequence[tuple[int, Sequence[int]]], device
+) -> SegmentPlan:
     """Returns the plan for a row whose prompts are `prompts` (packed positions of each prompt's tokens)
     and whose completions are `bodies`: (prompt index, packed positions of the completion's tokens)."""
     buckets: list[_Bucket] = []
@@ -110,9 +120,71 @@ def _length_buckets(lengths: Sequence[int]) -> list[list[int]]:
     return buckets
 
 
-def segment_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Returns (attention output [1, N, H, D], None) following a SegmentPlan; plain sdpa for any other mask."""
+class PrefixPlan:
+    """The prompts' cached keys/values [B, Hkv, P, D] per layer, and where each live decoding row's group is."""
+
+    def __init__(
+        self, prompt_kv: list[tuple[torch.Tensor, torch.Tensor]], prompt_mask: torch.Tensor, group_size: int
+    ):
+        self.prompt_kv = prompt_kv
+        B = prompt_mask.shape[0]
+        zero = torch.zeros((), dtype=prompt_kv[0][0].dtype, device=prompt_mask.device)
+        self.bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[:, None, None, :]  # [B, 1, 1, P]
+        self.group_size = group_size
+        self.select(torch.arange(B * group_size, device=prompt_mask.device))
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Sets the live rows: rows[i] is the original sample id (group-contiguous, ascending) of batch row i."""
+        group = rows // self.group_size  # [n]
+        B = self.bias.shape[0]
+        counts = torch.bincount(group, minlength=B)  # [B]
+        first = counts.cumsum(0) - counts  # [B] batch row of each group's first live row
+        self.width = int(counts.max())  # live rows of the fullest group
+        self.slot = group * self.width + torch.arange(rows.numel(), device=rows.device) - first[group]  # [n]
+
+
+def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
+    """Returns the attention output [n, 1, H, D] of one decode step over prompt (shared) + own keys."""
+    n, heads, _, dim = query.shape
+    kp, vp = plan.prompt_kv[module.layer_idx]  # [B, Hkv, P, D]
+    B, kv_heads = kp.shape[0], kp.shape[1]
+    rep = heads // kv_heads
+    scaling = dim**-0.5 if scaling is None else scaling
+    q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim) * scaling  # [n, Hkv, rep, D]
+    # The rows of a group side by side: [B, Hkv, width*rep, D], so one matmul reads a prompt's keys once.
+    grouped = q.new_zeros(B * plan.width, kv_heads, rep, dim).index_copy_(0, plan.slot, q)
+    grouped = (
+        grouped.view(B, plan.width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
+    )
+    s_prompt = grouped @ kp.transpose(-1, -2) + plan.bias  # [B, Hkv, width*rep, P]
+    s_prompt = (
+        s_prompt.view(B, kv_heads, plan.width, rep, -1)
+        .transpose(1, 2)
+        .reshape(B * plan.width, kv_heads, rep, -1)
+    )
+    s_prompt = s_prompt.index_select(0, plan.slot)  # [n, Hkv, rep, P]
+    s_own = q @ key.transpose(-1, -2)  # [n, Hkv, rep, t]
+    P = s_prompt.shape[-1]
+    probs = torch.cat([s_prompt, s_own], dim=-1).float().softmax(dim=-1).to(q.dtype)  # [n, Hkv, rep, P + t]
+    own = probs[..., P:] @ value  # [n, Hkv, rep, D]
+    p_prompt = q.new_zeros(B * plan.width, kv_heads, rep, P).index_copy_(0, plan.slot, probs[..., :P])
+    p_prompt = (
+        p_prompt.view(B, plan.width, kv_heads, rep, P).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, P)
+    )
+    shared = (
+        (p_prompt @ vp).view(B, kv_heads, plan.width, rep, dim).transpose(1, 2)
+    )  # [B, width, Hkv, rep, D]
+    out = (
+        shared.reshape(B * plan.width, kv_heads, rep, dim).index_select(0, plan.slot) + own
+    )  # [n, Hkv, rep, D]
+    return out.reshape(n, 1, heads, dim)
+
+
+def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Returns (attention output [B, L, H, D], None) following a SegmentPlan or PrefixPlan; plain sdpa otherwise."""
     plan = attention_mask
+    if isinstance(plan, PrefixPlan):
+        return _prefix_decode(module, query, key, value, plan, scaling), None
     if not isinstance(plan, SegmentPlan):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if query.shape[0] != 1:
@@ -144,15 +216,17 @@ def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, idx.reshape(-1)).view(*idx.shape, *x.shape[1:]).transpose(1, 2)
 
 
-AttentionInterface.register(NAME, segment_attention_forward)
+AttentionInterface.register(NAME, custom_attention_forward)
 # Masks are handed over pre-built (plan_masks); a model that builds its own gets sdpa's.
 AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 @contextlib.contextmanager
-def segment_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Yields with every config of `model` selecting segment attention, then restores each one's own choice."""
-    configs = {id(c): c for m in model.modules() if isinstance(c := getattr(m, "config", None), PretrainedConfig)}
+def custom_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with every config of `model` selecting cohort's attention, then restores each one's own choice."""
+    configs = {
+        id(c): c for m in model.modules() if isinstance(c := getattr(m, "config", None), PretrainedConfig)
+    }
     saved = [(c, c._attn_implementation_internal) for c in configs.values()]
     for c, _ in saved:
         c._attn_implementation_internal = NAME
@@ -163,7 +237,7 @@ def segment_attention(model: torch.nn.Module) -> Iterator[None]:
             c._attn_implementation_internal = impl
 
 
-def plan_masks(model: torch.nn.Module, plan: SegmentPlan) -> dict[str, SegmentPlan]:
+def plan_masks(model: torch.nn.Module, plan: SegmentPlan | PrefixPlan) -> dict[str, SegmentPlan | PrefixPlan]:
     """Returns the `attention_mask` dict that hands `plan` to every attention layer of the model."""
     config = getattr(model, "config", None)
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

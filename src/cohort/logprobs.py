@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from cohort.attention import build_plan, plan_masks, segment_attention
+from cohort.attention import build_plan, custom_attention, plan_masks
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -79,10 +79,14 @@ def completion_logprobs(
     if layout == "grouped":
         mask_kind = _custom_mask_kind(model)
         mode = "segments" if mask_kind == "bool" and _segments_ok(model) else (mask_kind or "padded")
-    return _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode)
+    return _logprobs(
+        model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode
+    )
 
 
-def _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode):
+def _logprobs(
+    model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode
+):
     """Returns LogProbs of rows `sel`; mode is "segments", "bool" / "float" (grouped, dense mask) or "padded"."""
     device = _input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
@@ -111,7 +115,7 @@ def _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, w
     else:
         attn = _block_mask(lay, device, mode, _float_dtype(model))  # [R, 1, L, L]
 
-    with segment_attention(model) if mode == "segments" else contextlib.nullcontext():
+    with custom_attention(model) if mode == "segments" else contextlib.nullcontext():
         hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
     picked = hidden_or_logits.reshape(-1, hidden_or_logits.shape[-1]).index_select(0, source)  # [M, H or V]
     head = parts[1] if parts is not None else None
@@ -130,7 +134,9 @@ def _logprobs(model, prompt_ids, completion_ids, group_size, sel, temperature, w
 def _forward(model, parts, input_ids, attn, position_ids) -> torch.Tensor:
     """Returns the decoder's last hidden states [R, L, H] when the model splits, else its logits [R, L, V]."""
     if parts is None:
-        return model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
+        return model(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False
+        ).logits
     out = parts[0](input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
@@ -150,7 +156,9 @@ class _Layout:
     segment: list[list[int]] | None = None  # [R, L] segment per token (-1 = pad), grouped only
     is_prompt: list[list[bool]] | None = None  # [R, L], grouped only
     prompt_pos: list[list[int]] | None = None  # flat positions of each laid-out prompt, grouped only
-    body_pos: list[tuple[int, list[int]]] | None = None  # (prompt_pos index, flat positions) per non-empty body
+    body_pos: list[tuple[int, list[int]]] | None = (
+        None  # (prompt_pos index, flat positions) per non-empty body
+    )
 
 
 def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
@@ -173,7 +181,9 @@ def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
     return lay
 
 
-def _grouped_layout(prompt_ids, completion_ids, group_size, sel, T, pair_cost: float = 0.0, one_row=False) -> _Layout:
+def _grouped_layout(
+    prompt_ids, completion_ids, group_size, sel, T, pair_cost: float = 0.0, one_row=False
+) -> _Layout:
     """Returns packed rows of pieces [prompt, c1[:-1], c2[:-1], ...], one or more pieces per group.
 
     See _plan_rows for how groups are split into pieces and pieces placed into rows; with one_row,
@@ -269,7 +279,9 @@ def _plan_rows(prompt_len: dict, bodies: dict, pair_cost: float):
                 continue
             room = width - prompt_len[g]
             for part in _pack([n for _, n in members], room):
-                pieces.append((prompt_len[g] + sum(members[i][1] for i in part), g, [members[i][0] for i in part]))
+                pieces.append(
+                    (prompt_len[g] + sum(members[i][1] for i in part), g, [members[i][0] for i in part])
+                )
         rows = [[(pieces[i][1], pieces[i][2]) for i in part] for part in _pack([p[0] for p in pieces], width)]
         cost = len(rows) * width * (1.0 + pair_cost * width)
         if best is None or cost < best[0]:
@@ -453,7 +465,11 @@ def _segments_ok(model: torch.nn.Module) -> bool:
     switched back, so segments are not used then.
     """
     inner = _unwrap(model)
-    flag = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(type(inner), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     if getattr(inner, flag, False):
         return False
     if model in _SEGMENTS_OK:

@@ -6,7 +6,9 @@ import pytest
 import torch
 from _tiny import EOS, PAD, VOCAB, random_prompts, tiny_model
 
+from cohort import attention as attention_module
 from cohort.rollout import BuiltinEngine, HFEngine, RolloutBatch, SamplingParams, make_engine
+from cohort.rollout import builtin as builtin_module
 
 ENGINES = ["builtin", "hf"]
 
@@ -190,9 +192,15 @@ def test_training_mode_with_gradient_checkpointing_still_uses_the_cache(name):
     assert model.training and all(m.training for m in model.modules())
 
 
+def warm_up(model) -> None:
+    """Runs the builtin engine's one-off check of shared-prefix decoding, so hooks see only the real call."""
+    engine("builtin").generate(model, random_prompts(1, seed=0), 2, SamplingParams(max_completion_length=1))
+
+
 def test_builtin_prefills_each_prompt_once(eos_model):
     """The prefill forward sees the B unique prompts, not B*G rows; decode steps see at most B*G rows."""
     prompts = random_prompts(3, seed=8)
+    warm_up(eos_model)
     batch_sizes = []
     hook = eos_model.model.register_forward_pre_hook(
         lambda mod, args, kwargs: batch_sizes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
@@ -210,6 +218,7 @@ def test_builtin_prefills_each_prompt_once(eos_model):
 
 def test_builtin_drops_ended_rows(eos_model):
     prompts = random_prompts(8, seed=1)
+    warm_up(eos_model)
     batch_sizes = []
     hook = eos_model.model.register_forward_pre_hook(
         lambda mod, args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
@@ -225,6 +234,42 @@ def test_builtin_drops_ended_rows(eos_model):
     assert decode_sizes[-1] == still_running[-1] < 16  # finished rows are gone by the end
     assert all(size >= alive for size, alive in zip(decode_sizes, still_running))
     assert len(decode_sizes) == batch.completion_lengths.max().item() - 1
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_shared_prefix_decoding_matches_the_repeated_cache(greedy):
+    """One copy of each prompt's cache gives the tokens and log-probs of G copies (left padding, GQA,
+    rows dropped as they end)."""
+    model = tiny_model(seed=2, eos_bias=1.0, logit_scale=3.0)
+    prompts = random_prompts(5, seed=4, min_len=1, max_len=14)
+    params = SamplingParams(max_completion_length=16, greedy=greedy)
+    runs = []
+    with torch.inference_mode():
+        for shared in (True, False):
+            gen = torch.Generator().manual_seed(7)
+            runs.append(engine("builtin")._decode(model, prompts, 4, params, gen, torch.device("cpu"), shared=shared))
+    (tok_a, len_a, end_a, lp_a), (tok_b, len_b, end_b, lp_b) = runs
+    assert torch.equal(tok_a, tok_b) and torch.equal(len_a, len_b) and torch.equal(end_a, end_b)
+    assert len_a.min() < len_a.max()  # rows ended at different steps, so rows were dropped mid-way
+    torch.testing.assert_close(lp_a, lp_b, rtol=0, atol=1e-5)
+    assert builtin_module._PREFIX_OK.get(model) is None  # explicit choice: the check never ran
+
+
+def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkeypatch):
+    model = tiny_model(seed=3, eos_bias=0.5, logit_scale=3.0)
+    prompts = random_prompts(3, seed=5)
+    params = SamplingParams(max_completion_length=8, greedy=True)
+    ref = engine("hf").generate(model, prompts, 3, params)
+    real = attention_module._prefix_decode
+    monkeypatch.setattr(attention_module, "_prefix_decode", lambda *a: real(*a) * 0.5)
+    with pytest.warns(UserWarning, match="shared-prefix decoding does not reproduce"):
+        got = engine("builtin").generate(model, prompts, 3, params)
+    assert got.completion_ids == ref.completion_ids
+    assert builtin_module._PREFIX_OK[model] is False
+    monkeypatch.setattr(attention_module, "_prefix_decode", real)
+    healthy = tiny_model(seed=3, eos_bias=0.5, logit_scale=3.0)
+    assert engine("builtin").generate(healthy, prompts, 3, params).completion_ids == ref.completion_ids
+    assert builtin_module._PREFIX_OK[healthy] is True
 
 
 def test_rollout_batch_properties():

@@ -1,19 +1,25 @@
 """The built-in sampler: batched KV-cache decoding that prefills each prompt once.
 
 Compared with `model.generate(num_return_sequences=G)`, which prefills every prompt G times, this
-engine prefills the B unique prompts once and repeats their cache rows G times; it stops as soon as
+engine prefills the B unique prompts once; its G samples then decode against that one copy of the
+prompt's keys and values (shared-prefix attention, `cohort.attention`), each sample caching only its
+own tokens, or, for models where that is unavailable, against G repeated copies. It stops as soon as
 every row has ended and drops ended rows from the batch once a sizeable fraction of it has ended, so
 no compute is spent decoding rows that already emitted EOS. The cache is written in place into buffers
-sized for prompt + max_completion_length (`kv_cache.py`), so no decode step copies the cache.
+sized for the tokens to come (`kv_cache.py`), so no decode step copies the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import warnings
+import weakref
 
 import torch
 
+from cohort.attention import PrefixPlan, custom_attention, plan_masks
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -72,14 +78,20 @@ class BuiltinEngine(RolloutEngine):
             sampling_logprobs=[logps[i, :n].clone() for i, n in enumerate(lengths_l)],
         )
 
-    def _decode(self, model, prompt_ids, group_size, params, generator, device):
-        """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`."""
+    def _decode(self, model, prompt_ids, group_size, params, generator, device, shared=None):
+        """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`.
+
+        shared: decode against one copy of each prompt's cache (None: when G > 1 and the model allows it).
+        """
+        if shared is None:
+            shared = group_size > 1 and _prefix_sharing_ok(model, device, self)
         G, T = group_size, params.max_completion_length
         N = len(prompt_ids) * G
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         P = input_ids.shape[1]
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        cache = preallocated_cache(getattr(model, "config", None), P + T)
+        config = getattr(model, "config", None)
+        cache = preallocated_cache(config, P if shared else P + T)
         extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         out = model(
             input_ids=input_ids,
@@ -91,10 +103,16 @@ class BuiltinEngine(RolloutEngine):
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :]  # [B, V]
-        # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
         if G > 1:
-            cache.batch_repeat_interleave(G)
             logits = logits.repeat_interleave(G, dim=0)  # [N, V]
+        if shared:
+            # The G samples of a prompt read its prefill from one copy; each sample caches only its own tokens.
+            plan = PrefixPlan([(layer.keys, layer.values) for layer in cache.layers], attn, G)
+            cache = preallocated_cache(config, T)
+            step_mask = plan_masks(model, plan)
+        elif G > 1:
+            # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
+            cache.batch_repeat_interleave(G)
         mask = torch.ones(N, P + T, dtype=torch.long, device=device)  # [N, P+T]
         mask[:, :P] = attn.repeat_interleave(G, dim=0)
         pos = attn.sum(-1).repeat_interleave(G)  # [n] position of the next token
@@ -124,17 +142,57 @@ class BuiltinEngine(RolloutEngine):
                 keep = (~done).nonzero().squeeze(1)  # [n']
                 cache.batch_select_indices(keep)
                 rows, mask, pos, tok, done = rows[keep], mask[keep], pos[keep], tok[keep], done[keep]
-            out = model(
-                input_ids=tok[:, None],
-                attention_mask=mask[:, : P + t + 1],
-                position_ids=pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
+                if shared:
+                    plan.select(rows)
+            with custom_attention(model) if shared else contextlib.nullcontext():
+                out = model(
+                    input_ids=tok[:, None],
+                    attention_mask=step_mask if shared else mask[:, : P + t + 1],
+                    position_ids=pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]  # [n, V]
             pos = pos + 1
         return tokens, lengths, ended, logps
+
+
+_PREFIX_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, engine: BuiltinEngine) -> bool:
+    """Returns whether shared-prefix decoding gives this model's plain-cache tokens and log-probs.
+
+    Checked once per model with a few greedy steps on two prompts of different lengths (left padding).
+    Sliding-window or linear-attention layers, attention implementations other than sdpa / eager, and
+    models whose forward ignores a pre-built mask dict keep the repeated cache.
+    """
+    if model in _PREFIX_OK:
+        return _PREFIX_OK[model]
+    config = getattr(model, "config", None)
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    ok = kinds == {"full_attention"} and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+    if ok:
+        vocab = model.get_input_embeddings().weight.shape[0]
+        prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
+        params = SamplingParams(max_completion_length=4, greedy=True)
+        try:
+            with torch.inference_mode(), eval_mode(model):
+                a = engine._decode(model, prompts, 2, params, None, device, shared=True)
+                b = engine._decode(model, prompts, 2, params, None, device, shared=False)
+            ok = torch.equal(a[0], b[0]) and torch.allclose(a[3].float(), b[3].float(), rtol=1e-3, atol=1e-3)
+        except Exception:  # noqa: BLE001 - any failure means sharing is unusable on this model
+            ok = False
+        if not ok:
+            warnings.warn(
+                f"builtin sampler: shared-prefix decoding does not reproduce {type(model).__name__}'s "
+                "outputs; repeating each prompt's cache for its G samples instead",
+                stacklevel=3,
+            )
+    _PREFIX_OK[model] = ok
+    return ok
 
 
 def _accepts(model: torch.nn.Module, name: str) -> bool:
