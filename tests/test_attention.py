@@ -93,3 +93,20 @@ def test_attention_choice_is_restored_when_the_forward_fails(data, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         completion_logprobs(model, prompts, comps, G)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_short_completions_of_a_prompt_share_one_problem_and_long_ones_do_not():
+    prompts = [list(range(0, 4))]
+    bodies = [(0, [4, 5]), (0, [6]), (0, list(range(7, 407)))]  # 2 tokens, 1 token, 400 tokens
+    pieces = attention._pieces([4], bodies)
+    assert sorted(sorted(m) for _, m in pieces) == [[0, 1], [2]]
+    plan = attention.build_plan(prompts, bodies, "cpu")
+    shared = next(b for b in plan.buckets if b.mask is not None and b.q_idx.shape[1] == 3)
+    assert shared.q_idx.tolist() == [[6, 4, 5]]  # shortest first
+    assert shared.k_idx.tolist() == [[0, 1, 2, 3, 6, 4, 5]]
+    # Each query sees the whole prompt and, causally, only the tokens of its own completion.
+    assert shared.mask[0, 0].int().tolist() == [
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 1, 0],
+        [1, 1, 1, 1, 0, 1, 1],
+    ]
