@@ -397,3 +397,17 @@ def _wrap_lora(model, lora: LoraSettings):
         task_type="CAUSAL_LM",
     )
     return peft.get_peft_model(model, config)
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Returns the device of the model's input embeddings (where input ids must live)."""
+    get_emb = getattr(model, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return emb.weight.device
+    return next(model.parameters()).device
+
+
+def float_dtype(model: torch.nn.Module) -> torch.dtype:
+    """Returns the dtype of the model's first floating-point parameter (float32 if it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cohort.models import input_device
+
 
 @dataclass
 class SamplingParams:
@@ -163,11 +165,7 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: tor
 
 def model_device(model: torch.nn.Module) -> torch.device:
     """Returns the device of the model's input embeddings (where input ids must live)."""
-    get_emb = getattr(model, "get_input_embeddings", None)
-    emb = get_emb() if callable(get_emb) else None
-    if emb is not None and getattr(emb, "weight", None) is not None:
-        return emb.weight.device
-    return next(model.parameters()).device
+    return input_device(model)
 
 
 @contextlib.contextmanager

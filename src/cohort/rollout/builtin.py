@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from cohort.attention import PrefixPlan, custom_attention, plan_masks
+from cohort.models import float_dtype
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -182,7 +183,12 @@ def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, engine: Bui
             with torch.inference_mode(), eval_mode(model):
                 a = engine._decode(model, prompts, 2, params, None, device, shared=True)
                 b = engine._decode(model, prompts, 2, params, None, device, shared=False)
-            ok = torch.equal(a[0], b[0]) and torch.allclose(a[3].float(), b[3].float(), rtol=1e-3, atol=1e-3)
+            # Compare log-probs up to the first step where rounding picked different tokens (possible at
+            # half precision); step 0 comes from the prefill, so at least one decode step must agree.
+            agree = (a[0] == b[0]).all(0).long().cumprod(0)  # [T] 1 while every row agrees
+            steps = int(agree.sum())
+            tol = 1e-3 if float_dtype(model) == torch.float32 else 5e-2
+            ok = steps >= 2 and torch.allclose(a[3][:, :steps], b[3][:, :steps], rtol=0, atol=tol)
         except Exception:  # noqa: BLE001 - any failure means sharing is unusable on this model
             ok = False
         if not ok:
