@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _tiny import random_prompts, tiny_model
-from test_logprobs import G, assert_grads_close, grads_of, naive, ragged_completions
+from test_logprobs import G, _segments_for_every_size, assert_grads_close, grads_of, naive, ragged_completions  # noqa: F401
 from transformers import AttentionInterface
 
 from cohort import attention

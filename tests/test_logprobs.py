@@ -13,6 +13,13 @@ from cohort.logprobs import LogProbs, completion_logprobs
 G = 3
 
 
+@pytest.fixture(autouse=True)
+def _segments_for_every_size(monkeypatch):
+    """These tests' groups are far below the size from which segment attention is used; lower it to 0 so
+    "grouped" means segments here, and force the dense-mask layout explicitly where it is tested."""
+    monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", 0)
+
+
 def ragged_completions(n_rows: int, *, seed: int, max_len: int = 9, empties: bool = True) -> list[list[int]]:
     """Returns n_rows completions with lengths in [0 or 1, max_len], including lengths 0 and 1."""
     g = torch.Generator().manual_seed(seed)
@@ -393,3 +400,22 @@ def test_row_planner_places_every_member_once_and_never_costs_more_than_no_split
         unsplit_rows = len(lp_module._pack([prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies], widest))
         cost = len(rows) * width * (1 + pair_cost * width)
         assert cost <= unsplit_rows * widest * (1 + pair_cost * widest) + 1e-9
+
+
+def test_segments_only_for_groups_long_enough_to_gain(monkeypatch, data):
+    monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", 256)
+    prompts, comps = data
+    assert lp_module._widest_group(prompts, comps, G, range(len(comps))) < 256
+    model = tiny_model(seed=8)
+    seen = []
+    hook = model.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    try:
+        completion_logprobs(model, prompts, comps, G)
+        long_comps = [c * 30 for c in comps]  # groups of several hundred tokens
+        completion_logprobs(model, prompts, long_comps, G)
+    finally:
+        hook.remove()
+    assert isinstance(seen[0], torch.Tensor)  # the dense block mask
+    assert isinstance(seen[-1], dict)  # a segment plan, handed over as transformers' per-layer mask dict

@@ -10,7 +10,9 @@ sequence of exactly the real tokens for every projection and MLP, and only atten
 - each prompt attends causally to itself (prompts of similar length batched, causal kernel);
 - each completion's queries attend to its prompt's keys and, causally, to its own keys: its keys
   are gathered into [prompt, own tokens] and completions of similar length share one call with a
-  small mask.
+  small mask. Short completions of one prompt are put into one attention problem together (keys
+  [prompt, c1, c2, ...], each seeing its own part only): a problem has a fixed cost that dwarfs the
+  work of a few tokens.
 
 The gathers are differentiable (their backward sums into the packed row), so a prompt's keys and
 values receive the gradients of all its completions. transformers passes a dict given as
@@ -38,11 +40,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "cohort_segments"
+"""The attention implementation name cohort registers with transformers (segment and shared-prefix plans)."""
 BUCKET_RATIO = 0.75
 """A new length bucket starts when a segment is shorter than this fraction of its bucket's longest:
 padding stays under a third while the number of kernel calls grows only logarithmically with length."""
-
-
 PIECE_OVERHEAD = 1500
 """Fixed cost of one attention problem (a batch row of a kernel call), in (query, key) pairs: measured with
 sdpa forward + backward on CPU (2 threads, head size 32-64), about 10 us per problem and head against

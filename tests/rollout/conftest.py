@@ -26,3 +26,13 @@ def peaky_model():
     EOS gets a -1e4 bias: it is never sampled, so every row has exactly max_completion_length tokens.
     """
     return tiny_model(seed=1, logit_scale=6.0, eos_bias=-1e4)
+
+
+@pytest.fixture(autouse=True)
+def _share_every_prompt(monkeypatch):
+    """Tiny prompts fall under the builtin engine's size threshold for shared-prefix decoding; these tests
+    lower it to 0 so every builtin rollout here goes through the shared path (the plain path is compared
+    against it explicitly)."""
+    from cohort.rollout import builtin
+
+    monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", 0)

@@ -283,3 +283,11 @@ def test_rollout_batch_properties():
     assert batch.completion_lengths.tolist() == [2, 3] and batch.completion_lengths.dtype == torch.long
     assert batch.sampling_logprobs is None
     assert VOCAB > EOS  # the shared tiny vocabulary is what the fixtures assume
+
+
+def test_shared_prefix_decoding_only_where_the_copies_it_avoids_are_large(monkeypatch):
+    monkeypatch.setattr(builtin_module, "PREFIX_SHARING_MIN", 1 << 18)
+    model = tiny_model()  # 2 kv heads x head size 12: 24 cache elements per position and layer
+    assert not builtin_module._worth_sharing(model, 16, 8, 8)  # the demo's shape: 21 504 elements
+    assert builtin_module._worth_sharing(model, 4, 16, 1000)  # long prompts, large groups: 1.4 M
+    assert not builtin_module._worth_sharing(model, 64, 1, 4096)  # G = 1: nothing to share
