@@ -39,6 +39,8 @@ from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from cohort.models import text_config
+
 NAME = "cohort_segments"
 """The attention implementation name cohort registers with transformers (segment and shared-prefix plans)."""
 BUCKET_RATIO = 0.75
@@ -216,13 +218,9 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
     p_prompt = (
         p_prompt.view(B, plan.width, kv_heads, rep, P).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, P)
     )
-    shared = (
-        (p_prompt @ vp).view(B, kv_heads, plan.width, rep, dim).transpose(1, 2)
-    )  # [B, width, Hkv, rep, D]
-    out = (
-        shared.reshape(B * plan.width, kv_heads, rep, dim).index_select(0, plan.slot) + own
-    )  # [n, Hkv, rep, D]
-    return out.reshape(n, 1, heads, dim)
+    shared = (p_prompt @ vp).view(B, kv_heads, plan.width, rep, dim).transpose(1, 2)  # [B, width, Hkv, rep, D]
+    shared = shared.reshape(B * plan.width, kv_heads, rep, dim).index_select(0, plan.slot)  # [n, Hkv, rep, D]
+    return (shared + own).reshape(n, 1, heads, dim)
 
 
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -284,7 +282,5 @@ def custom_attention(model: torch.nn.Module) -> Iterator[None]:
 
 def plan_masks(model: torch.nn.Module, plan: SegmentPlan | PrefixPlan) -> dict[str, SegmentPlan | PrefixPlan]:
     """Returns the `attention_mask` dict that hands `plan` to every attention layer of the model."""
-    config = getattr(model, "config", None)
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    kinds = set(getattr(config, "layer_types", None) or []) | {"full_attention"}
+    kinds = set(getattr(text_config(model), "layer_types", None) or []) | {"full_attention"}
     return dict.fromkeys(kinds, plan)

@@ -34,7 +34,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cohort.attention import build_plan, custom_attention, plan_masks
-from cohort.models import float_dtype, input_device
+from cohort.models import attention_shape, float_dtype, input_device, text_config
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -117,7 +117,7 @@ def _logprobs(
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
     if mode == "segments":
-        attn = plan_masks(_unwrap(model), build_plan(lay.prompt_pos, lay.body_pos, device))
+        attn = plan_masks(model, build_plan(lay.prompt_pos, lay.body_pos, device))
     elif mode == "padded":
         attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
     else:
@@ -527,16 +527,12 @@ def _pair_cost(model: torch.nn.Module) -> float:
     Layers cancel out; a dense-mask attention kernel pays for masked pairs too, and runs at a lower
     FLOP rate than the projections, hence ATTENTION_SLOWDOWN.
     """
-    config = getattr(_unwrap(model), "config", None)
-    try:
-        config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        hidden = config.hidden_size
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or hidden // heads
-        inter = getattr(config, "intermediate_size", None) or 4 * hidden
-    except AttributeError:
+    config, shape = text_config(model), attention_shape(model)
+    if shape is None or not hasattr(config, "hidden_size"):
         return 0.0
+    heads, kv_heads, head_dim = shape
+    hidden = config.hidden_size
+    inter = getattr(config, "intermediate_size", None) or 4 * hidden
     per_token = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
     per_pair = 4 * heads * head_dim
     return ATTENTION_SLOWDOWN * per_pair / per_token

@@ -411,3 +411,22 @@ def input_device(model: torch.nn.Module) -> torch.device:
 def float_dtype(model: torch.nn.Module) -> torch.dtype:
     """Returns the dtype of the model's first floating-point parameter (float32 if it has none)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def text_config(model: torch.nn.Module):
+    """Returns the decoder's text config of a model (its own config for a plain causal LM), or None."""
+    get_base = getattr(model, "get_base_model", None)  # peft wrappers
+    inner = get_base() if callable(get_base) else model
+    config = getattr(inner, "config", None)
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
+    """Returns (query heads, key/value heads, head size) from the model's config, or None if it lacks them."""
+    config = text_config(model)
+    try:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    except AttributeError:
+        return None
+    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim

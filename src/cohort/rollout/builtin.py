@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from cohort.attention import PrefixPlan, custom_attention, plan_masks
-from cohort.models import float_dtype
+from cohort.models import attention_shape, float_dtype, text_config
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -170,16 +170,11 @@ _PREFIX_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _worth_sharing(model: torch.nn.Module, n_prompts: int, group_size: int, prompt_width: int) -> bool:
     """Returns whether the prompt cache copies that sharing avoids reach PREFIX_SHARING_MIN elements per layer."""
-    config = getattr(model, "config", None)
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    try:
-        heads = config.num_attention_heads
-        kv_dim = (getattr(config, "num_key_value_heads", None) or heads) * (
-            getattr(config, "head_dim", None) or config.hidden_size // heads
-        )
-    except AttributeError:
+    shape = attention_shape(model)
+    if shape is None:
         return False
-    return n_prompts * (group_size - 1) * prompt_width * kv_dim >= PREFIX_SHARING_MIN
+    _, kv_heads, head_dim = shape
+    return n_prompts * (group_size - 1) * prompt_width * kv_heads * head_dim >= PREFIX_SHARING_MIN
 
 
 def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, pad_token_id: int) -> bool:
@@ -191,8 +186,7 @@ def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, pad_token_i
     """
     if model in _PREFIX_OK:
         return _PREFIX_OK[model]
-    config = getattr(model, "config", None)
-    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    config = text_config(model)
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     ok = kinds == {"full_attention"} and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
     if ok:
