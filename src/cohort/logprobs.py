@@ -5,13 +5,14 @@ Two layouts of the same computation:
 - "grouped" (default): each prompt appears once, followed by its selected completions, and position
   ids restart at the prompt length for every completion, so each token sees exactly the context it
   has in a plain prompt+completion row. The prompt's activations are computed once and receive the
-  gradients of all its completions. With sdpa attention, all groups share one packed row of exactly
-  the real tokens and attention is regrouped per prompt and per completion (`cohort.attention`:
-  segment attention, checked once per model). Otherwise (eager attention, gradient checkpointing, a
-  model that fails that check) a dense block mask over packed rows lets every completion see its
-  prompt and itself only; since a dense mask pays for masked (query, key) pairs too, a group whose
-  single row would make attention dominate is split into pieces that each repeat the prompt, the
-  width chosen by a FLOP estimate from the config (see `_plan_rows`).
+  gradients of all its completions. With sdpa attention and groups of SEGMENTS_MIN_TOKENS or more,
+  all groups share one packed row of exactly the real tokens and attention is regrouped per prompt
+  and per completion (`cohort.attention`: segment attention, checked once per model). Otherwise
+  (small groups, eager attention, gradient checkpointing, a model that fails that check) a dense
+  block mask over packed rows lets every completion see its prompt and itself only; since a dense
+  mask pays for masked (query, key) pairs too, a group whose single row would make attention
+  dominate is split into pieces that each repeat the prompt, the width chosen by a FLOP estimate
+  from the config (see `_plan_rows`).
 - "padded": one right-padded prompt+completion row per completion; the reference, and the fallback
   for attention implementations that cannot take a custom mask (flash-attention, flex-attention)
   or for models with sliding-window layers.
