@@ -163,3 +163,24 @@ def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
 def test_unknown_model_path_is_clear(tmp_path):
     with pytest.raises(ValueError, match="neither a local model folder"):
         GRPOTrainer(_cfg(tmp_path / "missing-model", tmp_path / "x"))
+
+
+def test_segment_attention_and_shared_prefix_decoding_train_like_the_plain_paths(tiny_model_dir, tmp_path, monkeypatch):
+    """One step through segment attention + shared-prefix decoding samples the same completions and
+    computes the same loss and gradient norm as the dense-mask layout with a repeated cache."""
+    from cohort import logprobs
+    from cohort.rollout import builtin
+
+    runs = []
+    for name, threshold in (("plain", 1 << 40), ("shared", 0)):
+        monkeypatch.setattr(logprobs, "SEGMENTS_MIN_TOKENS", threshold)
+        monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", threshold)
+        t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}))
+        t.train()
+        runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))
+    assert logprobs._SEGMENTS_OK.get(t.model) is True and builtin._PREFIX_OK.get(t.model) is True
+    plain, shared = runs
+    for key in ("reward", "completions/mean_length", "num_tokens"):
+        assert plain[key] == shared[key], key
+    for key in ("loss", "grad_norm", "entropy"):
+        assert math.isclose(plain[key], shared[key], rel_tol=1e-4, abs_tol=1e-6), key
