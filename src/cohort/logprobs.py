@@ -35,7 +35,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cohort.attention import build_plan, custom_attention, plan_masks
-from cohort.models import attention_shape, float_dtype, input_device, text_config
+from cohort.models import attention_shape, eval_mode, float_dtype, input_device, text_config
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -174,9 +174,8 @@ class _Layout:
     segment: list[list[int]] | None = None  # [R, L] segment per token (-1 = pad), grouped only
     is_prompt: list[list[bool]] | None = None  # [R, L], grouped only
     prompt_pos: list[list[int]] | None = None  # flat positions of each laid-out prompt, grouped only
-    body_pos: list[tuple[int, list[int]]] | None = (
-        None  # (prompt_pos index, flat positions) per non-empty body
-    )
+    # (prompt_pos index, flat positions) per non-empty body, grouped only
+    body_pos: list[tuple[int, list[int]]] | None = None
 
 
 def _padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> _Layout:
@@ -431,19 +430,14 @@ def _model_parts(model: torch.nn.Module):
 def _head_matches(model, decoder, head) -> bool:
     vocab = head.weight.shape[0] if getattr(head, "weight", None) is not None else 2
     ids = (torch.arange(4, device=input_device(model)) % vocab)[None]  # [1, 4]
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model):
             out = decoder(input_ids=ids, use_cache=False)
             hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
             ours = head(hidden).float()  # [1, 4, V]
             theirs = model(input_ids=ids, use_cache=False).logits.float()  # [1, 4, V]
     except Exception:  # noqa: BLE001 - any failure means the split is unusable
         return False
-    finally:
-        for m, was_training in flags:
-            m.training = was_training
     if ours.shape != theirs.shape:
         return False
     scale = 1.0 + theirs.abs().max().item()
@@ -492,16 +486,14 @@ def _segments_ok(model: torch.nn.Module) -> bool:
         return False
     if model in _SEGMENTS_OK:
         return _SEGMENTS_OK[model]
-    vocab = _unwrap(model).get_input_embeddings().weight.shape[0]
-    prompts = [[1 % vocab, 2 % vocab, 3 % vocab], [4 % vocab, 5 % vocab]]
-    comps = [[6 % vocab, 7 % vocab, 8 % vocab], [9 % vocab], [10 % vocab, 11 % vocab], [12 % vocab] * 4]
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
+    vocab = inner.get_input_embeddings().weight.shape[0]
+    prompts = [[t % vocab for t in (1, 2, 3)], [t % vocab for t in (4, 5)]]
+    comps = [[t % vocab for t in c] for c in ([6, 7, 8], [9], [10, 11], [12] * 4)]
     try:
         # The check is about structure, not rounding: outside any autocast the caller runs under, with a
         # tolerance that fits the weights' precision.
         device_type = input_device(model).type
-        with torch.no_grad(), torch.autocast(device_type, enabled=False):
+        with torch.no_grad(), torch.autocast(device_type, enabled=False), eval_mode(model):
             args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024)
             ours = _logprobs(*args, "segments").logp
             theirs = _logprobs(*args, "padded").logp
@@ -509,12 +501,9 @@ def _segments_ok(model: torch.nn.Module) -> bool:
         ok = bool(torch.allclose(ours, theirs, rtol=0, atol=tol))
     except Exception:  # noqa: BLE001 - any failure means segments are unusable on this model
         ok = False
-    finally:
-        for m, was_training in flags:
-            m.training = was_training
     if not ok:
         warnings.warn(
-            f"completion_logprobs: segment attention does not reproduce {type(_unwrap(model)).__name__}'s "
+            f"completion_logprobs: segment attention does not reproduce {type(inner).__name__}'s "
             "log-probs; using the dense-mask grouped layout",
             stacklevel=3,
         )

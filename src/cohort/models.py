@@ -15,9 +15,11 @@ space on the way through. In the byte-level alphabet both loaders, ``Qwen2Tokeni
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import string
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -430,3 +432,19 @@ def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
     except AttributeError:
         return None
     return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with every submodule in eval mode, then restores each module's own flag.
+
+    Generation must run in eval mode: besides dropout, transformers drops the KV cache of layers that
+    are in training mode with gradient checkpointing enabled, which would silently corrupt sampling.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in flags:
+            m.training = was_training

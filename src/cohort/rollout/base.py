@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import abc
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from cohort.models import input_device
 
 
 @dataclass
@@ -163,22 +160,3 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: tor
     )
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    """Returns the device of the model's input embeddings (where input ids must live)."""
-    return input_device(model)
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Yields with every submodule in eval mode, then restores each module's own flag.
-
-    Generation must run in eval mode: besides dropout, transformers drops the KV cache of layers that
-    are in training mode with gradient checkpointing enabled, which would silently corrupt sampling.
-    """
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, was_training in flags:
-            m.training = was_training

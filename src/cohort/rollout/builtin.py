@@ -20,14 +20,12 @@ import weakref
 import torch
 
 from cohort.attention import PrefixPlan, custom_attention, plan_masks
-from cohort.models import attention_shape, float_dtype, text_config
+from cohort.models import attention_shape, eval_mode, float_dtype, input_device, text_config
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
-    eval_mode,
     left_pad,
-    model_device,
     validate_request,
 )
 from cohort.rollout.kv_cache import preallocated_cache
@@ -58,7 +56,7 @@ class BuiltinEngine(RolloutEngine):
     ) -> RolloutBatch:
         """Returns a RolloutBatch with group_size sampled completions per prompt and their sampling log-probs."""
         validate_request(prompt_ids, group_size, params)
-        device = model_device(model)
+        device = input_device(model)
         if generator is not None and generator.device.type != device.type:
             raise ValueError(
                 f"generator is on {generator.device} but the model is on {device}; create it with "

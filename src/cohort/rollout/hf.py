@@ -8,14 +8,13 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from cohort.models import eval_mode, input_device
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
     completions_from_tokens,
-    eval_mode,
     left_pad,
-    model_device,
     validate_request,
 )
 
@@ -35,7 +34,7 @@ class HFEngine(RolloutEngine):
     ) -> RolloutBatch:
         """Returns a RolloutBatch with group_size completions per prompt sampled by transformers' generate."""
         validate_request(prompt_ids, group_size, params)
-        device = model_device(model)
+        device = input_device(model)
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         # Repeated rows rather than num_return_sequences, which greedy decoding rejects for G > 1.
         input_ids = input_ids.repeat_interleave(group_size, dim=0)  # [N, P]
