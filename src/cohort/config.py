@@ -124,6 +124,9 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0 disables)."""
     top_k: int = 0
     """Keep only the k most likely tokens (0 disables)."""
+    packed_weights: bool = True
+    """builtin engine on a CPU: decode through oneDNN-packed copies of the large float32 weights
+    (faster at a few rows per step; holds one extra copy of those weights during a rollout)."""
 
 
 @dataclass

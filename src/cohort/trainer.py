@@ -189,7 +189,8 @@ class GRPOTrainer:
         gen_eos = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
         eos_ids = sorted({self.tokenizer.eos_token_id, *gen_eos} - {None})
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
-        self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad)
+        options = {"packed_weights": cfg.rollout.packed_weights} if cfg.rollout.engine == "builtin" else {}
+        self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
         self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729 + dist.rank())

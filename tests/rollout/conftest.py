@@ -36,3 +36,13 @@ def _share_every_prompt(monkeypatch):
     from cohort.rollout import builtin
 
     monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", 0)
+
+
+@pytest.fixture(autouse=True)
+def _pack_every_weight(monkeypatch):
+    """The tiny models' weights are below the size from which the builtin engine packs them for oneDNN;
+    these tests lower it to 0 so every builtin rollout here decodes through packed weights on a CPU
+    (tests/rollout/test_packed_linear.py compares the two)."""
+    from cohort.rollout import packed_linear
+
+    monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)

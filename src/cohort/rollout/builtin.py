@@ -6,7 +6,8 @@ prompt's keys and values (shared-prefix attention, `cohort.attention`), each sam
 own tokens, or, for models where that is unavailable, against G repeated copies. It stops as soon as
 every row has ended and drops ended rows from the batch once a sizeable fraction of it has ended, so
 no compute is spent decoding rows that already emitted EOS. The cache is written in place into buffers
-sized for the tokens to come (`kv_cache.py`), so no decode step copies the cache.
+sized for the tokens to come (`kv_cache.py`), so no decode step copies the cache. On a CPU, large
+float32 weights are multiplied through oneDNN's packed layout for the rollout (`packed_linear.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from cohort.rollout.base import (
     validate_request,
 )
 from cohort.rollout.kv_cache import preallocated_cache
+from cohort.rollout.packed_linear import packed_linears
 from cohort.rollout.sampling import sample_next
 
 
@@ -37,7 +39,9 @@ class BuiltinEngine(RolloutEngine):
 
     name = "builtin"
 
-    def __init__(self, *, eos_token_ids, pad_token_id: int, compact_fraction: float = 0.25) -> None:
+    def __init__(
+        self, *, eos_token_ids, pad_token_id: int, compact_fraction: float = 0.25, packed_weights: bool = True
+    ) -> None:
         super().__init__(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
         if not 0.0 < compact_fraction <= 1.0:
             raise ValueError(
@@ -45,6 +49,7 @@ class BuiltinEngine(RolloutEngine):
                 "rows in the batch that triggers dropping them (0.25 is a good default)"
             )
         self.compact_fraction = compact_fraction
+        self.packed_weights = packed_weights
 
     def generate(
         self,
@@ -62,7 +67,9 @@ class BuiltinEngine(RolloutEngine):
                 f"generator is on {generator.device} but the model is on {device}; create it with "
                 f"torch.Generator(device={str(device)!r})"
             )
-        with torch.inference_mode(), eval_mode(model):
+        n_rows = len(prompt_ids) * group_size
+        packing = packed_linears(model, n_rows) if self.packed_weights else contextlib.nullcontext()
+        with torch.inference_mode(), eval_mode(model), packing:
             tokens, lengths, ended, logps = self._decode(
                 model, prompt_ids, group_size, params, generator, device
             )

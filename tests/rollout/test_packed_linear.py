@@ -1,0 +1,101 @@
+"""oneDNN-packed linear layers for CPU decoding: same outputs, restored afterwards, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import EOS, PAD, random_prompts, tiny_model
+
+from cohort.rollout import SamplingParams, make_engine
+from cohort.rollout import packed_linear as pl
+
+pytestmark = pytest.mark.skipif(not pl._packing_works(), reason="this torch build has no oneDNN packed linear")
+
+
+def linears(model):
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def test_packed_layers_compute_the_same_and_are_restored():
+    model = tiny_model(eos_bias=0.5)  # the LM head has a bias
+    x = torch.randint(2, 40, (3, 7))
+    with torch.inference_mode():
+        ref = model(x).logits
+        with pl.packed_linears(model, batch_hint=3) as n:
+            assert n == len(linears(model)) > 0
+            assert all("forward" in m.__dict__ for m in linears(model))
+            got = model(x).logits
+        assert all("forward" not in m.__dict__ for m in linears(model))
+        again = model(x).logits
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert torch.equal(again, ref)
+
+
+def test_size_threshold_and_dtype_decide_what_is_packed(monkeypatch):
+    model = tiny_model(hidden_size=48)  # q/o 48x48 (2304), k/v 24x48, MLP 96x48, head 40x48
+    monkeypatch.setattr(pl, "PACK_MIN_ELEMENTS", 2304)
+    with torch.inference_mode(), pl.packed_linears(model) as n:
+        big = [m for m in linears(model) if m.weight.numel() >= 2304]
+        assert n == len(big) and 0 < n < len(linears(model))
+    monkeypatch.setattr(pl, "PACK_MIN_ELEMENTS", 0)
+    with torch.inference_mode(), pl.packed_linears(model.to(torch.bfloat16)) as n:
+        assert n == 0  # oneDNN packing here is for float32 weights only
+
+
+def test_restored_after_an_exception_and_nested_blocks_pack_once():
+    model = tiny_model()
+    with pytest.raises(KeyError), torch.inference_mode(), pl.packed_linears(model) as n:
+        assert n > 0
+        with pl.packed_linears(model) as inner:
+            assert inner == 0  # already packed by the outer block
+        assert all("forward" in m.__dict__ for m in linears(model))
+        raise KeyError("boom")
+    assert all("forward" not in m.__dict__ for m in linears(model))
+
+
+def test_autograd_inside_the_block_uses_the_plain_weights():
+    model = tiny_model()
+    x = torch.randint(2, 40, (2, 5))
+    ref_loss = model(x).logits.logsumexp(-1).sum()
+    (ref_grad,) = torch.autograd.grad(ref_loss, [model.model.layers[0].mlp.up_proj.weight])
+    with pl.packed_linears(model) as n:
+        assert n > 0
+        loss = model(x).logits.logsumexp(-1).sum()
+        (grad,) = torch.autograd.grad(loss, [model.model.layers[0].mlp.up_proj.weight])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+
+
+def test_builtin_engine_packed_and_plain_agree():
+    model = tiny_model(eos_bias=0.7, logit_scale=4.0)
+    prompts = random_prompts(4, seed=3)
+    params = SamplingParams(max_completion_length=12, greedy=True)
+    batches = {}
+    for packed in (True, False):
+        engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, packed_weights=packed)
+        batches[packed] = engine.generate(model, prompts, 3, params)
+    assert batches[True].completion_ids == batches[False].completion_ids
+    for a, b in zip(batches[True].sampling_logprobs, batches[False].sampling_logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    assert all("forward" not in m.__dict__ for m in linears(model))
+
+
+def test_lora_base_layers_are_packed_and_the_adapter_still_applies(tmp_path):
+    peft = pytest.importorskip("peft")
+    model = tiny_model()
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # a non-zero adapter, so dropping it would show
+    lora.eval()
+    x = torch.randint(2, 40, (2, 6))
+    with torch.inference_mode():
+        ref = lora(x).logits
+        with lora.disable_adapter():
+            base = lora(x).logits
+        with pl.packed_linears(lora) as n:
+            assert n >= 2 * len(model.model.layers)  # at least the wrapped q/v base layers
+            got = lora(x).logits
+    assert not torch.allclose(ref, base, atol=1e-3)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
