@@ -123,8 +123,11 @@ def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
     assert m["kl"] >= 0
 
 
-def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
+def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path, monkeypatch):
     pytest.importorskip("peft")
+    from cohort.rollout import packed_linear
+
+    monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)  # rollouts decode through packed base weights
     cfg = _cfg(tiny_model_dir, tmp_path / "lora", **{"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4})
     t = GRPOTrainer(cfg)
     assert t.ref_model is None  # no second copy: the adapter is switched off instead
@@ -166,15 +169,17 @@ def test_unknown_model_path_is_clear(tmp_path):
 
 
 def test_segment_attention_and_shared_prefix_decoding_train_like_the_plain_paths(tiny_model_dir, tmp_path, monkeypatch):
-    """One step through segment attention + shared-prefix decoding samples the same completions and
-    computes the same loss and gradient norm as the dense-mask layout with a repeated cache."""
+    """One step through segment attention + shared-prefix decoding + packed decode weights samples the
+    same completions and computes the same loss and gradient norm as the dense-mask layout with a
+    repeated cache and plain matmuls."""
     from cohort import logprobs
-    from cohort.rollout import builtin
+    from cohort.rollout import builtin, packed_linear
 
     runs = []
     for name, threshold in (("plain", 1 << 40), ("shared", 0)):
         monkeypatch.setattr(logprobs, "SEGMENTS_MIN_TOKENS", threshold)
         monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", threshold)
+        monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", threshold)
         t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}))
         t.train()
         runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))
