@@ -67,6 +67,7 @@ def test_autograd_inside_the_block_uses_the_plain_weights():
 
 
 def test_builtin_engine_packed_and_plain_agree():
+    """Same greedy tokens and log-probs within float32 rounding; packed runs repeat bit for bit."""
     model = tiny_model(eos_bias=0.7, logit_scale=4.0)
     prompts = random_prompts(4, seed=3)
     params = SamplingParams(max_completion_length=12, greedy=True)
@@ -75,6 +76,8 @@ def test_builtin_engine_packed_and_plain_agree():
         engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, packed_weights=packed)
         batches[packed] = engine.generate(model, prompts, 3, params)
     assert batches[True].completion_ids == batches[False].completion_ids
+    again = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, 3, params)
+    assert all(torch.equal(a, b) for a, b in zip(again.sampling_logprobs, batches[True].sampling_logprobs))
     for a, b in zip(batches[True].sampling_logprobs, batches[False].sampling_logprobs):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     assert all("forward" not in m.__dict__ for m in linears(model))
