@@ -125,9 +125,11 @@ def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
 
 def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path, monkeypatch):
     pytest.importorskip("peft")
-    from cohort.rollout import packed_linear
+    from cohort.rollout import builtin, packed_linear
 
     monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)  # rollouts decode through packed base weights
+    monkeypatch.setattr(builtin, "PACK_AFTER_STEPS", 0)
+    monkeypatch.setattr(builtin, "PACK_MIN_REMAINING", 0)
     cfg = _cfg(tiny_model_dir, tmp_path / "lora", **{"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4})
     t = GRPOTrainer(cfg)
     assert t.ref_model is None  # no second copy: the adapter is switched off instead
@@ -180,6 +182,8 @@ def test_segment_attention_and_shared_prefix_decoding_train_like_the_plain_paths
         monkeypatch.setattr(logprobs, "SEGMENTS_MIN_TOKENS", threshold)
         monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", threshold)
         monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", threshold)
+        monkeypatch.setattr(builtin, "PACK_AFTER_STEPS", 0)
+        monkeypatch.setattr(builtin, "PACK_MIN_REMAINING", 0)
         t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}))
         t.train()
         runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))

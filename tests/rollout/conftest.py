@@ -40,9 +40,11 @@ def _share_every_prompt(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _pack_every_weight(monkeypatch):
-    """The tiny models' weights are below the size from which the builtin engine packs them for oneDNN;
-    these tests lower it to 0 so every builtin rollout here decodes through packed weights on a CPU
-    (tests/rollout/test_packed_linear.py compares the two)."""
-    from cohort.rollout import packed_linear
+    """The tiny models' weights are below the size from which the builtin engine packs them for oneDNN,
+    and their rollouts shorter than the steps it waits before packing; these tests lower both to 0 so
+    every builtin decode step here runs on packed weights on a CPU (test_packed_linear.py compares)."""
+    from cohort.rollout import builtin, packed_linear
 
     monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(builtin, "PACK_AFTER_STEPS", 0)
+    monkeypatch.setattr(builtin, "PACK_MIN_REMAINING", 0)

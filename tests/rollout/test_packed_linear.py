@@ -7,6 +7,7 @@ import torch
 from _tiny import EOS, PAD, random_prompts, tiny_model
 
 from cohort.rollout import SamplingParams, make_engine
+from cohort.rollout import builtin as builtin_module
 from cohort.rollout import packed_linear as pl
 
 pytestmark = pytest.mark.skipif(not pl._packing_works(), reason="this torch build has no oneDNN packed linear")
@@ -102,3 +103,25 @@ def test_lora_base_layers_are_packed_and_the_adapter_still_applies(tmp_path):
             got = lora(x).logits
     assert not torch.allclose(ref, base, atol=1e-3)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_len, packs", [(3, False), (5, False), (6, True), (9, True)])
+def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, monkeypatch, max_len, packs):
+    """Only a rollout still going after PACK_AFTER_STEPS decode steps, with room for more than
+    PACK_MIN_REMAINING tokens, packs, and only once."""
+    monkeypatch.setattr(builtin_module, "PACK_AFTER_STEPS", 3)
+    monkeypatch.setattr(builtin_module, "PACK_MIN_REMAINING", 2)
+    entered = []
+    real = pl.packed_linears
+
+    def spy(model, batch_hint=8):
+        entered.append(batch_hint)
+        return real(model, batch_hint)
+
+    monkeypatch.setattr(builtin_module, "packed_linears", spy)
+    engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD)
+    batch = engine.generate(peaky_model, random_prompts(2, seed=1), 3, SamplingParams(max_completion_length=max_len))
+    assert all(len(c) == max_len for c in batch.completion_ids)  # EOS is never sampled by this model
+    # Token 0 comes from the prefill and token t from decode step t: step 3 packs when max_len - 3 > 2.
+    assert entered == ([6] if packs else [])
+    assert all("forward" not in m.__dict__ for m in linears(peaky_model))

@@ -5,9 +5,9 @@ A decode step multiplies a few rows by every weight matrix of the model. MKL's s
 machine of docs/performance.md the linears of the 14 M benchmark model take 7.9 ms for 4 rows and
 5.3 ms for one, and one 4864 x 896 matrix (Qwen2.5-0.5B's MLP width) takes 3.6 ms for 3 rows. Given
 the weight reordered once into its blocked layout, oneDNN streams it at close to memory bandwidth:
-3.9 ms and 0.45 ms for the same cases. The reorder costs about one pass over the weight, so it pays
-for itself within a rollout's first decode steps; it is redone for every rollout because the weights
-change between them.
+3.9 ms and 0.45 ms for the same cases. The reorder is redone for every rollout (the weights change
+between them) and costs one to three passes over the weights, so the sampler switches to packed
+weights only in rollouts that run long enough to repay it (`builtin.PACK_AFTER_STEPS`).
 
 `packed_linears(model)` swaps the forward of each large float32 CPU `nn.Linear` for the packed one
 for the duration of a `with` block and restores it afterwards. peft's LoRA layers keep working: their
