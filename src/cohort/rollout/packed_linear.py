@@ -26,7 +26,7 @@ import torch
 PACK_MIN_ELEMENTS = 1 << 17
 """Weights smaller than this stay on MKL: oneDNN's per-call overhead (≈ 25 µs) outweighs its gain on a
 matrix that stays in cache. Measured on the benchmark models' generation: packing every matrix of the
-0.5 M model (16k-53k elements each) made it 1.33x slower; the 14 M model's (147k-393k) 1.18x faster."""
+0.5 M model (16k-53k elements each) made its rollouts 1.34x slower; the 14 M model's (147k-393k) 1.18x faster."""
 
 _WORKS: bool | None = None  # whether this torch build's packed linear matches F.linear (checked once)
 
