@@ -54,6 +54,27 @@ def test_restored_after_an_exception_and_nested_blocks_pack_once():
     assert all("forward" not in m.__dict__ for m in linears(model))
 
 
+def test_a_failed_packing_warns_and_leaves_the_model_plain(monkeypatch):
+    model = tiny_model()
+    x = torch.randint(2, 40, (2, 5))
+    calls = []
+
+    def fail_on_third(weight, batch_hint):
+        calls.append(weight.shape)
+        if len(calls) == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+
+    monkeypatch.setattr(pl, "_reorder", fail_on_third)
+    with torch.inference_mode():
+        ref = model(x).logits
+        with pytest.warns(UserWarning, match="simulated"), pl.packed_linears(model) as n:
+            assert n == 0
+            assert all("forward" not in m.__dict__ for m in linears(model))
+            got = model(x).logits
+    assert torch.equal(got, ref)
+
+
 def test_autograd_inside_the_block_uses_the_plain_weights():
     model = tiny_model()
     x = torch.randint(2, 40, (2, 5))

@@ -90,13 +90,28 @@ def packed_linears(model: torch.nn.Module, batch_hint: int = 8) -> Iterator[int]
     swapped: list[torch.nn.Module] = []
     try:
         if any(_eligible(m) for m in model.modules()) and _packing_works():
-            with torch.no_grad():
-                for module in model.modules():
-                    if _eligible(module):
-                        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), max(1, batch_hint))
-                        module.forward = _packed_forward(module, packed)
-                        swapped.append(module)
+            try:
+                with torch.no_grad():
+                    for module in model.modules():
+                        if _eligible(module):
+                            module.forward = _packed_forward(module, _reorder(module.weight, batch_hint))
+                            swapped.append(module)
+            except (RuntimeError, MemoryError) as err:
+                # Packing only speeds decoding up: if it fails (out of memory, say), decode without it.
+                _restore(swapped)
+                warnings.warn(f"packing weights for CPU decoding failed ({err}); using plain matmuls", stacklevel=3)
         yield len(swapped)
     finally:
-        for module in swapped:
-            del module.forward
+        _restore(swapped)
+
+
+def _reorder(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    """Returns `weight` reordered into oneDNN's blocked layout for about `batch_hint` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, batch_hint))
+
+
+def _restore(swapped: list[torch.nn.Module]) -> None:
+    """Gives the modules in `swapped` back their class's forward and empties the list."""
+    for module in swapped:
+        del module.forward
+    swapped.clear()
