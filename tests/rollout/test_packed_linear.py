@@ -32,6 +32,18 @@ def test_packed_layers_compute_the_same_and_are_restored():
     assert torch.equal(again, ref)
 
 
+def test_strided_and_batched_inputs():
+    layer = torch.nn.Linear(64, 300)
+    inputs = [torch.randn(64, 10).t(), torch.randn(5, 3, 64)[:, 1:2], torch.randn(4, 128)[:, ::2]]
+    with torch.inference_mode():
+        refs = [layer(x) for x in inputs]
+        with pl.packed_linears(layer) as n:
+            assert n == 1
+            for x, ref in zip(inputs, refs):
+                assert not x.is_contiguous()
+                torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-5)
+
+
 def test_size_threshold_and_dtype_decide_what_is_packed(monkeypatch):
     model = tiny_model(hidden_size=48)  # q/o 48x48 (2304), k/v 24x48, MLP 96x48, head 40x48
     monkeypatch.setattr(pl, "PACK_MIN_ELEMENTS", 2304)
