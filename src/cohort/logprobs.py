@@ -35,7 +35,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cohort.attention import build_plan, custom_attention, plan_masks
-from cohort.models import attention_shape, eval_mode, float_dtype, input_device, text_config
+from cohort.models import attention_shape, check_tolerance, eval_mode, float_dtype, input_device, text_config
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -497,8 +497,7 @@ def _segments_ok(model: torch.nn.Module) -> bool:
             args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024)
             ours = _logprobs(*args, "segments").logp
             theirs = _logprobs(*args, "padded").logp
-        tol = 1e-3 if float_dtype(model) == torch.float32 else 5e-2
-        ok = bool(torch.allclose(ours, theirs, rtol=0, atol=tol))
+        ok = bool(torch.allclose(ours, theirs, rtol=0, atol=check_tolerance(model)))
     except Exception:  # noqa: BLE001 - any failure means segments are unusable on this model
         ok = False
     if not ok:

@@ -415,6 +415,15 @@ def float_dtype(model: torch.nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
+def check_tolerance(model: torch.nn.Module) -> float:
+    """Returns the absolute log-prob tolerance of a once-per-model path check: 1e-3 for float32 weights, 5e-2 below.
+
+    The checks (segment attention, shared-prefix decoding) compare two computations of the same
+    log-probs; they test structure, not rounding, so half-precision weights get bf16-sized slack.
+    """
+    return 1e-3 if float_dtype(model) == torch.float32 else 5e-2
+
+
 def text_config(model: torch.nn.Module):
     """Returns the decoder's text config of a model (its own config for a plain causal LM), or None."""
     get_base = getattr(model, "get_base_model", None)  # peft wrappers

@@ -22,7 +22,7 @@ import weakref
 import torch
 
 from cohort.attention import PrefixPlan, custom_attention, plan_masks
-from cohort.models import attention_shape, eval_mode, float_dtype, input_device, text_config
+from cohort.models import attention_shape, check_tolerance, eval_mode, input_device, text_config
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -221,7 +221,7 @@ def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, pad_token_i
             # half precision); step 0 comes from the prefill, so at least one decode step must agree.
             agree = (a[0] == b[0]).all(0).long().cumprod(0)  # [T] 1 while every row agrees
             steps = int(agree.sum())
-            tol = 1e-3 if float_dtype(model) == torch.float32 else 5e-2
+            tol = check_tolerance(model)
             ok = steps >= 2 and torch.allclose(a[3][:, :steps], b[3][:, :steps], rtol=0, atol=tol)
         except Exception:  # noqa: BLE001 - any failure means sharing is unusable on this model
             ok = False
