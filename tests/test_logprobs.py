@@ -228,6 +228,31 @@ def test_backward_keeps_no_vocab_sized_tensor(checkpointed, monkeypatch):
     assert (not vocab_sized) == checkpointed, vocab_sized
 
 
+def test_one_chunk_is_not_recomputed_and_gives_the_chunked_gradients(model, data):
+    """A batch whose logits fit in one chunk skips the recompute; gradients equal the checkpointed ones."""
+    prompts, comps = data
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    def run(chunk):
+        def loss():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                lp = completion_logprobs(model, prompts, comps, G, with_entropy=True, chunk_size=chunk)
+            return (lp.logp * torch.linspace(-1, 1, lp.logp.shape[1])).sum()
+
+        saved.clear()
+        grads = grads_of(model, loss)
+        return grads, any(s[-1] == VOCAB and len(s) >= 2 and s[0] > 1 for s in saved)
+
+    one, one_saves_logits = run(10_000)
+    many, many_saves_logits = run(3)
+    assert one_saves_logits and not many_saves_logits
+    assert_grads_close(one, many)
+
+
 def test_empty_completions(model):
     prompts = [[4, 5], [6]]
     empty = completion_logprobs(model, prompts, [[], [], [], []], 2, with_entropy=True)

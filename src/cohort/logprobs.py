@@ -350,7 +350,9 @@ def _block_mask(lay: _Layout, device, kind: str, dtype: torch.dtype) -> torch.Te
 def _chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size):
     """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *]."""
     fn = _logp_entropy if with_entropy else _logp_only
-    use_ckpt = torch.is_grad_enabled() and picked.requires_grad
+    # Recomputing chunks in backward keeps one chunk's logits alive at a time. When everything fits in
+    # one chunk that bound holds anyway, and skipping the recompute saves 7 % of the demo's update.
+    use_ckpt = torch.is_grad_enabled() and picked.requires_grad and picked.shape[0] > chunk_size
     logps, ents = [], []
     for start in range(0, picked.shape[0], chunk_size):
         h = picked[start : start + chunk_size]  # [m, H]
