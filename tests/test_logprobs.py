@@ -8,6 +8,7 @@ from _tiny import VOCAB, random_prompts, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
+from cohort.attention import SegmentPlan
 from cohort.logprobs import LogProbs, completion_logprobs
 
 G = 3
@@ -385,7 +386,7 @@ def test_sliding_window_models_use_the_padded_layout():
     prompts = random_prompts(2, seed=1, min_len=5, max_len=8)
     comps = ragged_completions(2 * G, seed=2, empties=False)
     lp_module._WARNED.clear()  # the fallback warns once per reason and process
-    with pytest.warns(UserWarning, match="sliding-window attention layers; using 'padded'"):
+    with pytest.warns(UserWarning, match=r"exceed the model's sliding attention window \(4 tokens\); using 'padded'"):
         out = completion_logprobs(model, prompts, comps, G)
     torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
 
@@ -442,5 +443,5 @@ def test_segments_only_for_groups_long_enough_to_gain(monkeypatch, data):
         completion_logprobs(model, prompts, long_comps, G)
     finally:
         hook.remove()
-    assert isinstance(seen[0], torch.Tensor)  # the dense block mask
-    assert isinstance(seen[-1], dict)  # a segment plan, handed over as transformers' per-layer mask dict
+    assert seen[0].dim() == 4 and not hasattr(seen[0], "cohort_plan")  # the dense block mask
+    assert isinstance(getattr(seen[-1], "cohort_plan", None), SegmentPlan)  # a segment plan on its carrier

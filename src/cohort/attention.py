@@ -15,8 +15,9 @@ sequence of exactly the real tokens for every projection and MLP, and only atten
   work of a few tokens.
 
 The gathers are differentiable (their backward sums into the packed row), so a prompt's keys and
-values receive the gradients of all its completions. transformers passes a dict given as
-`attention_mask` straight to every layer, which is how the plan reaches this function; the
+values receive the gradients of all its completions. transformers hands a 4-D tensor given as
+`attention_mask` unchanged to every layer (in every model family, unlike a dict of masks, which
+only models with `layer_types` accept); the plan rides on such a tensor (:func:`plan_masks`). The
 function is selected by switching the model's `_attn_implementation` for the duration of a call
 (:func:`custom_attention`).
 
@@ -38,8 +39,6 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-from cohort.models import text_config
 
 NAME = "cohort_segments"
 """The attention implementation name cohort registers with transformers (segment and shared-prefix plans)."""
@@ -225,7 +224,7 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
 
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Returns (attention output [B, L, H, D], None) following a SegmentPlan or PrefixPlan; plain sdpa otherwise."""
-    plan = attention_mask
+    plan = getattr(attention_mask, _PLAN_ATTR, None)
     if isinstance(plan, PrefixPlan):
         return _prefix_decode(module, query, key, value, plan, scaling), None
     if not isinstance(plan, SegmentPlan):
@@ -280,7 +279,16 @@ def custom_attention(model: torch.nn.Module) -> Iterator[None]:
             c._attn_implementation_internal = impl
 
 
-def plan_masks(model: torch.nn.Module, plan: SegmentPlan | PrefixPlan) -> dict[str, SegmentPlan | PrefixPlan]:
-    """Returns the `attention_mask` dict that hands `plan` to every attention layer of the model."""
-    kinds = set(getattr(text_config(model), "layer_types", None) or []) | {"full_attention"}
-    return dict.fromkeys(kinds, plan)
+_PLAN_ATTR = "cohort_plan"
+
+
+def plan_masks(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.Tensor:
+    """Returns the `attention_mask` that hands `plan` to every attention layer: a 1-element 4-D tensor carrying it.
+
+    Mask builders return a 4-D mask as it is, so the same object reaches every layer. A model that
+    reshapes or slices masks loses the plan and gets plain sdpa over this dummy mask, which the
+    once-per-model checks of both plans catch.
+    """
+    carrier = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    setattr(carrier, _PLAN_ATTR, plan)
+    return carrier

@@ -35,7 +35,15 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cohort.attention import build_plan, custom_attention, plan_masks
-from cohort.models import attention_shape, check_tolerance, eval_mode, float_dtype, input_device, text_config
+from cohort.models import (
+    attention_shape,
+    check_tolerance,
+    eval_mode,
+    float_dtype,
+    full_attention_span,
+    input_device,
+    text_config,
+)
 
 LAYOUTS = ("grouped", "padded")
 _CHUNK_BYTES = {"cpu": 32 << 20}
@@ -85,7 +93,8 @@ def completion_logprobs(
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, layout)
     mode = "padded"
     if layout == "grouped":
-        mode = _custom_mask_kind(model) or "padded"
+        longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
+        mode = _custom_mask_kind(model, longest) or "padded"
         if mode == "bool" and _widest_group(prompt_ids, completion_ids, group_size, sel) >= SEGMENTS_MIN_TOKENS:
             mode = "segments" if _segments_ok(model) else mode
     return _logprobs(
@@ -118,7 +127,7 @@ def _logprobs(
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
     if mode == "segments":
-        attn = plan_masks(model, build_plan(lay.prompt_pos, lay.body_pos, device))
+        attn = plan_masks(device, build_plan(lay.prompt_pos, lay.body_pos, device))
     elif mode == "padded":
         attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
     else:
@@ -449,16 +458,17 @@ def _head_matches(model, decoder, head) -> bool:
 _WARNED: set[str] = set()
 
 
-def _custom_mask_kind(model: torch.nn.Module) -> str | None:
-    """Returns "bool" (sdpa) or "float" (eager) when the model takes our 4D mask as-is, else None."""
+def _custom_mask_kind(model: torch.nn.Module, longest: int) -> str | None:
+    """Returns "bool" (sdpa) or "float" (eager) when the model takes our 4D mask as-is for sequences of
+    up to `longest` tokens, else None."""
     config = getattr(_unwrap(model), "config", None)
     impl = getattr(config, "_attn_implementation", None)
     kind = {"sdpa": "bool", "eager": "float"}.get(impl)
     reason = f"attention implementation {impl!r} takes no custom 4D mask (use 'sdpa' or 'eager')"
-    layer_types = getattr(config, "layer_types", None) or []
-    if kind is not None and any("sliding" in str(t) for t in layer_types):
-        # A 4D mask is passed through unchanged to sliding-window layers, dropping their window.
-        kind, reason = None, "the model has sliding-window attention layers"
+    span = full_attention_span(model)
+    if kind is not None and span is not None and longest > span:
+        # A 4D mask reaches sliding-window layers unchanged: they would attend past their window.
+        kind, reason = None, f"sequences exceed the model's sliding attention window ({span} tokens)"
     if kind is None and reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(

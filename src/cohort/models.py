@@ -434,6 +434,28 @@ def text_config(model: torch.nn.Module):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def full_attention_span(model: torch.nn.Module) -> int | None:
+    """Returns how many positions a sequence may span with every layer attending to all of it (None: no limit).
+
+    Sliding-window layers (Mistral's `sliding_window` without `layer_types`, or "sliding_attention"
+    entries in `layer_types`) see only their window: a sequence no longer than it is attended exactly
+    as under full attention. Other non-full layer kinds (chunked, linear) give 0: never.
+    """
+    config = text_config(model)
+    if config is None:
+        return None
+    kinds = {str(t) for t in (getattr(config, "layer_types", None) or [])}
+    window = getattr(config, "sliding_window", None)
+    window = window if isinstance(window, int) and window > 0 else None
+    if kinds - {"full_attention", "sliding_attention"}:
+        return 0
+    if "sliding_attention" in kinds:
+        return window or 0
+    if not kinds and window is not None and getattr(config, "use_sliding_window", True) is not False:
+        return window
+    return None
+
+
 def attention_shape(model: torch.nn.Module) -> tuple[int, int, int] | None:
     """Returns (query heads, key/value heads, head size) from the model's config, or None if it lacks them."""
     config = text_config(model)

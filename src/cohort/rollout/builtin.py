@@ -22,7 +22,14 @@ import weakref
 import torch
 
 from cohort.attention import PrefixPlan, custom_attention, plan_masks
-from cohort.models import attention_shape, check_tolerance, eval_mode, input_device, text_config
+from cohort.models import (
+    attention_shape,
+    check_tolerance,
+    eval_mode,
+    full_attention_span,
+    input_device,
+    text_config,
+)
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -93,7 +100,12 @@ class BuiltinEngine(RolloutEngine):
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         P = input_ids.shape[1]
         if shared is None:
-            shared = _worth_sharing(model, len(prompt_ids), G, P) and _prefix_sharing_ok(model, device, self.pad_token_id)
+            span = full_attention_span(model)  # sliding-window layers: sharing only while the window cannot bite
+            shared = (
+                (span is None or P + T <= span)
+                and _worth_sharing(model, len(prompt_ids), G, P)
+                and _prefix_sharing_ok(model, device, self.pad_token_id)
+            )
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         config = getattr(model, "config", None)
         cache = preallocated_cache(config, P if shared else P + T)
@@ -114,7 +126,7 @@ class BuiltinEngine(RolloutEngine):
             # The G samples of a prompt read its prefill from one copy; each sample caches only its own tokens.
             plan = PrefixPlan([(layer.keys, layer.values) for layer in cache.layers], attn, G)
             cache = preallocated_cache(config, T)
-            step_mask = plan_masks(model, plan)
+            step_mask = plan_masks(device, plan)
         elif G > 1:
             # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
             cache.batch_repeat_interleave(G)
@@ -199,14 +211,14 @@ def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, pad_token_i
     """Returns whether shared-prefix decoding gives this model's plain-cache tokens and log-probs.
 
     Checked once per model with a few greedy steps on two prompts of different lengths (left padding).
-    Sliding-window or linear-attention layers, attention implementations other than sdpa / eager, and
-    models whose forward ignores a pre-built mask dict keep the repeated cache.
+    Chunked or linear-attention layers, attention implementations other than sdpa / eager, and models
+    whose forward does not hand a pre-built 4-D mask to its layers unchanged keep the repeated cache;
+    models with sliding-window layers share only rollouts that fit in the window (`_decode`).
     """
     if model in _PREFIX_OK:
         return _PREFIX_OK[model]
     config = text_config(model)
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    ok = kinds == {"full_attention"} and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+    ok = full_attention_span(model) != 0 and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
     if ok:
         vocab = model.get_input_embeddings().weight.shape[0]
         prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]

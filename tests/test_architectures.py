@@ -1,0 +1,112 @@
+"""The fast paths on model families other than Qwen2: exact where taken, refused where they would be wrong.
+
+Each family is a tiny random model built from its transformers config. For every one, the builtin
+sampler (shared-prefix and repeated-cache decoding) must give `generate`'s greedy tokens, and the
+grouped log-prob layouts (segment attention and the dense block mask) must give the log-probs of
+running each prompt + completion alone. Families whose forward hands a pre-built mask to its layers
+(most of them) must actually take the fast paths; sliding-window models must take them only while
+no sequence is longer than the window.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+import cohort.logprobs as lp_module
+import cohort.rollout.builtin as builtin
+from cohort.logprobs import completion_logprobs
+from cohort.models import full_attention_span
+from cohort.rollout import make_engine
+from cohort.rollout.base import SamplingParams
+
+V, PAD, EOS, G = 64, 0, 1, 3
+_TOKENS = {"vocab_size": V, "pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": None}
+_DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def _build(family: str, window: int | None = None) -> torch.nn.Module:
+    gqa = {**_DECODER, "num_key_value_heads": 2, **_TOKENS}
+    configs = {
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**gqa)),
+        "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**gqa, head_dim=8)),
+        "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**gqa)),
+        "olmo2": lambda: tf.Olmo2ForCausalLM(tf.Olmo2Config(**gqa)),
+        "gpt_neox": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**_DECODER, rotary_pct=0.5, **_TOKENS)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(
+            tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **{**_TOKENS, "bos_token_id": EOS})
+        ),
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**gqa, sliding_window=window)),
+        "gemma3": lambda: tf.Gemma3ForCausalLM(
+            tf.Gemma3TextConfig(**gqa, head_dim=8, sliding_window=window or 4096)
+        ),
+    }
+    torch.manual_seed(0)
+    model = configs[family]().eval()
+    with torch.no_grad():  # peaked distributions, so greedy choices are not decided by rounding
+        model.get_output_embeddings().weight.mul_(8)
+    return model
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, V, (n,), generator=g).tolist() for n in (5, 9, 3)]
+
+
+def _alone(model, prompts, completions) -> list[torch.Tensor]:
+    """Returns each completion's log-probs from a forward over its own prompt + completion."""
+    out = []
+    for i, comp in enumerate(completions):
+        prompt = prompts[i // G]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + comp])).logits[0].float()
+        lp = torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(comp)], -1)
+        out.append(lp.gather(-1, torch.tensor(comp)[:, None]).squeeze(-1))
+    return out
+
+
+def _check_exact(model, monkeypatch, max_new: int = 10):
+    """Asserts greedy decoding on both cache paths equals generate's, and both grouped layouts equal _alone."""
+    prompts, params = _prompts(), SamplingParams(max_completion_length=max_new, greedy=True)
+    hf = make_engine("hf", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, G, params)
+    assert any(len(c) > 1 for c in hf.completion_ids)
+    for share_min in (0, 1 << 60):
+        monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", share_min)
+        ours = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, G, params)
+        assert ours.completion_ids == hf.completion_ids, share_min
+    ref = _alone(model, prompts, hf.completion_ids)
+    for seg_min in (0, 1 << 30):
+        monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", seg_min)
+        got = completion_logprobs(model, prompts, hf.completion_ids, G)
+        for i, comp in enumerate(hf.completion_ids):
+            torch.testing.assert_close(got.logp[i, : len(comp)], ref[i], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "olmo2", "gpt_neox", "gpt2"])
+def test_fast_paths_are_taken_and_exact(family, monkeypatch):
+    model = _build(family)
+    _check_exact(model, monkeypatch)
+    # Both once-per-model checks passed: these families train with segments and decode with sharing.
+    assert lp_module._SEGMENTS_OK.get(model) is True
+    assert builtin._PREFIX_OK.get(model) is True
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+@pytest.mark.parametrize("window", [8, 64])
+def test_sliding_window_models_stay_exact(family, window, monkeypatch):
+    """A window of 8 bites (prompt + 10 tokens is longer): grouped layouts and sharing must be refused."""
+    model = _build(family, window)
+    assert full_attention_span(model) == window
+    _check_exact(model, monkeypatch)
+    fits = window >= 9 + 10
+    assert (lp_module._SEGMENTS_OK.get(model) is not None) == fits
+
+
+def test_full_attention_span_reads_the_config():
+    assert full_attention_span(_build("llama")) is None
+    assert full_attention_span(_build("mistral", None)) is None
+    qwen2 = tf.Qwen2ForCausalLM(tf.Qwen2Config(**_DECODER, **_TOKENS, use_sliding_window=False, sliding_window=16))
+    assert full_attention_span(qwen2) is None
+    mixed = tf.Qwen2Config(**_DECODER, **_TOKENS, layer_types=["full_attention", "linear_attention"])
+    assert full_attention_span(tf.Qwen2ForCausalLM(mixed)) == 0
