@@ -41,6 +41,12 @@ def _build(family: str, window: int | None = None) -> torch.nn.Module:
         "gemma3": lambda: tf.Gemma3ForCausalLM(
             tf.Gemma3TextConfig(**gqa, head_dim=8, sliding_window=window or 4096)
         ),
+        # Logit transforms after the LM head: soft-capping, division, multiplication.
+        "gemma2": lambda: tf.Gemma2ForCausalLM(
+            tf.Gemma2Config(**gqa, head_dim=8, sliding_window=window or 4096, final_logit_softcapping=5.0)
+        ),
+        "granite": lambda: tf.GraniteForCausalLM(tf.GraniteConfig(**gqa, logits_scaling=4.0)),
+        "cohere": lambda: tf.CohereForCausalLM(tf.CohereConfig(**gqa, logit_scale=0.25)),
     }
     torch.manual_seed(0)
     model = configs[family]().eval()
@@ -101,6 +107,14 @@ def test_sliding_window_models_stay_exact(family, window, monkeypatch):
     _check_exact(model, monkeypatch)
     fits = window >= 9 + 10
     assert (lp_module._SEGMENTS_OK.get(model) is not None) == fits
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])
+def test_logit_transforms_are_folded_into_the_chunked_head(family, monkeypatch):
+    """Soft-capped or scaled logits must not force full [B, L, V] logits: the head split still holds."""
+    model = _build(family)
+    _check_exact(model, monkeypatch)
+    assert lp_module._model_parts(model) is not None
 
 
 def test_full_attention_span_reads_the_config():

@@ -411,11 +411,48 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
+class _HeadThenTransform(torch.nn.Module):
+    """The LM head followed by the logit transform the model's forward applies after it (in float32)."""
+
+    def __init__(self, head: torch.nn.Module, transform) -> None:
+        super().__init__()
+        self.head, self.transform = head, transform
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Returns the head's weight [V, H]."""
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Returns the transformed logits [..., V] float32."""
+        return self.transform(self.head(hidden).float())
+
+
+def _logit_transform(inner: torch.nn.Module):
+    """Returns the function transformers' forward applies to this model's LM-head output, or None.
+
+    The known ones: final soft-capping (Gemma 2), division by `logits_scaling` (Granite),
+    multiplication by `logit_scale` (Cohere). Whether it is right is checked by `_head_matches`.
+    """
+    config = getattr(inner, "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        return lambda z: torch.tanh(z / cap) * cap
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and divisor not in (0, 1):
+        return lambda z: z / divisor
+    factor = getattr(inner, "logit_scale", None)
+    if isinstance(factor, (int, float)) and factor != 1:
+        return lambda z: z * factor
+    return None
+
+
 def _model_parts(model: torch.nn.Module):
     """Returns (decoder, lm_head) when head(decoder(x)) reproduces model(x).logits, else None (full logits).
 
-    Checked once per model on a 4-token input: models that transform logits after the head (soft-capping,
-    logit scaling) or peft prompt learning (virtual tokens) fail the check and use full logits.
+    Checked once per model on a 4-token input. A known logit transform after the head (soft-capping,
+    logit scaling) is folded into the returned head; models with other transforms, or peft prompt
+    learning (virtual tokens), fail the check and use full logits.
     """
     if model in _PARTS:
         return _PARTS[model]
@@ -427,6 +464,8 @@ def _model_parts(model: torch.nn.Module):
     if not getattr(peft_config, "is_prompt_learning", False) and callable(get_dec) and callable(get_head):
         decoder, head = get_dec(), get_head()
         if decoder is not None and head is not None and decoder is not inner:
+            transform = _logit_transform(inner)
+            head = _HeadThenTransform(head, transform) if transform is not None else head
             parts = (decoder, head) if _head_matches(model, decoder, head) else None
     if parts is None:
         warnings.warn(
