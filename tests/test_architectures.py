@@ -38,6 +38,17 @@ def _build(family: str, window: int | None = None) -> torch.nn.Module:
             tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **{**_TOKENS, "bos_token_id": EOS})
         ),
         "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**gqa, sliding_window=window)),
+        "gpt_neo": lambda: tf.GPTNeoForCausalLM(
+            tf.GPTNeoConfig(
+                hidden_size=32,
+                num_layers=2,
+                num_heads=4,
+                attention_types=[[["global", "local"], 1]],
+                window_size=window or 256,
+                max_position_embeddings=128,
+                **{**_TOKENS, "bos_token_id": EOS},
+            )
+        ),
         "gemma3": lambda: tf.Gemma3ForCausalLM(
             tf.Gemma3TextConfig(**gqa, head_dim=8, sliding_window=window or 4096)
         ),
@@ -98,7 +109,7 @@ def test_fast_paths_are_taken_and_exact(family, monkeypatch):
     assert builtin._PREFIX_OK.get(model) is True
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+@pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_neo"])
 @pytest.mark.parametrize("window", [8, 64])
 def test_sliding_window_models_stay_exact(family, window, monkeypatch):
     """A window of 8 bites (prompt + 10 tokens is longer): grouped layouts and sharing must be refused."""
@@ -106,7 +117,7 @@ def test_sliding_window_models_stay_exact(family, window, monkeypatch):
     assert full_attention_span(model) == window
     _check_exact(model, monkeypatch)
     fits = window >= 9 + 10
-    assert (lp_module._SEGMENTS_OK.get(model) is not None) == fits
+    assert (lp_module._custom_mask_kind(model, 9 + 10) is not None) == fits  # grouped layouts only then
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])

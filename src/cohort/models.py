@@ -437,13 +437,17 @@ def text_config(model: torch.nn.Module):
 def full_attention_span(model: torch.nn.Module) -> int | None:
     """Returns how many positions a sequence may span with every layer attending to all of it (None: no limit).
 
-    Sliding-window layers (Mistral's `sliding_window` without `layer_types`, or "sliding_attention"
-    entries in `layer_types`) see only their window: a sequence no longer than it is attended exactly
-    as under full attention. Other non-full layer kinds (chunked, linear) give 0: never.
+    Sliding-window layers (Mistral's `sliding_window` without `layer_types`, "sliding_attention"
+    entries in `layer_types`, GPT-Neo's "local" `attention_layers` with their `window_size`) see only
+    their window: a sequence no longer than it is attended exactly as under full attention. Other
+    non-full layer kinds (chunked, linear) give 0: never.
     """
     config = text_config(model)
     if config is None:
         return None
+    if "local" in {str(t) for t in (getattr(config, "attention_layers", None) or [])}:
+        size = getattr(config, "window_size", None)
+        return size if isinstance(size, int) and size > 0 else 0
     kinds = {str(t) for t in (getattr(config, "layer_types", None) or [])}
     window = getattr(config, "sliding_window", None)
     window = window if isinstance(window, int) and window > 0 else None
