@@ -8,7 +8,8 @@ batch: 4 prompts of 100-150 tokens, G = 8, completions of exponential length (me
 "on" is cohort as shipped (segment attention in the update, shared-prefix decoding in the sampler,
 where each family's once-per-model check accepts them); "off" forces the fallbacks (dense block mask,
 repeated prompt cache), which is what families other than Qwen2 got before the plans were handed over
-on a 4-D carrier mask. The update is forward + backward + AdamW over the batch; generation samples
+on a 4-D carrier mask; for a sliding-window model whose sequences outrun the window (`mistral_w64`)
+"off" is the padded layout, what it got before segment attention applied windows. The update is forward + backward + AdamW over the batch; generation samples
 --max-new tokens per completion (EOS unreachable).
 """
 
@@ -43,11 +44,16 @@ FAMILIES = {
     "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(**SHAPE, **TOKENS)),
     "olmo2": lambda: tf.Olmo2ForCausalLM(tf.Olmo2Config(**SHAPE, **TOKENS)),
     "gpt_neox": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**SHAPE, **TOKENS)),
+    # A 64-token sliding window, which every sequence of the batch outruns: segments apply the window.
+    "mistral_w64": lambda: tf.MistralForCausalLM(tf.MistralConfig(**SHAPE, **TOKENS, sliding_window=64)),
 }
 
 
+_SEGMENTS_OK = lp_module._segments_ok
+
+
 def _set_fast_paths(on: bool) -> None:
-    lp_module.SEGMENTS_MIN_TOKENS = 256 if on else 1 << 40
+    lp_module._segments_ok = _SEGMENTS_OK if on else (lambda model, window=None: False)
     builtin.PREFIX_SHARING_MIN = 1 << 18 if on else 1 << 60
 
 
@@ -77,7 +83,10 @@ def _measure(family, prompts, comps, G, engine, params, rounds):
                 if rnd:
                     times.setdefault((phase, on), []).append(time.perf_counter() - start)
     _set_fast_paths(True)
-    return times, f"segments {lp_module._SEGMENTS_OK.get(model)}, shared prefix {builtin._PREFIX_OK.get(model)}"
+    taken = f"segments {lp_module._SEGMENTS_OK.get(model)}, shared prefix {builtin._PREFIX_OK.get(model)}"
+    if model in lp_module._SEGMENTS_WINDOW_OK:
+        taken += f", windowed segments {lp_module._SEGMENTS_WINDOW_OK[model]}"
+    return times, taken
 
 
 def main(argv: list[str] | None = None) -> None:

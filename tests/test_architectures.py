@@ -112,12 +112,16 @@ def test_fast_paths_are_taken_and_exact(family, monkeypatch):
 @pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_neo"])
 @pytest.mark.parametrize("window", [8, 64])
 def test_sliding_window_models_stay_exact(family, window, monkeypatch):
-    """A window of 8 bites (prompt + 10 tokens is longer): grouped layouts and sharing must be refused."""
+    """A window of 8 bites (prompt + 10 tokens is longer): the dense mask and prefix sharing are refused,
+    segment attention must apply the window."""
     model = _build(family, window)
     assert full_attention_span(model) == window
     _check_exact(model, monkeypatch)
-    fits = window >= 9 + 10
-    assert (lp_module._custom_mask_kind(model, 9 + 10) is not None) == fits  # grouped layouts only then
+    bites = window < 9 + 10
+    if family == "gpt_neo":  # eager attention: past the window only the padded layout is exact
+        assert lp_module._SEGMENTS_WINDOW_OK.get(model) is None
+    else:  # segment attention applies the window itself, once checked on sequences that outrun it
+        assert lp_module._SEGMENTS_WINDOW_OK.get(model) is (True if bites else None)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])

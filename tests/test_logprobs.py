@@ -87,7 +87,7 @@ GROUPED_MODES = [("sdpa", True), ("sdpa", False), ("eager", False)]
 def grouped_model(attn, segments, monkeypatch):
     """Returns the test model; without segments, the grouped layout falls back to one dense block mask."""
     if not segments:
-        monkeypatch.setattr(lp_module, "_segments_ok", lambda model: False)
+        monkeypatch.setattr(lp_module, "_segments_ok", lambda model, window=None: False)
     return tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
 
 
@@ -316,7 +316,7 @@ def test_row_planner_splits_long_groups_only_when_attention_dominates():
 
 
 def test_split_groups_give_the_same_values_and_gradients(model, monkeypatch):
-    monkeypatch.setattr(lp_module, "_segments_ok", lambda model: False)  # the dense-mask grouped layout
+    monkeypatch.setattr(lp_module, "_segments_ok", lambda model, window=None: False)  # the dense-mask grouped layout
     group = 6  # many completions per short prompt: one long row per group is the costly layout
     prompts = random_prompts(2, seed=5, min_len=2, max_len=3)
     comps = ragged_completions(2 * group, seed=6, max_len=8, empties=False)
@@ -367,8 +367,10 @@ def test_falls_back_to_full_logits_when_the_head_split_is_wrong(data):
     torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
 
 
-def test_sliding_window_models_use_the_padded_layout():
-    """A 4D mask would bypass the window of sliding layers, so grouped must fall back (and stay exact)."""
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_sliding_window_models_stay_exact_past_the_window(attn):
+    """A dense 4D mask would bypass the window of sliding layers: segment attention applies it (sdpa);
+    eager attention, which has no segments, falls back to the padded layout."""
     config = Qwen2Config(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -378,16 +380,24 @@ def test_sliding_window_models_use_the_padded_layout():
         num_key_value_heads=2,
         use_sliding_window=True,
         sliding_window=4,
-        max_window_layers=0,
-        attn_implementation="sdpa",
+        max_window_layers=1,  # layer 0 full, layer 1 sliding
+        attn_implementation=attn,
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     prompts = random_prompts(2, seed=1, min_len=5, max_len=8)
     comps = ragged_completions(2 * G, seed=2, empties=False)
     lp_module._WARNED.clear()  # the fallback warns once per reason and process
-    with pytest.warns(UserWarning, match=r"exceed the model's sliding attention window \(4 tokens\); using 'padded'"):
+    if attn == "eager":
+        with pytest.warns(UserWarning, match=r"exceed the model's sliding attention window \(4 tokens\)"):
+            out = completion_logprobs(model, prompts, comps, G)
+    else:
         out = completion_logprobs(model, prompts, comps, G)
+        assert lp_module._SEGMENTS_WINDOW_OK[model] is True
+        w = torch.linspace(-1, 1, out.logp.shape[1])
+        ours = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
+        ref = grads_of(model, lambda: (naive(model, prompts, comps, G)[0] * w).sum())
+        assert_grads_close(ours, ref, "windowed segments")
     torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
 
 

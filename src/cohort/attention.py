@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -65,13 +65,48 @@ class SegmentPlan:
     buckets: list[_Bucket]
     inverse: torch.Tensor
     """[N] row of each packed position in the concatenated (padded) bucket outputs."""
+    position_ids: torch.Tensor | None = None
+    """[N] position of each packed token in its own sequence (needed only for sliding windows)."""
+    _windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        pos = self.position_ids
+        self._span = int(pos.max()) + 1 if pos is not None and pos.numel() else 0
+
+    def masks(self, window: int | None) -> list[torch.Tensor | None]:
+        """Returns each bucket's mask, restricted to keys fewer than `window` positions back when given.
+
+        Causal order stays by index within a bucket (padding repeats a real position, so positions alone
+        would let a query see copies of itself); a padding query left with no key keeps its unwindowed
+        row, so no row is fully masked.
+        """
+        if window is None or self._span <= window:
+            return [b.mask for b in self.buckets]
+        if window not in self._windowed:
+            out = []
+            for b in self.buckets:
+                qp, kp = self.position_ids[b.q_idx], self.position_ids[b.k_idx]  # [b, Tq], [b, Tk]
+                near = (qp[:, :, None] - kp[:, None, :] < window)[:, None]  # [b, 1, Tq, Tk]
+                base = b.mask
+                if base is None:
+                    tq, tk = b.q_idx.shape[1], b.k_idx.shape[1]
+                    base = torch.ones(tq, tk, dtype=torch.bool, device=near.device).tril()[None, None]
+                m = base & near
+                out.append(torch.where(m.any(-1, keepdim=True), m, base))
+            self._windowed[window] = out
+        return self._windowed[window]
 
 
 def build_plan(
-    prompts: Sequence[Sequence[int]], bodies: Sequence[tuple[int, Sequence[int]]], device
+    prompts: Sequence[Sequence[int]],
+    bodies: Sequence[tuple[int, Sequence[int]]],
+    device,
+    position_ids: Sequence[int] | None = None,
 ) -> SegmentPlan:
     """Returns the plan for a row whose prompts are `prompts` (packed positions of each prompt's tokens)
-    and whose completions are `bodies`: (prompt index, packed positions of the completion's tokens)."""
+    and whose completions are `bodies`: (prompt index, packed positions of the completion's tokens).
+
+    position_ids: each packed token's position in its own sequence, for sliding-window layers."""
     buckets: list[_Bucket] = []
     slot: dict[int, int] = {}  # packed position -> row in the concatenated outputs
     offset = 0
@@ -113,7 +148,8 @@ def build_plan(
         place(queries, tq)
 
     inverse = torch.tensor([slot[p] for p in range(len(slot))], dtype=torch.long, device=device)
-    return SegmentPlan(buckets=buckets, inverse=inverse)
+    positions = None if position_ids is None else torch.tensor(position_ids, dtype=torch.long, device=device)
+    return SegmentPlan(buckets=buckets, inverse=inverse, position_ids=positions)
 
 
 def _pieces(
@@ -236,7 +272,9 @@ def custom_attention_forward(module, query, key, value, attention_mask, dropout=
     k = key[0].transpose(0, 1)  # [N, Hkv, D]
     v = value[0].transpose(0, 1)  # [N, Hkv, D]
     outs = []
-    for b in plan.buckets:
+    # Sliding-window layers say so (transformers passes `sliding_window` to the attention function).
+    window = kwargs.get("sliding_window")
+    for b, mask in zip(plan.buckets, plan.masks(window if isinstance(window, int) and window > 0 else None)):
         # index_select, not advanced indexing: its backward is an index_add, several times faster on CPU
         # than the accumulating index_put that indexing's backward runs.
         qb = _rows(q, b.q_idx)  # [b, H, Tq, D]
@@ -246,7 +284,7 @@ def custom_attention_forward(module, query, key, value, attention_mask, dropout=
             kb = kb.repeat_interleave(heads // kv_heads, dim=1)  # [b, H, Tk, D]
             vb = vb.repeat_interleave(heads // kv_heads, dim=1)
         o = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=b.mask, is_causal=b.mask is None, dropout_p=dropout, scale=scaling
+            qb, kb, vb, attn_mask=mask, is_causal=mask is None, dropout_p=dropout, scale=scaling
         )  # [b, H, Tq, D]
         outs.append(o.transpose(1, 2).reshape(-1, heads, dim))  # [b*Tq, H, D]
     out = torch.cat(outs).index_select(0, plan.inverse)  # [N, H, D]

@@ -93,10 +93,22 @@ def completion_logprobs(
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, layout)
     mode = "padded"
     if layout == "grouped":
+        kind = _custom_mask_kind(model)
+        # A dense 4-D mask reaches sliding-window layers unchanged (their window dropped): exact only while
+        # no sequence is longer than the window. Segment attention applies the window itself.
+        span = full_attention_span(model)
         longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
-        mode = _custom_mask_kind(model, longest) or "padded"
-        if mode == "bool" and _widest_group(prompt_ids, completion_ids, group_size, sel) >= SEGMENTS_MIN_TOKENS:
-            mode = "segments" if _segments_ok(model) else mode
+        window = span if span is not None and longest > span else None
+        wide = _widest_group(prompt_ids, completion_ids, group_size, sel) >= SEGMENTS_MIN_TOKENS
+        if kind == "bool" and (wide or window is not None) and _segments_ok(model, window):
+            mode = "segments"
+        elif kind is not None and window is None:
+            mode = kind
+        elif kind is not None:
+            _warn_once(
+                f"sequences exceed the model's sliding attention window ({span} tokens) and segment attention "
+                "is unavailable for it"
+            )
     return _logprobs(
         model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, mode
     )
@@ -127,7 +139,7 @@ def _logprobs(
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
     if mode == "segments":
-        attn = plan_masks(device, build_plan(lay.prompt_pos, lay.body_pos, device))
+        attn = plan_masks(device, build_plan(lay.prompt_pos, lay.body_pos, device, lay.position_ids[0]))
     elif mode == "padded":
         attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
     else:
@@ -497,35 +509,35 @@ def _head_matches(model, decoder, head) -> bool:
 _WARNED: set[str] = set()
 
 
-def _custom_mask_kind(model: torch.nn.Module, longest: int) -> str | None:
-    """Returns "bool" (sdpa) or "float" (eager) when the model takes our 4D mask as-is for sequences of
-    up to `longest` tokens, else None."""
+def _custom_mask_kind(model: torch.nn.Module) -> str | None:
+    """Returns "bool" (sdpa) or "float" (eager) when the model takes our 4D mask as-is, else None."""
     config = getattr(_unwrap(model), "config", None)
     impl = getattr(config, "_attn_implementation", None)
     kind = {"sdpa": "bool", "eager": "float"}.get(impl)
-    reason = f"attention implementation {impl!r} takes no custom 4D mask (use 'sdpa' or 'eager')"
-    span = full_attention_span(model)
-    if kind is not None and span is not None and longest > span:
-        # A 4D mask reaches sliding-window layers unchanged: they would attend past their window.
-        kind, reason = None, f"sequences exceed the model's sliding attention window ({span} tokens)"
-    if kind is None and reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(
-            f"completion_logprobs: layout='grouped' unavailable: {reason}; using 'padded'", stacklevel=3
-        )
+    if kind is None:
+        _warn_once(f"attention implementation {impl!r} takes no custom 4D mask (use 'sdpa' or 'eager')")
     return kind
 
 
+def _warn_once(reason: str) -> None:
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"completion_logprobs: layout='grouped' unavailable: {reason}; using 'padded'", stacklevel=4)
+
+
 _SEGMENTS_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SEGMENTS_WINDOW_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _segments_ok(model: torch.nn.Module) -> bool:
+def _segments_ok(model: torch.nn.Module, window: int | None = None) -> bool:
     """Returns whether segment attention reproduces the padded layout's log-probs on this model.
 
-    Checked once per model on a small batch of two groups. Models whose forward ignores a pre-built mask
-    dict, or transforms attention beyond sdpa's math, fail and keep the dense-mask grouped layout. With
-    gradient checkpointing on, the backward pass re-runs layers after the attention function has been
-    switched back, so segments are not used then.
+    Checked once per model on a small batch of two groups, and once more (with sequences longer than
+    `window`) before it is trusted with a sliding window. Models whose forward does not hand a pre-built
+    4-D mask to its layers, transforms attention beyond sdpa's math, or keeps its window to itself fail
+    and keep the dense-mask grouped layout (or, past a window, the padded one). With gradient
+    checkpointing on, the backward pass re-runs layers after the attention function has been switched
+    back, so segments are not used then.
     """
     inner = _unwrap(model)
     flag = (
@@ -535,11 +547,27 @@ def _segments_ok(model: torch.nn.Module) -> bool:
     )
     if getattr(inner, flag, False):
         return False
+    if window is not None:
+        if not window or not _segments_ok(model):
+            return False
+        if model not in _SEGMENTS_WINDOW_OK:
+            # A prompt and a completion that each outrun the window, so both kinds of problem are windowed.
+            vocab = inner.get_input_embeddings().weight.shape[0]
+            prompts = [[2 + t % (vocab - 2) for t in range(window + 2)], [4 % vocab, 5 % vocab]]
+            comps = [[6 % vocab] * 3, [9 % vocab], [10 % vocab] * 2, [12 % vocab] * (window + 3)]
+            _SEGMENTS_WINDOW_OK[model] = _segments_match(model, prompts, comps, "a sliding window")
+        return _SEGMENTS_WINDOW_OK[model]
     if model in _SEGMENTS_OK:
         return _SEGMENTS_OK[model]
     vocab = inner.get_input_embeddings().weight.shape[0]
     prompts = [[t % vocab for t in (1, 2, 3)], [t % vocab for t in (4, 5)]]
     comps = [[t % vocab for t in c] for c in ([6, 7, 8], [9], [10, 11], [12] * 4)]
+    _SEGMENTS_OK[model] = _segments_match(model, prompts, comps, "")
+    return _SEGMENTS_OK[model]
+
+
+def _segments_match(model, prompts, comps, what: str) -> bool:
+    """Returns whether segments give the padded layout's log-probs on two groups of two (warns if not)."""
     try:
         # The check is about structure, not rounding: outside any autocast the caller runs under, with a
         # tolerance that fits the weights' precision.
@@ -552,12 +580,12 @@ def _segments_ok(model: torch.nn.Module) -> bool:
     except Exception:  # noqa: BLE001 - any failure means segments are unusable on this model
         ok = False
     if not ok:
+        name = type(_unwrap(model)).__name__
         warnings.warn(
-            f"completion_logprobs: segment attention does not reproduce {type(inner).__name__}'s "
-            "log-probs; using the dense-mask grouped layout",
-            stacklevel=3,
+            f"completion_logprobs: segment attention does not reproduce {name}'s log-probs"
+            + (f" with {what}; using the padded layout past it" if what else "; using the dense-mask grouped layout"),
+            stacklevel=4,
         )
-    _SEGMENTS_OK[model] = ok
     return ok
 
 
