@@ -444,8 +444,10 @@ def test_segments_only_for_groups_long_enough_to_gain(monkeypatch, data):
     assert lp_module._widest_group(prompts, comps, G, range(len(comps))) < 256
     model = tiny_model(seed=8)
     seen = []
+    # Only 4-D masks: the once-per-model checks also run the decoder, with plain 2-D padding masks.
     hook = model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+        lambda mod, args, kwargs: seen.append(m) if (m := kwargs.get("attention_mask")) is not None and m.dim() == 4 else None,
+        with_kwargs=True,
     )
     try:
         completion_logprobs(model, prompts, comps, G)

@@ -188,6 +188,21 @@ def test_lora_trains_only_adapters_and_starts_equal_to_base(tiny_dir):
         assert torch.equal(model(ids).logits, base(ids).logits)  # LoRA's B starts at zero
 
 
+def test_lora_on_gpt2_style_conv1d_layers(tmp_path):
+    """GPT-2's projections are transformers' Conv1D, not nn.Linear: they are named in the error and adaptable."""
+    pytest.importorskip("peft")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=64)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    with pytest.raises(ValueError, match=r"named \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
+        load_model(tmp_path / "gpt2", lora=LoraSettings())
+    model = load_model(tmp_path / "gpt2", lora=LoraSettings(r=2, target_modules=("c_attn", "c_proj")))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+
 def test_lora_errors(tiny_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"match no Linear layer.*'q_proj'"):
         load_model(tiny_dir, lora=LoraSettings(target_modules=("query",)))

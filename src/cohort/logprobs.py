@@ -494,10 +494,10 @@ def _head_matches(model, decoder, head) -> bool:
     ids = (torch.arange(4, device=input_device(model)) % vocab)[None]  # [1, 4]
     try:
         with torch.no_grad(), eval_mode(model):
-            out = decoder(input_ids=ids, use_cache=False)
+            out = decoder(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
             hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
             ours = head(hidden).float()  # [1, 4, V]
-            theirs = model(input_ids=ids, use_cache=False).logits.float()  # [1, 4, V]
+            theirs = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits.float()  # [1, 4, V]
     except Exception:  # noqa: BLE001 - any failure means the split is unusable
         return False
     if ours.shape != theirs.shape:

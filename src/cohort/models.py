@@ -381,15 +381,22 @@ def _wrap_lora(model, lora: LoraSettings):
             "(or drop the lora settings to train all weights)"
         ) from exc
 
+    from transformers.pytorch_utils import Conv1D  # GPT-2-style projections, which peft adapts too
+
     linear_names = sorted(
-        {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+        {
+            name.rsplit(".", 1)[-1]
+            for name, mod in model.named_modules()
+            if isinstance(mod, (torch.nn.Linear, Conv1D))
+        }
     )
     missing = [m for m in lora.target_modules if m not in linear_names]
     if missing:
         raise ValueError(
             f"LoRA target_modules {missing} match no Linear layer of this model; "
-            f"its Linear layers are named {linear_names}"
+            f"its Linear layers are named {linear_names}: set model.lora.target_modules to some of them"
         )
+    conv_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, Conv1D)}
     config = peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -397,6 +404,7 @@ def _wrap_lora(model, lora: LoraSettings):
         target_modules=list(lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
+        fan_in_fan_out=set(lora.target_modules) <= conv_names,  # Conv1D stores its weight transposed
     )
     return peft.get_peft_model(model, config)
 
