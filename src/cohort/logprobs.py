@@ -97,10 +97,15 @@ def completion_logprobs(
         # A dense 4-D mask reaches sliding-window layers unchanged (their window dropped): exact only while
         # no sequence is longer than the window. Segment attention applies the window itself.
         span = full_attention_span(model)
-        longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
-        window = span if span is not None and longest > span else None
-        wide = _widest_group(prompt_ids, completion_ids, group_size, sel) >= SEGMENTS_MIN_TOKENS
-        if kind == "bool" and (wide or window is not None) and _segments_ok(model, window):
+        window = None
+        if span is not None:
+            longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
+            window = span if longest > span else None
+        if (
+            kind == "bool"
+            and (window is not None or _widest_group(prompt_ids, completion_ids, group_size, sel) >= SEGMENTS_MIN_TOKENS)
+            and _segments_ok(model, window)
+        ):
             mode = "segments"
         elif kind is not None and window is None:
             mode = kind
