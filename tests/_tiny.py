@@ -8,9 +8,23 @@ from collections.abc import Iterator
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from cohort.fast import FastConfig
+from cohort.rollout import RolloutEngine, make_engine
+
 VOCAB = 40
 PAD = 0
 EOS = 1
+
+ALL_FAST = FastConfig(shared_prefix="on", packed_weights="on")
+"""The tiny models fall under the size thresholds of shared-prefix decoding and packed weights (and their
+rollouts are shorter than the steps packing waits for): `on` sends every builtin rollout of the tests
+through both, and the plain paths are compared against them explicitly."""
+
+
+def make_test_engine(name: str, *, eos=(EOS,), fast: FastConfig = ALL_FAST) -> RolloutEngine:
+    """Returns the rollout engine `name` for the tiny vocabulary (the builtin one with `fast`)."""
+    options = {"fast": fast} if name == "builtin" else {}
+    return make_engine(name, eos_token_ids=list(eos), pad_token_id=PAD, **options)
 
 
 def tiny_model(

@@ -14,8 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
-import cohort.logprobs as lp_module
-import cohort.rollout.builtin as builtin
+from cohort.fast import FastConfig, probes
 from cohort.logprobs import completion_logprobs
 from cohort.models import full_attention_span
 from cohort.rollout import make_engine
@@ -83,53 +82,63 @@ def _alone(model, prompts, completions) -> list[torch.Tensor]:
     return out
 
 
-def _check_exact(model, monkeypatch, max_new: int = 10):
-    """Asserts greedy decoding on both cache paths equals generate's, and both grouped layouts equal _alone."""
+EAGER = FastConfig(shared_prefix_min_elements=0, segments_min_tokens=0)
+"""auto, with the size thresholds at 0: every path the model supports is taken, the rest fall back."""
+
+
+def _check_exact(model, max_new: int = 10) -> dict:
+    """Asserts greedy decoding on both cache paths equals generate's, and both grouped layouts equal _alone;
+    returns the paths EAGER took: {"shared_prefix": bool, "logprobs": path, "chunked_head": bool}."""
     prompts, params = _prompts(), SamplingParams(max_completion_length=max_new, greedy=True)
     hf = make_engine("hf", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, G, params)
     assert any(len(c) > 1 for c in hf.completion_ids)
-    for share_min in (0, 1 << 60):
-        monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", share_min)
-        ours = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, G, params)
-        assert ours.completion_ids == hf.completion_ids, share_min
+    taken = {}
+    for fast in (EAGER, FastConfig(shared_prefix="off")):
+        ours = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=fast).generate(model, prompts, G, params)
+        assert ours.completion_ids == hf.completion_ids, fast
+        taken.setdefault("shared_prefix", ours.paths["shared_prefix"])
     ref = _alone(model, prompts, hf.completion_ids)
-    for seg_min in (0, 1 << 30):
-        monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", seg_min)
-        got = completion_logprobs(model, prompts, hf.completion_ids, G)
+    for fast in (EAGER, FastConfig(segments="off")):
+        got = completion_logprobs(model, prompts, hf.completion_ids, G, fast=fast)
+        taken.setdefault("logprobs", got.path)
+        taken.setdefault("chunked_head", got.chunked_head)
         for i, comp in enumerate(hf.completion_ids):
             torch.testing.assert_close(got.logp[i, : len(comp)], ref[i], rtol=0, atol=1e-5)
+    return taken
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "olmo2", "gpt_neox", "gpt2"])
-def test_fast_paths_are_taken_and_exact(family, monkeypatch):
+def test_fast_paths_are_taken_and_exact(family):
     model = _build(family)
-    _check_exact(model, monkeypatch)
+    taken = _check_exact(model)
     # Both once-per-model checks passed: these families train with segments and decode with sharing.
-    assert lp_module._SEGMENTS_OK.get(model) is True
-    assert builtin._PREFIX_OK.get(model) is True
+    assert taken == {"shared_prefix": True, "logprobs": "segments", "chunked_head": True}
+    assert probes.results(model)["segments"] is True and probes.results(model)["shared_prefix"] is True
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_neo"])
 @pytest.mark.parametrize("window", [8, 64])
-def test_sliding_window_models_stay_exact(family, window, monkeypatch):
+def test_sliding_window_models_stay_exact(family, window):
     """A window of 8 bites (prompt + 10 tokens is longer): the dense mask and prefix sharing are refused,
     segment attention must apply the window."""
     model = _build(family, window)
     assert full_attention_span(model) == window
-    _check_exact(model, monkeypatch)
+    taken = _check_exact(model)
     bites = window < 9 + 10
     if family == "gpt_neo":  # eager attention: past the window only the padded layout is exact
-        assert lp_module._SEGMENTS_WINDOW_OK.get(model) is None
+        assert taken["shared_prefix"] is False  # GPT-Neo fails the sharing check (checked once, falls back)
+        assert "segments_window" not in probes.results(model)
+        assert taken["logprobs"] == ("padded" if bites else "dense_mask")
     else:  # segment attention applies the window itself, once checked on sequences that outrun it
-        assert lp_module._SEGMENTS_WINDOW_OK.get(model) is (True if bites else None)
+        assert probes.results(model).get("segments_window") is (True if bites else None)
+        assert taken["logprobs"] == "segments" and taken["shared_prefix"] is not bites
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])
-def test_logit_transforms_are_folded_into_the_chunked_head(family, monkeypatch):
+def test_logit_transforms_are_folded_into_the_chunked_head(family):
     """Soft-capped or scaled logits must not force full [B, L, V] logits: the head split still holds."""
     model = _build(family)
-    _check_exact(model, monkeypatch)
-    assert lp_module._model_parts(model) is not None
+    assert _check_exact(model)["chunked_head"] is True
 
 
 def test_full_attention_span_reads_the_config():

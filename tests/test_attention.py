@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 from _tiny import random_prompts, tiny_model
-from test_logprobs import G, _segments_for_every_size, assert_grads_close, grads_of, naive, ragged_completions  # noqa: F401
+from test_logprobs import (
+    PATHS,
+    G,
+    assert_grads_close,
+    completion_logprobs,
+    grads_of,
+    naive,
+    ragged_completions,
+)
 from transformers import AttentionInterface
 
-from cohort import attention
-from cohort import logprobs as lp_module
-from cohort.logprobs import completion_logprobs
+from cohort.fast import FastConfig, FastPathError, attention, probes
 
 
 def test_plan_places_every_position_once_in_length_buckets():
@@ -62,9 +68,17 @@ def test_gradient_checkpointing_uses_the_dense_mask_and_stays_exact(data):
     enable()
     prompts, comps = data
     ref = grads_of(model, lambda: naive(model, prompts, comps, G)[0].sum())
-    got = grads_of(model, lambda: completion_logprobs(model, prompts, comps, G).logp.sum())
-    assert_grads_close(got, ref)
-    assert model not in lp_module._SEGMENTS_OK  # never tried: the check itself is skipped
+    out = {}
+
+    def run():
+        out["lp"] = completion_logprobs(model, prompts, comps, G)
+        return out["lp"].logp.sum()
+
+    assert_grads_close(grads_of(model, run), ref)
+    assert out["lp"].path == "dense_mask"
+    assert "segments" not in probes.results(model)  # never tried: the check itself is skipped
+    with pytest.raises(FastPathError, match="gradient checkpointing is on"):
+        completion_logprobs(model, prompts, comps, G, fast=PATHS["segments"])
 
 
 def test_a_model_that_segments_get_wrong_falls_back_with_a_warning(data, monkeypatch):
@@ -78,7 +92,9 @@ def test_a_model_that_segments_get_wrong_falls_back_with_a_warning(data, monkeyp
     with pytest.warns(UserWarning, match="segment attention does not reproduce"):
         out = completion_logprobs(model, prompts, comps, G)
     torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
-    assert lp_module._SEGMENTS_OK[model] is False
+    assert out.path == "dense_mask" and probes.results(model)["segments"] is False
+    with pytest.raises(FastPathError, match="segment attention does not reproduce"):
+        completion_logprobs(model, prompts, comps, G, fast=FastConfig(segments="on"))
 
 
 def test_attention_choice_is_restored_when_the_forward_fails(data, monkeypatch):

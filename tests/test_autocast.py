@@ -13,8 +13,7 @@ import pytest
 import torch
 from _tiny import EOS, PAD, random_prompts, tiny_model
 
-import cohort.logprobs as lp_module
-import cohort.rollout.builtin as builtin
+from cohort.fast import FastConfig, probes
 from cohort.logprobs import completion_logprobs
 from cohort.rollout import make_engine
 from cohort.rollout.base import SamplingParams
@@ -38,8 +37,8 @@ def _completions(n: int, seed: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("segments", [True, False], ids=["segments", "dense-mask"])
-def test_logprobs_and_gradients_under_autocast_follow_float32(model, segments, monkeypatch):
-    monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", 0 if segments else 10**9)
+def test_logprobs_and_gradients_under_autocast_follow_float32(model, segments):
+    fast = FastConfig(segments="on" if segments else "off")
     prompts, comps = random_prompts(3, seed=1), _completions(3 * G, seed=2)
     model.train()
 
@@ -47,13 +46,14 @@ def test_logprobs_and_gradients_under_autocast_follow_float32(model, segments, m
         model.zero_grad()
         with ctx, warnings.catch_warnings():
             warnings.simplefilter("error")  # a path check failing here would fall back with a warning
-            out = completion_logprobs(model, prompts, comps, G, with_entropy=True)
+            out = completion_logprobs(model, prompts, comps, G, with_entropy=True, fast=fast)
         (out.logp * out.mask).sum().backward()
         return out, torch.cat([p.grad.flatten() for p in model.parameters()])
 
     got, got_grad = run(bf16())  # first, so the once-per-model segment check runs under autocast
     ref, ref_grad = run(contextlib.nullcontext())
-    assert bool(lp_module._SEGMENTS_OK.get(model)) == segments  # the path under test was taken
+    assert got.path == ("segments" if segments else "dense_mask")  # the path under test was taken
+    assert probes.results(model).get("segments", False) == segments
     assert got.logp.dtype == torch.float32 and got.entropy.dtype == torch.float32
     assert torch.isfinite(got.logp).all() and torch.isfinite(got_grad).all()
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
@@ -63,9 +63,9 @@ def test_logprobs_and_gradients_under_autocast_follow_float32(model, segments, m
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "repeated-cache"])
-def test_sampler_under_autocast_returns_float32_logprobs_the_trainer_recomputes(model, shared, monkeypatch):
-    monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", 0 if shared else 10**12)
-    engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD)
+def test_sampler_under_autocast_returns_float32_logprobs_the_trainer_recomputes(model, shared):
+    fast = FastConfig(shared_prefix="on" if shared else "off")
+    engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=fast)
     prompts = random_prompts(3, seed=3)
     params = SamplingParams(max_completion_length=8, temperature=1.0)
     with bf16(), warnings.catch_warnings():
@@ -74,7 +74,8 @@ def test_sampler_under_autocast_returns_float32_logprobs_the_trainer_recomputes(
         warnings.simplefilter("error")
         out = engine.generate(model, prompts, G, params, torch.Generator().manual_seed(0))
         again = completion_logprobs(model, prompts, out.completion_ids, G)
-    assert builtin._PREFIX_OK.get(model, False) == shared
+    assert out.paths["shared_prefix"] == shared
+    assert probes.results(model).get("shared_prefix", False) == shared
     assert len(out.completion_ids) == 3 * G and any(out.completion_ids)
     for i, lp in enumerate(out.sampling_logprobs):
         n = len(out.completion_ids[i])
@@ -88,12 +89,13 @@ def test_trainer_steps_under_autocast(tiny_model_dir, tmp_path, monkeypatch):
 
     from cohort.trainer import GRPOTrainer
 
-    monkeypatch.setattr(GRPOTrainer, "_autocast", lambda self: bf16())
+    monkeypatch.setattr(GRPOTrainer, "autocast", lambda self: bf16())
     trainer = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", steps=2))
     seen = []
-    trainer.model.register_forward_hook(lambda m, a, o: seen.append(torch.is_autocast_enabled("cpu")))
     before = _params(trainer.model)
-    for _ in range(2):
+    for i in range(2):
+        if i == 1:  # after the first step's once-per-model path checks, which run outside autocast on purpose
+            trainer.model.register_forward_hook(lambda m, a, o: seen.append(torch.is_autocast_enabled("cpu")))
         m = trainer.step().metrics
         assert torch.isfinite(torch.tensor([m["loss"], m["grad_norm"], m["entropy"]])).all(), m
     assert seen and all(seen)

@@ -100,3 +100,64 @@ def test_every_field_has_a_docstring():
 def test_missing_config_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("bad", ["nan", ".inf", "-.inf"])
+def test_non_finite_reward_weight_is_a_config_error(bad):
+    cfg = load_config(None, _valid() + ["rewards=[accuracy,format]", f"reward_weights=[1.0,{bad}]"])
+    with pytest.raises(ConfigError, match=r"reward_weights\[1\]=.*\(for 'format'\) is not finite"):
+        cfg.validate()
+
+
+def test_reward_weights_are_checked_against_the_functions_the_run_uses():
+    def a(completions, **kw):
+        return [0.0] * len(completions)
+
+    def b(completions, **kw):
+        return [0.0] * len(completions)
+
+    cfg = load_config(None, _valid() + ["reward_weights=[1.0,0.5]"])  # rewards=[accuracy]: one function
+    with pytest.raises(ConfigError, match="one weight per function"):
+        cfg.validate()
+    assert cfg.validate(reward_funcs=[a, b]) is cfg  # two functions passed instead of the config's one
+    with pytest.raises(ConfigError, match=r"2 values but there are 1 reward functions \['a'\]"):
+        cfg.validate(reward_funcs=[a])
+
+
+def test_lora_dtype_and_schedule_checks():
+    with pytest.raises(ConfigError, match="model.lora.r=0 must be a positive integer"):
+        load_config(None, _valid() + ["model.lora.enabled=true", "model.lora.r=0"]).validate()
+    load_config(None, _valid() + ["model.lora.r=0"]).validate()  # not enabled: not used, not checked
+    load_config(None, _valid() + ["model.dtype=bf16"]).validate()  # the same names load_model accepts
+    with pytest.raises(ConfigError, match="model.dtype='float8' is not valid; choose one of: float32"):
+        load_config(None, _valid() + ["model.dtype=float8"]).validate()
+    with pytest.raises(ConfigError, match="constant, linear, cosine"):
+        load_config(None, _valid() + ["optim.schedule=step"]).validate()
+
+
+def test_logprob_temperature():
+    cfg = load_config(None, _valid() + ["rollout.temperature=0.7"])
+    assert cfg.rollout.logprob_temperature() == 0.7
+    cfg.rollout.temperature = 0.0  # greedy sampling: log-probs of the untempered distribution
+    assert cfg.rollout.logprob_temperature() == 1.0
+
+
+def test_engine_names_match_the_registry_and_config_stays_light():
+    import subprocess
+    import sys
+
+    from cohort import choices, rollout
+
+    assert tuple(rollout.ENGINES) == choices.ENGINES
+    code = "import sys, cohort.config; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", "importing cohort.config must not import transformers"
+
+
+def test_presets_do_not_import_config():
+    import subprocess
+    import sys
+
+    code = "import sys, cohort.presets; print('cohort.config' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -8,17 +8,27 @@ from _tiny import VOCAB, random_prompts, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
-from cohort.attention import SegmentPlan
-from cohort.logprobs import LogProbs, completion_logprobs
+from cohort.fast import FastConfig, FastPathError, layouts, probes
+from cohort.fast.attention import SegmentPlan
+from cohort.logprobs import LogProbs
 
 G = 3
 
+PATHS = {
+    "segments": FastConfig(segments="on", grouped="on"),
+    "dense_mask": FastConfig(segments="off", grouped="on"),
+    "padded": FastConfig(segments="off", grouped="off"),
+}
+"""Switch settings that force each log-prob path."""
 
-@pytest.fixture(autouse=True)
-def _segments_for_every_size(monkeypatch):
-    """These tests' groups are far below the size from which segment attention is used; lower it to 0 so
-    "grouped" means segments here, and force the dense-mask layout explicitly where it is tested."""
-    monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", 0)
+SMALL_SEGMENTS = FastConfig(segments_min_tokens=0)
+"""These tests' groups are far below the size from which auto uses segment attention: lower it to 0, so
+the default here is segments, and force the other paths explicitly where they are tested."""
+
+
+def completion_logprobs(*args, fast=None, **kwargs):
+    """Returns cohort's completion_logprobs, with SMALL_SEGMENTS unless `fast` is given."""
+    return lp_module.completion_logprobs(*args, fast=SMALL_SEGMENTS if fast is None else fast, **kwargs)
 
 
 def ragged_completions(n_rows: int, *, seed: int, max_len: int = 9, empties: bool = True) -> list[list[int]]:
@@ -84,42 +94,40 @@ def data():
 GROUPED_MODES = [("sdpa", True), ("sdpa", False), ("eager", False)]
 
 
-def grouped_model(attn, segments, monkeypatch):
-    """Returns the test model; without segments, the grouped layout falls back to one dense block mask."""
-    if not segments:
-        monkeypatch.setattr(lp_module, "_segments_ok", lambda model, window=None: False)
-    return tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
+def grouped_path(segments: bool) -> str:
+    """Returns the grouped path under test: segment attention, or one dense block mask."""
+    return "segments" if segments else "dense_mask"
 
 
 @pytest.mark.parametrize(("attn", "segments"), GROUPED_MODES)
-def test_grouped_equals_padded_equals_naive(attn, segments, data, monkeypatch):
-    model = grouped_model(attn, segments, monkeypatch)
+def test_grouped_equals_padded_equals_naive(attn, segments, data):
+    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
     prompts, comps = data
     ref, _ = naive(model, prompts, comps, G)
     lengths = torch.tensor([len(c) for c in comps])
-    for layout in ("grouped", "padded"):
-        out = completion_logprobs(model, prompts, comps, G, layout=layout)
-        assert isinstance(out, LogProbs) and out.entropy is None
+    for path in (grouped_path(segments), "padded"):
+        out = completion_logprobs(model, prompts, comps, G, fast=PATHS[path])
+        assert isinstance(out, LogProbs) and out.entropy is None and out.path == path and out.chunked_head
         assert out.logp.dtype == torch.float32 and out.logp.shape == (len(comps), lengths.max())
         assert torch.equal(out.mask, torch.arange(lengths.max())[None] < lengths[:, None])
         torch.testing.assert_close(out.logp, ref, rtol=0, atol=1e-5)
         assert (out.logp[~out.mask] == 0).all()
-    assert lp_module._SEGMENTS_OK.get(model, False) is segments
+    assert probes.results(model).get("segments", False) is segments
     assert model.config._attn_implementation == attn  # switched back after the call
 
 
 @pytest.mark.parametrize(("attn", "segments"), GROUPED_MODES)
-def test_parameter_gradients_match(attn, segments, data, monkeypatch):
-    model = grouped_model(attn, segments, monkeypatch)
+def test_parameter_gradients_match(attn, segments, data):
+    model = tiny_model(seed=3, logit_scale=3.0, attn_implementation=attn)
     prompts, comps = data
     w = torch.randn(len(comps), max(len(c) for c in comps), generator=torch.Generator().manual_seed(0))
     ref = grads_of(model, lambda: (naive(model, prompts, comps, G)[0] * w).sum())
-    for layout in ("grouped", "padded"):
-        loss = lambda layout=layout: (  # noqa: E731
-            completion_logprobs(model, prompts, comps, G, layout=layout, chunk_size=7).logp * w
+    for path in (grouped_path(segments), "padded"):
+        loss = lambda path=path: (  # noqa: E731
+            completion_logprobs(model, prompts, comps, G, fast=PATHS[path], chunk_size=7).logp * w
         ).sum()
         got = grads_of(model, loss)
-        assert_grads_close(got, ref, layout)
+        assert_grads_close(got, ref, path)
 
 
 def test_row_subsets_from_different_groups(model, data):
@@ -135,15 +143,15 @@ def test_row_subsets_from_different_groups(model, data):
     torch.testing.assert_close(sub.logp, ref, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["grouped", "padded"])
-def test_temperature_and_entropy(model, data, layout):
+@pytest.mark.parametrize("path", ["segments", "dense_mask", "padded"])
+def test_temperature_and_entropy(model, data, path):
     prompts, comps = data
     ref_logp, ref_ent = naive(model, prompts, comps, G, temperature=0.7)
-    out = completion_logprobs(model, prompts, comps, G, temperature=0.7, with_entropy=True, layout=layout)
+    out = completion_logprobs(model, prompts, comps, G, temperature=0.7, with_entropy=True, fast=PATHS[path])
     torch.testing.assert_close(out.logp, ref_logp, rtol=0, atol=1e-5)
     torch.testing.assert_close(out.entropy, ref_ent, rtol=0, atol=1e-5)
     assert (out.entropy[out.mask] > 0).all() and (out.entropy[~out.mask] == 0).all()
-    plain = completion_logprobs(model, prompts, comps, G, layout=layout)
+    plain = completion_logprobs(model, prompts, comps, G, fast=PATHS[path])
     assert (plain.logp - out.logp)[out.mask].abs().min() > 1e-4  # the temperature is actually applied
 
 
@@ -208,14 +216,14 @@ def test_backward_holds_vocab_sized_tensors_of_one_chunk_at_a_time():
 
 
 @pytest.mark.parametrize("checkpointed", [True, False])
-def test_backward_keeps_no_vocab_sized_tensor(checkpointed, monkeypatch):
+def test_backward_keeps_no_vocab_sized_tensor(checkpointed):
     """Autograd must not save [M, V] logits: each chunk's head + log-softmax is recomputed in backward."""
     vocab = 2048
     model = tiny_model(seed=0, hidden_size=32, vocab_size=vocab)
     prompts = random_prompts(2, seed=1)
     comps = ragged_completions(2 * G, seed=2, empties=False)
-    if not checkpointed:  # positive control: without checkpointing the logits are saved
-        monkeypatch.setattr(lp_module, "checkpoint", lambda fn, *args, **kw: fn(*args))
+    # Positive control: a batch that fits in one chunk is not checkpointed, and its logits are saved.
+    chunk = 8 if checkpointed else 10_000
     saved = []
 
     def pack(t):
@@ -223,7 +231,7 @@ def test_backward_keeps_no_vocab_sized_tensor(checkpointed, monkeypatch):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = completion_logprobs(model, prompts, comps, G, chunk_size=8, with_entropy=True)
+        out = completion_logprobs(model, prompts, comps, G, chunk_size=chunk, with_entropy=True)
     out.logp.sum().backward()
     vocab_sized = [shape for shape in saved if shape[-1] == vocab and len(shape) >= 2 and shape[0] > 1]
     assert (not vocab_sized) == checkpointed, vocab_sized
@@ -271,16 +279,16 @@ def test_grad_only_when_enabled(model, data):
 
 
 @pytest.mark.parametrize("segments", [True, False])
-def test_grouped_layout_computes_each_prompt_once(segments, data, monkeypatch):
+def test_grouped_layout_computes_each_prompt_once(segments, data):
     """Tokens fed to the model: one copy of each prompt plus the completions (minus their last token)."""
-    model = grouped_model("sdpa", segments, monkeypatch)
+    model = tiny_model(seed=3, logit_scale=3.0)
     prompts, comps = data
     seen = []
     hook = model.model.register_forward_pre_hook(
         lambda mod, args, kwargs: seen.append(kwargs["input_ids"].shape), with_kwargs=True
     )
     try:
-        completion_logprobs(model, prompts, comps, G)
+        completion_logprobs(model, prompts, comps, G, fast=PATHS[grouped_path(segments)])
     finally:
         hook.remove()
     n_groups_used = len({r // G for r, c in enumerate(comps) if c})
@@ -294,7 +302,7 @@ def test_grouped_layout_computes_each_prompt_once(segments, data, monkeypatch):
 
 
 def test_packed_rows_hold_several_groups():
-    lay = lp_module._grouped_layout([[1, 2, 3, 4, 5, 6], [7], [8]], [[9, 9], [9], [9], []], 1, [0, 1, 2], 2)
+    lay = layouts.grouped_layout([[1, 2, 3, 4, 5, 6], [7], [8]], [[9, 9], [9], [9], []], 1, [0, 1, 2], 2)
     # Sizes 6 + 1, 1 + 0, 1 + 0: the two small groups share a row of width 7, each seeing only itself.
     assert len(lay.input_ids) == 2 and len(lay.input_ids[0]) == 7
     assert lay.input_ids[1][:2] == [7, 8] and lay.group[1] == [0, 1, -1, -1, -1, -1, -1]
@@ -304,9 +312,9 @@ def test_packed_rows_hold_several_groups():
 def test_row_planner_splits_long_groups_only_when_attention_dominates():
     prompt_len = {0: 10, 1: 4}
     bodies = {0: [("a", 50), ("b", 40), ("c", 5)], 1: [("d", 3)]}
-    width, rows = lp_module._plan_rows(prompt_len, bodies, pair_cost=0.0)
+    width, rows = layouts.plan_rows(prompt_len, bodies, pair_cost=0.0)
     assert width == 105 and rows == [[(0, ["a", "b", "c"])], [(1, ["d"])]]  # 10+50+40+5: one piece each
-    width, rows = lp_module._plan_rows(prompt_len, bodies, pair_cost=1.0)
+    width, rows = layouts.plan_rows(prompt_len, bodies, pair_cost=1.0)
     pieces = [piece for row in rows for piece in row]
     assert sorted(m for _, members in pieces for m in members) == ["a", "b", "c", "d"]
     assert width < 105 and len([g for g, _ in pieces if g == 0]) > 1  # group 0 is split
@@ -315,28 +323,30 @@ def test_row_planner_splits_long_groups_only_when_attention_dominates():
         assert used <= width
 
 
-def test_split_groups_give_the_same_values_and_gradients(model, monkeypatch):
-    monkeypatch.setattr(lp_module, "_segments_ok", lambda model, window=None: False)  # the dense-mask grouped layout
+def test_split_groups_give_the_same_values_and_gradients(model):
+    dense = PATHS["dense_mask"]
     group = 6  # many completions per short prompt: one long row per group is the costly layout
     prompts = random_prompts(2, seed=5, min_len=2, max_len=3)
     comps = ragged_completions(2 * group, seed=6, max_len=8, empties=False)
-    ref_value = completion_logprobs(model, prompts, comps, group).logp
+    ref_value = completion_logprobs(model, prompts, comps, group, fast=dense).logp
     w = torch.randn(ref_value.shape, generator=torch.Generator().manual_seed(2))
-    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group).logp * w).sum())
-    monkeypatch.setattr(lp_module, "ATTENTION_SLOWDOWN", 1e4)  # attention dominates: split the groups
-    lay = lp_module._grouped_layout(prompts, comps, group, range(len(comps)), 8, lp_module._pair_cost(model))
+    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group, fast=dense).logp * w).sum())
+    split = dense.replace(attention_slowdown=1e4)  # attention dominates: split the groups
+    lay = layouts.grouped_layout(prompts, comps, group, range(len(comps)), 8, layouts.pair_cost(model, 1e4))
     pieces = {(r, g) for r, row in enumerate(lay.group) for g in row if g >= 0}
     assert len(pieces) > len(prompts)
-    got_value = completion_logprobs(model, prompts, comps, group).logp
-    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group).logp * w).sum())
+    got_value = completion_logprobs(model, prompts, comps, group, fast=split).logp
+    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group, fast=split).logp * w).sum())
     torch.testing.assert_close(got_value, ref_value, rtol=0, atol=1e-5)
     assert_grads_close(got, ref)
 
 
 def test_errors(model, data):
     prompts, comps = data
-    with pytest.raises(ValueError, match="layout must be one of"):
-        completion_logprobs(model, prompts, comps, G, layout="packed2")
+    with pytest.raises(TypeError, match="fast must be a cohort.fast.FastConfig"):
+        completion_logprobs(model, prompts, comps, G, fast="padded")
+    with pytest.raises(ValueError, match="fast.segments='sometimes' is not valid"):
+        FastConfig(segments="sometimes").validate()
     with pytest.raises(ValueError, match="len\\(completion_ids\\) = 12"):
         completion_logprobs(model, prompts, comps, 2)
     with pytest.raises(ValueError, match="rows \\[12\\] out of range"):
@@ -364,6 +374,9 @@ def test_falls_back_to_full_logits_when_the_head_split_is_wrong(data):
     prompts, comps = data
     with pytest.warns(UserWarning, match="full logits"):
         out = completion_logprobs(model, prompts, comps, G)
+    assert not out.chunked_head and probes.results(model)["head_split"] is False
+    with pytest.raises(FastPathError, match="chunked_head=on, but _SoftcappedQwen2 cannot take it"):
+        completion_logprobs(model, prompts, comps, G, fast=FastConfig(chunked_head="on"))
     torch.testing.assert_close(out.logp, naive(model, prompts, comps, G)[0], rtol=0, atol=1e-5)
 
 
@@ -387,13 +400,12 @@ def test_sliding_window_models_stay_exact_past_the_window(attn):
     model = Qwen2ForCausalLM(config).eval()
     prompts = random_prompts(2, seed=1, min_len=5, max_len=8)
     comps = ragged_completions(2 * G, seed=2, empties=False)
-    lp_module._WARNED.clear()  # the fallback warns once per reason and process
     if attn == "eager":
         with pytest.warns(UserWarning, match=r"exceed the model's sliding attention window \(4 tokens\)"):
             out = completion_logprobs(model, prompts, comps, G)
     else:
         out = completion_logprobs(model, prompts, comps, G)
-        assert lp_module._SEGMENTS_WINDOW_OK[model] is True
+        assert out.path == "segments" and probes.results(model)["segments_window"] is True
         w = torch.linspace(-1, 1, out.logp.shape[1])
         ours = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, G).logp * w).sum())
         ref = grads_of(model, lambda: (naive(model, prompts, comps, G)[0] * w).sum())
@@ -414,7 +426,7 @@ def test_peft_lora_model(data):
     got_grads = grads_of(lora, lambda: (completion_logprobs(lora, prompts, comps, G).logp * w).sum())
     assert all("lora" in n for n in got_grads)
     assert_grads_close(got_grads, ref_grads)
-    assert lp_module._model_parts(lora) is not None  # the decoder + head split was used
+    assert completion_logprobs(lora, prompts, comps, G).chunked_head  # the decoder + head split was used
 
 
 @pytest.mark.parametrize("pair_cost", [0.0, 6e-4, 0.01, 1.0])
@@ -426,22 +438,22 @@ def test_row_planner_places_every_member_once_and_never_costs_more_than_no_split
         groups = rng.randint(1, 6)
         prompt_len = {g: rng.randint(1, 150) for g in range(groups)}
         bodies = {g: [((g, m), rng.randint(0, 128)) for m in range(rng.randint(1, 16))] for g in range(groups)}
-        width, rows = lp_module._plan_rows(prompt_len, bodies, pair_cost)
+        width, rows = layouts.plan_rows(prompt_len, bodies, pair_cost)
         placed = sorted(m for row in rows for _, members in row for m in members)
         assert placed == sorted(m for g in bodies for m, _ in bodies[g])
         sizes = dict(m_n for g in bodies for m_n in bodies[g])
         for row in rows:
             assert sum(prompt_len[g] + sum(sizes[m] for m in members) for g, members in row) <= width
         widest = max(prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies)
-        unsplit_rows = len(lp_module._pack([prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies], widest))
+        unsplit_rows = len(layouts._pack([prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies], widest))
         cost = len(rows) * width * (1 + pair_cost * width)
         assert cost <= unsplit_rows * widest * (1 + pair_cost * widest) + 1e-9
 
 
-def test_segments_only_for_groups_long_enough_to_gain(monkeypatch, data):
-    monkeypatch.setattr(lp_module, "SEGMENTS_MIN_TOKENS", 256)
+def test_segments_only_for_groups_long_enough_to_gain(data):
     prompts, comps = data
-    assert lp_module._widest_group(prompts, comps, G, range(len(comps))) < 256
+    auto = FastConfig()
+    assert layouts.widest_group(prompts, comps, G, range(len(comps))) < auto.segments_min_tokens
     model = tiny_model(seed=8)
     seen = []
     # Only 4-D masks: the once-per-model checks also run the decoder, with plain 2-D padding masks.
@@ -450,10 +462,11 @@ def test_segments_only_for_groups_long_enough_to_gain(monkeypatch, data):
         with_kwargs=True,
     )
     try:
-        completion_logprobs(model, prompts, comps, G)
+        short = completion_logprobs(model, prompts, comps, G, fast=auto)
         long_comps = [c * 30 for c in comps]  # groups of several hundred tokens
-        completion_logprobs(model, prompts, long_comps, G)
+        long = completion_logprobs(model, prompts, long_comps, G, fast=auto)
     finally:
         hook.remove()
     assert seen[0].dim() == 4 and not hasattr(seen[0], "cohort_plan")  # the dense block mask
     assert isinstance(getattr(seen[-1], "cohort_plan", None), SegmentPlan)  # a segment plan on its carrier
+    assert (short.path, long.path) == ("dense_mask", "segments")

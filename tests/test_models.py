@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from cohort.config import ConfigError, LoraConfig
 from cohort.models import (
     CHAR_VOCAB,
     TINY_SIZES,
-    LoraSettings,
     build_tiny_model,
     build_tiny_tokenizer,
     count_parameters,
     load_model,
     load_tokenizer,
     resolve_dtype,
+    stop_token_ids,
 )
 
 ROUND_TRIP = [
@@ -152,6 +154,17 @@ def test_dtype_device_and_attention_override(tiny_dir):
         load_model(tiny_dir, device="gpu0")
 
 
+def test_stop_token_ids_join_tokenizer_and_generation_config(tiny_dir, tok):
+    model = load_model(tiny_dir)
+    assert stop_token_ids(model, tok) == ([tok.eos_token_id], tok.pad_token_id)
+    model.generation_config.eos_token_id = [7, tok.eos_token_id]  # e.g. an instruct model's end-of-turn
+    assert stop_token_ids(model, tok) == ([tok.eos_token_id, 7], tok.pad_token_id)
+    no_pad = types.SimpleNamespace(eos_token_id=5, pad_token_id=None)
+    assert stop_token_ids(None, no_pad) == ([5], 5)
+    with pytest.raises(ValueError, match="neither the tokenizer nor the model's generation_config"):
+        stop_token_ids(None, types.SimpleNamespace(eos_token_id=None, pad_token_id=None))
+
+
 def test_unknown_local_path_error_suggests_demo(tmp_path):
     for bad in ("./no/such/model", str(tmp_path / "missing")):
         for loader in (load_model, load_tokenizer):
@@ -178,7 +191,7 @@ def test_unreachable_hub_name_error(monkeypatch):
 
 def test_lora_trains_only_adapters_and_starts_equal_to_base(tiny_dir):
     base = load_model(tiny_dir)
-    model = load_model(tiny_dir, lora=LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj")))
+    model = load_model(tiny_dir, lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     # 2 layers x (q_proj, v_proj) x (A: 4x64 + B: 64x4)
@@ -197,26 +210,33 @@ def test_lora_on_gpt2_style_conv1d_layers(tmp_path):
         tmp_path / "gpt2"
     )
     with pytest.raises(ValueError, match=r"named \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
-        load_model(tmp_path / "gpt2", lora=LoraSettings())
-    model = load_model(tmp_path / "gpt2", lora=LoraSettings(r=2, target_modules=("c_attn", "c_proj")))
+        load_model(tmp_path / "gpt2", lora=LoraConfig())
+    model = load_model(tmp_path / "gpt2", lora=LoraConfig(r=2, target_modules=["c_attn", "c_proj"]))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
 
 
 def test_lora_errors(tiny_dir, monkeypatch):
     with pytest.raises(ValueError, match=r"match no Linear layer.*'q_proj'"):
-        load_model(tiny_dir, lora=LoraSettings(target_modules=("query",)))
-    with pytest.raises(ValueError, match="positive integer"):
-        LoraSettings(r=0)
+        load_model(tiny_dir, lora=LoraConfig(target_modules=["query"]))
+    for bad, fragment in (
+        ({"r": 0}, "model.lora.r=0 must be a positive integer"),
+        ({"alpha": 0}, "model.lora.alpha=0 must be > 0"),
+        ({"dropout": 1.0}, r"model.lora.dropout=1.0 must be in \[0, 1\)"),
+        ({"target_modules": "q_proj"}, "must be a non-empty list"),
+        ({"target_modules": []}, "must be a non-empty list"),
+    ):
+        with pytest.raises(ConfigError, match=fragment):
+            load_model("never-loaded/model", lora=LoraConfig(**bad))  # checked before the model loads
     monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
     with pytest.raises(ImportError, match=r"pip install 'cohort\[peft\]'"):
-        load_model(tiny_dir, lora=LoraSettings())
+        load_model(tiny_dir, lora=LoraConfig())
 
 
 def test_bound_heap_fixes_glibc_threshold_or_says_it_cannot():
     import sys
 
-    from cohort.memory import bound_heap
+    from cohort.fast.memory import bound_heap
 
     assert bound_heap(0) is False  # 0 = leave glibc's dynamic threshold alone
     applied = bound_heap(16)

@@ -67,23 +67,20 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
-def test_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(tiny_model_dir, tmp_path, loss_type, monkeypatch):
+def test_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(tiny_model_dir, tmp_path, loss_type):
     """A binary reward gives many all-equal groups; skipping their rows must not change the gradient.
 
     Gradients are compared (not parameters after AdamW, which rescales even 1e-12 noise on parameters
     whose true gradient is 0, such as key biases, into full-size steps).
     """
-    import cohort.update as update
-
     grads, computed = [], []
-    for skip in (True, False):
-        cfg = _cfg(tiny_model_dir, tmp_path / f"{loss_type}{skip}", **{"algo.loss_type": loss_type})
+    for skip in ("on", "off"):
+        over = {"algo.loss_type": loss_type, "fast.skip_zero_advantage": skip}
+        cfg = _cfg(tiny_model_dir, tmp_path / f"{loss_type}{skip}", **over)
         cfg.rewards = [DIGITS.replace("digit_fraction", "any_digit")]
-        if not skip:  # compute every row, as a trainer without the lever would
-            monkeypatch.setattr(update, "_skippable", lambda adv, rows: [])
         t = GRPOTrainer(cfg)
         m = t.step().metrics
-        monkeypatch.undo()
+        assert m["fast/skip_zero_advantage"] == (1.0 if skip == "on" else 0.0)
         computed.append(m["rows_computed_frac"])
         assert 0 < m["frac_reward_zero_std"] < 1, "the batch needs both all-equal and mixed groups"
         grads.append({n: p.grad.clone() for n, p in t.model.named_parameters()})
@@ -123,14 +120,11 @@ def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
     assert m["kl"] >= 0
 
 
-def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path, monkeypatch):
+def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
     pytest.importorskip("peft")
-    from cohort.rollout import builtin, packed_linear
-
-    monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", 0)  # rollouts decode through packed base weights
-    monkeypatch.setattr(builtin, "PACK_AFTER_STEPS", 0)
-    monkeypatch.setattr(builtin, "PACK_MIN_REMAINING", 0)
-    cfg = _cfg(tiny_model_dir, tmp_path / "lora", **{"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4})
+    # packed_weights=on: rollouts decode through packed base weights under the adapters
+    over = {"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4, "fast.packed_weights": "on"}
+    cfg = _cfg(tiny_model_dir, tmp_path / "lora", **over)
     t = GRPOTrainer(cfg)
     assert t.ref_model is None  # no second copy: the adapter is switched off instead
     trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
@@ -158,6 +152,9 @@ def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
         ({"rollout.group_size": 1}, "at least 2"),
         ({"rollout.batch_size": 10}, "multiple"),
         ({"rollout.max_completion_length": 0}, "positive"),
+        ({"reward_weights": [float("nan")]}, "is not finite"),
+        ({"reward_weights": [1.0, 2.0]}, "one weight per function"),
+        ({"model.lora.enabled": True, "model.lora.dropout": 1.5}, "model.lora.dropout=1.5"),
     ]
     for over, fragment in cases:
         with pytest.raises((ValueError, ConfigError)) as e:
@@ -165,31 +162,47 @@ def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
         assert fragment in str(e.value), (over, str(e.value))
 
 
+def test_reward_weights_are_checked_against_the_functions_passed(tmp_path, monkeypatch):
+    import cohort.trainer as trainer_mod
+
+    class Loading(Exception):
+        pass
+
+    def loading(*a, **k):
+        raise Loading
+
+    monkeypatch.setattr(trainer_mod, "load_tokenizer", loading)
+    cfg = _cfg("unused-model", tmp_path / "w", reward_weights=[1.0, 0.5])  # the config names one reward
+    with pytest.raises(ConfigError, match=r"2 values but there are 1 reward functions \['.*digit_fraction'\]"):
+        GRPOTrainer(cfg)
+    with pytest.raises(Loading):  # two functions passed: the weights fit, so the model would load next
+        GRPOTrainer(cfg, reward_funcs=[DIGITS, "accuracy"])
+    with pytest.raises(ConfigError, match=r"there are 3 reward functions \['accuracy', 'format', 'accuracy'\]"):
+        GRPOTrainer(cfg, reward_funcs=["accuracy", "format", "accuracy"])
+
+
 def test_unknown_model_path_is_clear(tmp_path):
     with pytest.raises(ValueError, match="neither a local model folder"):
         GRPOTrainer(_cfg(tmp_path / "missing-model", tmp_path / "x"))
 
 
-def test_segment_attention_and_shared_prefix_decoding_train_like_the_plain_paths(tiny_model_dir, tmp_path, monkeypatch):
+def test_every_fast_path_trains_like_the_plain_paths(tiny_model_dir, tmp_path):
     """One step through segment attention + shared-prefix decoding + packed decode weights samples the
-    same completions and computes the same loss and gradient norm as the dense-mask layout with a
-    repeated cache and plain matmuls."""
-    from cohort import logprobs
-    from cohort.rollout import builtin, packed_linear
-
+    same completions and computes the same loss and gradient norm as every switch off; the metrics say
+    which paths ran."""
     runs = []
-    for name, threshold in (("plain", 1 << 40), ("shared", 0)):
-        monkeypatch.setattr(logprobs, "SEGMENTS_MIN_TOKENS", threshold)
-        monkeypatch.setattr(builtin, "PREFIX_SHARING_MIN", threshold)
-        monkeypatch.setattr(packed_linear, "PACK_MIN_ELEMENTS", threshold)
-        monkeypatch.setattr(builtin, "PACK_AFTER_STEPS", 0)
-        monkeypatch.setattr(builtin, "PACK_MIN_REMAINING", 0)
-        t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}))
+    for name in ("off", "on"):
+        over = {f"fast.{s}": name for s in ("segments", "shared_prefix", "packed_weights", "chunked_head")}
+        t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}, **over))
         t.train()
         runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))
-    assert logprobs._SEGMENTS_OK.get(t.model) is True and builtin._PREFIX_OK.get(t.model) is True
-    plain, shared = runs
+    plain, fast = runs
+    assert fast["fast/segments"] == 1.0 and fast["fast/shared_prefix"] == 1.0 and fast["fast/packed_weights"] == 1.0
+    assert fast["fast/chunked_head"] == 1.0
+    assert plain["fast/segments"] == 0.0 and plain["fast/dense_mask"] == 1.0  # grouped stays auto
+    assert plain["fast/shared_prefix"] == 0.0 and plain["fast/packed_weights"] == 0.0
+    assert plain["fast/chunked_head"] == 0.0
     for key in ("reward", "completions/mean_length", "num_tokens"):
-        assert plain[key] == shared[key], key
+        assert plain[key] == fast[key], key
     for key in ("loss", "grad_norm", "entropy"):
-        assert math.isclose(plain[key], shared[key], rel_tol=1e-4, abs_tol=1e-6), key
+        assert math.isclose(plain[key], fast[key], rel_tol=1e-4, abs_tol=1e-6), key

@@ -15,7 +15,7 @@ _EXPORTS = {
     "GRPOTrainer": "cohort.trainer",
     "TrainConfig": "cohort.config",
     "load_config": "cohort.config",
-    "ConfigError": "cohort.config",
+    "ConfigError": "cohort.errors",
     "SFTConfig": "cohort.sft",
     "sft_train": "cohort.sft",
     "evaluate": "cohort.evaluation",

@@ -57,6 +57,15 @@ def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
     return tokenizer, model, rows
 
 
+def _engine(args: argparse.Namespace, model, tokenizer):
+    """Return the rollout engine named by --engine, stopping at the model's EOS tokens."""
+    from cohort.models import stop_token_ids
+    from cohort.rollout import make_engine
+
+    eos_ids, pad = stop_token_ids(model, tokenizer)
+    return make_engine(args.engine, eos_token_ids=eos_ids, pad_token_id=pad)
+
+
 def _cmd_sft(args: argparse.Namespace) -> int:
     from cohort.data import encode_prompts
     from cohort.sft import SFTConfig, encode_pairs, sft_train
@@ -74,15 +83,15 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
     from cohort.data import encode_prompts
     from cohort.evaluation import evaluate
     from cohort.rewards import resolve_reward_funcs
-    from cohort.rollout import make_engine
 
     reward = resolve_reward_funcs([args.reward])[0]
     tokenizer, model, rows = _model_and_rows(args)
-    engine = make_engine(args.engine, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
-    import torch
+    engine = _engine(args, model, tokenizer)
 
     result = evaluate(
         model, tokenizer, rows, reward,
@@ -97,13 +106,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from cohort.data import encode_prompts
+    from cohort.data import as_completions, encode_prompts
     from cohort.rewards import resolve_reward_funcs, score
-    from cohort.rollout import SamplingParams, make_engine
+    from cohort.rollout import SamplingParams
 
     reward = resolve_reward_funcs([args.reward])[0]
     tokenizer, model, rows = _model_and_rows(args)
-    engine = make_engine(args.engine, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id or 0)
+    engine = _engine(args, model, tokenizer)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
     gen = torch.Generator().manual_seed(args.seed)
     params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
@@ -115,7 +124,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
             texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
             cols = {c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column}
             rewards = score([reward], prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
-                            completions=texts, completion_ids=batch.completion_ids, columns=cols)[:, 0]
+                            completions=as_completions(texts, chunk[0][args.prompt_column]),
+                            completion_ids=batch.completion_ids, columns=cols)[:, 0]
             for j, row in enumerate(chunk):
                 for i in range(j * args.k, (j + 1) * args.k):
                     if float(rewards[i]) >= args.threshold:
@@ -197,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
-    from cohort.config import ConfigError
+    from cohort.errors import ConfigError
 
     try:
         return args.func(args)

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,13 @@ from cohort.algo import COMBINE_MODES as REWARD_MODES
 from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
 from cohort.algo import LOSS_TYPES, SCALES
 from cohort.algo import STD_KINDS as STDS
-
-ENGINES = ("builtin", "hf")
-SCHEDULES = ("constant", "linear", "cosine")
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key, the value and the fix."""
+from cohort.choices import ENGINES
+from cohort.errors import ConfigError
+from cohort.fast.switches import FastConfig
+from cohort.models import DTYPES
+from cohort.optim import SCHEDULES
+from cohort.presets import PRESETS, apply_preset
+from cohort.rewards import reward_weights
 
 
 @dataclass
@@ -49,11 +49,20 @@ class LoraConfig:
     )
     """Names (last path component) of the Linear layers that get adapters."""
 
-    def settings(self):
-        """Return the equivalent :class:`cohort.models.LoraSettings` (validated)."""
-        from cohort.models import LoraSettings
-
-        return LoraSettings(r=self.r, alpha=self.alpha, dropout=self.dropout, target_modules=tuple(self.target_modules))
+    def check(self) -> LoraConfig:
+        """Return self after checking the adapter settings (raises ConfigError naming the bad key)."""
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
+            raise ConfigError(f"model.lora.r={self.r!r} must be a positive integer (typical: 8, 16, 64)")
+        if not self.alpha > 0:
+            raise ConfigError(f"model.lora.alpha={self.alpha!r} must be > 0 (typical: 2 * r)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={self.dropout!r} must be in [0, 1)")
+        if isinstance(self.target_modules, str) or not self.target_modules:
+            raise ConfigError(
+                f"model.lora.target_modules={self.target_modules!r} must be a non-empty list of module "
+                "names, e.g. ['q_proj', 'v_proj']"
+            )
+        return self
 
 
 @dataclass
@@ -119,14 +128,15 @@ class RolloutConfig:
     max_completion_length: int = 256
     """Longest completion in tokens; longer ones are cut and flagged as truncated."""
     temperature: float = 1.0
-    """Sampling temperature (log-probs in the loss use the same temperature, as TRL does)."""
+    """Sampling temperature, 0 for greedy (log-probs in the loss use the same temperature, as TRL does)."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 disables)."""
     top_k: int = 0
     """Keep only the k most likely tokens (0 disables)."""
-    packed_weights: bool = True
-    """builtin engine on a CPU: decode through oneDNN-packed copies of the large float32 weights
-    (faster at a few rows per step; holds one extra copy of those weights during a rollout)."""
+
+    def logprob_temperature(self) -> float:
+        """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass
@@ -237,9 +247,8 @@ class TrainConfig:
     """Show a live progress bar."""
     threads: int | None = None
     """torch.set_num_threads (None leaves torch's default)."""
-    malloc_mmap_threshold_mib: int = 16
-    """Linux/glibc: tensors of this many MiB or more are always mmapped, so freed memory goes back to the
-    system instead of fragmenting the heap (see cohort/memory.py); 0 keeps glibc's dynamic threshold."""
+    fast: FastConfig = field(default_factory=FastConfig)
+    """Switches (auto | on | off) and thresholds of the fast paths (cohort.fast; docs/architecture.md)."""
     preset: str | None = None
     """Named recipe applied before the file and overrides: r1, dapo, dr_grpo, ppo_classic."""
 
@@ -248,8 +257,14 @@ class TrainConfig:
         """Return the number of distinct prompts sampled per step."""
         return self.rollout.batch_size // self.rollout.group_size
 
-    def validate(self, *, need_model: bool = True) -> TrainConfig:
-        """Return self after checking every value that can be checked before a model is loaded."""
+    def validate(
+        self, *, need_model: bool = True, reward_funcs: Sequence[str | Callable] | None = None
+    ) -> TrainConfig:
+        """Return self after checking every value that can be checked before a model is loaded.
+
+        `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
+        that name); `reward_weights` must then give one weight per one of them.
+        """
         r, a, o = self.rollout, self.algo, self.optim
         if need_model and not self.model.name_or_path:
             raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
@@ -280,7 +295,9 @@ class TrainConfig:
         _check_choice("algo.importance", a.importance, IMPORTANCE)
         _check_choice("algo.reward_mode", a.reward_mode, REWARD_MODES)
         _check_choice("optim.schedule", o.schedule, SCHEDULES)
-        _check_choice("model.dtype", self.model.dtype, DTYPES)
+        _check_choice("model.dtype", str(self.model.dtype).lower(), tuple(DTYPES))
+        if self.model.lora.enabled:
+            self.model.lora.check()
         if a.beta < 0:
             raise ConfigError(f"algo.beta={a.beta} must be >= 0 (0 disables the KL penalty)")
         if a.num_iterations < 1 or a.num_minibatches < 1:
@@ -298,21 +315,57 @@ class TrainConfig:
             raise ConfigError(f"optim.lr={o.lr} must be > 0")
         if not self.rewards:
             raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
-            raise ConfigError(
-                f"reward_weights has {len(self.reward_weights)} values but rewards has {len(self.rewards)} "
-                f"functions ({self.rewards}): give one weight per function"
-            )
+        try:
+            reward_weights(self.reward_weights, reward_funcs or self.rewards)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not self.data.task and not self.data.path:
             raise ConfigError(
                 "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
                 "task (addition, multistep)"
             )
+        self._validate_fast()
         if self.preset is not None:
-            from cohort.presets import PRESETS
-
             _check_choice("preset", self.preset, tuple(PRESETS))
         return self
+
+
+    def _validate_fast(self) -> None:
+        """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
+        f, m = self.fast, self.model
+        try:
+            f.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if f.skip_zero_advantage == "on" and self.algo.beta > 0:
+            raise ConfigError(
+                f"fast.skip_zero_advantage=on with algo.beta={self.algo.beta}: at beta > 0 a zero-advantage row "
+                "still has a KL gradient, so skipping it would change the update; set fast.skip_zero_advantage=auto"
+            )
+        if f.segments == "on" and m.attn_implementation != "sdpa":
+            raise ConfigError(
+                f"fast.segments=on needs model.attn_implementation=sdpa, got {m.attn_implementation!r}; "
+                "set one of them differently"
+            )
+        if f.grouped == "on" and m.attn_implementation not in ("sdpa", "eager"):
+            raise ConfigError(
+                f"fast.grouped=on needs a custom attention mask (model.attn_implementation sdpa or eager), got "
+                f"{m.attn_implementation!r}; set fast.grouped=auto"
+            )
+        if f.packed_weights == "on" and (self.rollout.engine != "builtin" or m.dtype not in ("float32", "auto")
+                                          or m.device.startswith("cuda")):
+            raise ConfigError(
+                "fast.packed_weights=on needs the builtin engine decoding float32 weights on a CPU "
+                f"(rollout.engine={self.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
+                "set fast.packed_weights=auto"
+            )
+
+
+MOVED_KEYS: dict[str, str] = {
+    "rollout.packed_weights": "fast.packed_weights",
+    "malloc_mmap_threshold_mib": "fast.heap_mmap_threshold_mib",
+}
+"""Keys that moved, and where to: an old config naming one gets an error pointing at the new key."""
 
 
 def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
@@ -424,6 +477,11 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     for k, v in values.items():
         key = prefix + k
         if k not in names:
+            if key in MOVED_KEYS:
+                raise ConfigError(
+                    f"config key {key!r} moved to {MOVED_KEYS[key]!r} (the fast-path switchboard, "
+                    f"auto | on | off for switches); rename it"
+                )
             valid = _valid_keys(type(obj), prefix)
             raise ConfigError(f"unknown config key {key!r}; valid keys are: {', '.join(valid)}")
         tp = hints[k]
@@ -497,8 +555,6 @@ def load_config(
     cfg = from_dict(to_dict(cfg))  # deep copy
     preset = layers.get("preset", cfg.preset)
     if preset is not None:
-        from cohort.presets import apply_preset
-
         apply_preset(cfg, preset)
     _apply(cfg, layers)
     return cfg

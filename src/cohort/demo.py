@@ -20,7 +20,7 @@ import torch
 from cohort.config import TrainConfig, load_config
 from cohort.data import encode_prompts, make_task, sft_completion
 from cohort.evaluation import evaluate
-from cohort.models import build_tiny_model, load_model, load_tokenizer
+from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
 from cohort.rewards import accuracy_reward
 from cohort.rollout import make_engine
 from cohort.sft import SFTConfig, encode_pairs, sft_train
@@ -80,7 +80,8 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, see
     )
     sft_cfg = SFTConfig(**{**DEMO_SFT.__dict__, "seed": seed})
     val_ids = encode_prompts(tokenizer, [r["prompt"] for r in val_rows])
-    engine = make_engine("builtin", eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    eos_ids, pad = stop_token_ids(model, tokenizer)
+    engine = make_engine("builtin", eos_token_ids=eos_ids, pad_token_id=pad)
     val_acc: dict[int, float] = {}
 
     def reached_target(step: int) -> bool:

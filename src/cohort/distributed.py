@@ -61,11 +61,6 @@ def all_sum_float(value: float) -> float:
     return float(t.item())
 
 
-def all_mean_float(value: float) -> float:
-    """Return the mean of `value` over all processes."""
-    return all_sum_float(value) / world_size()
-
-
 def all_sum_grads(model: torch.nn.Module) -> None:
     """Sum every trainable parameter's gradient over all processes, in place."""
     if not is_distributed():
@@ -84,12 +79,6 @@ def broadcast_model(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for p in model.parameters():
             tdist.broadcast(p.data, src=0)
-
-
-def barrier() -> None:
-    """Wait for every process (no-op when not distributed)."""
-    if is_distributed():
-        tdist.barrier()
 
 
 def _device() -> torch.device:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cohort.data import as_completions
 from cohort.rewards import extract_answer, score
 from cohort.rollout import RolloutEngine, SamplingParams
 
@@ -71,8 +72,7 @@ def _generate_and_score(model, tokenizer, rows, reward_func, prompt_ids, engine,
         chunk = rows[start : start + batch_prompts]
         rollout = engine.generate(model, prompt_ids[start : start + batch_prompts], k, params, generator)
         texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        conversational = isinstance(chunk[0][prompt_column], list)
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        completions = as_completions(texts, chunk[0][prompt_column])
         columns = {c: [r[c] for r in chunk for _ in range(k)] for c in chunk[0] if c != prompt_column}
         rewards = score(
             [reward_func],

@@ -20,23 +20,26 @@ import json
 import os
 import string
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from cohort.config import LoraConfig
+
 __all__ = [
     "CHAR_VOCAB",
+    "DTYPES",
     "TINY_CHAT_TEMPLATE",
     "TINY_SIZES",
-    "LoraSettings",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "count_parameters",
     "load_model",
     "load_tokenizer",
     "resolve_dtype",
+    "stop_token_ids",
 ]
 
 CHAR_VOCAB: str = "\n " + string.digits + string.ascii_letters + string.punctuation
@@ -65,7 +68,7 @@ TINY_SIZES: dict[str, dict[str, int]] = {
 }
 """Named size presets for :func:`build_tiny_model`: ``build_tiny_model(d, **TINY_SIZES["14m"])``."""
 
-_DTYPES: dict[str, torch.dtype | str] = {
+DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,
     "fp32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -74,41 +77,8 @@ _DTYPES: dict[str, torch.dtype | str] = {
     "fp16": torch.float16,
     "auto": "auto",
 }
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapter settings (peft): rank, scaling numerator, dropout and the module names to adapt."""
-
-    r: int = 8
-    """Adapter rank."""
-    alpha: float = 16.0
-    """Scaling numerator: the adapter output is multiplied by alpha / r."""
-    dropout: float = 0.0
-    """Dropout on the adapter input."""
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
-    """Names (last path component) of the Linear layers that get adapters."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.r, int) or self.r <= 0:
-            raise ValueError(f"LoraSettings.r={self.r!r} must be a positive integer (typical: 8, 16, 64)")
-        if self.alpha <= 0:
-            raise ValueError(f"LoraSettings.alpha={self.alpha!r} must be > 0 (typical: 2 * r)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoraSettings.dropout={self.dropout!r} must be in [0, 1)")
-        if isinstance(self.target_modules, str) or not self.target_modules:
-            raise ValueError(
-                f"LoraSettings.target_modules={self.target_modules!r} must be a non-empty list of module "
-                "names, e.g. ['q_proj', 'v_proj']"
-            )
+"""Parameter dtypes by name (the values of ``model.dtype`` and ``load_model(dtype=...)``); "auto" keeps
+the checkpoint's own dtype."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,13 +292,32 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return tokenizer
 
 
+def stop_token_ids(model: torch.nn.Module | None, tokenizer: Any) -> tuple[list[int], int]:
+    """Returns (eos_ids, pad_id) for sampling: the tokenizer's EOS and the model's generation-config EOS ids
+    (sorted, no repeats), and the tokenizer's pad id, or the first EOS id when it has none.
+
+    Instruct models often end a turn with a token (Qwen's ``<|im_end|>``) that only their
+    ``generation_config`` names, so both sources count.
+    """
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    gen_eos = list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [] if gen_eos is None else [gen_eos]
+    eos_ids = sorted({tokenizer.eos_token_id, *gen_eos} - {None})
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), None)
+    if pad is None:
+        raise ValueError(
+            "neither the tokenizer nor the model's generation_config names an EOS or pad token, so "
+            "completions could not be padded; set tokenizer.pad_token (load_tokenizer does this from eos)"
+        )
+    return eos_ids, pad
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     """Returns the torch dtype (or the string "auto") for a dtype name such as "bfloat16"."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)} or a torch.dtype")
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)} or a torch.dtype")
 
 
 def load_model(
@@ -337,18 +326,22 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
-    lora: LoraSettings | None = None,
+    lora: LoraConfig | None = None,
     attn_implementation: str | None = "sdpa",
     **from_pretrained_kwargs: Any,
 ):
     """Returns the ``AutoModelForCausalLM`` for a folder or Hub name on ``device``, LoRA-wrapped if ``lora``.
 
-    With ``lora`` only the adapter weights require grad (peft freezes the base model); the base model
-    stays reachable for a reference pass through ``model.disable_adapter()``.
+    ``lora`` is a :class:`cohort.config.LoraConfig`; the adapter is added whenever one is given (its
+    ``enabled`` flag is the run config's switch, read by the trainer before it passes the section here).
+    With it only the adapter weights require grad (peft freezes the base model); the base model stays
+    reachable for a reference pass through ``model.disable_adapter()``.
     """
     from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
+    if lora is not None:
+        lora.check()  # before the model loads: a bad rank costs no download
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -371,7 +364,7 @@ def load_model(
     return model
 
 
-def _wrap_lora(model, lora: LoraSettings):
+def _wrap_lora(model, lora: LoraConfig):
     """Returns ``model`` wrapped in a peft LoRA model whose only trainable weights are the adapters."""
     try:
         import peft
@@ -421,17 +414,6 @@ def input_device(model: torch.nn.Module) -> torch.device:
 def float_dtype(model: torch.nn.Module) -> torch.dtype:
     """Returns the dtype of the model's first floating-point parameter (float32 if it has none)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def check_tolerance(model: torch.nn.Module) -> float:
-    """Returns the absolute log-prob tolerance of a once-per-model path check: 1e-3 in float32, 5e-2 below.
-
-    The checks (segment attention, shared-prefix decoding) compare two computations of the same
-    log-probs; they test structure, not rounding, so half-precision weights, or float32 weights under
-    autocast (the trainer's bf16 on CUDA), get bf16-sized slack.
-    """
-    autocast = torch.is_autocast_enabled(input_device(model).type)
-    return 1e-3 if float_dtype(model) == torch.float32 and not autocast else 5e-2
 
 
 def text_config(model: torch.nn.Module):

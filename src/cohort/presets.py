@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cohort.errors import ConfigError
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # DeepSeek R1 / DeepSeekMath GRPO: G=16, eps=0.2, beta=1e-3, lr=1e-6 constant, one epoch per rollout,
     # per-sequence length normalisation, group z-score.
@@ -55,8 +57,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 def apply_preset(cfg: Any, name: str) -> Any:
     """Return `cfg` with the named preset's values written into it (raises ConfigError if unknown)."""
-    from cohort.config import ConfigError
-
     if name not in PRESETS:
         raise ConfigError(f"preset={name!r} is not known; choose one of: {', '.join(PRESETS)}")
     for section, values in PRESETS[name].items():

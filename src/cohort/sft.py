@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cohort.logprobs import completion_logprobs
+from cohort.optim import make_adamw, make_scheduler
 
 
 @dataclass
@@ -73,9 +74,8 @@ def sft_train(
     if any(len(c) == 0 for _, c in pairs):
         raise ValueError("an SFT example has an empty completion; every row needs completion text")
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    from cohort.trainer import make_scheduler
-
+    # torch's default (unfused) AdamW: the demo's warm start and its printed accuracies depend on it
+    opt = make_adamw(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=False)
     sched = make_scheduler(opt, "cosine", cfg.warmup_steps, cfg.steps)
     g = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []

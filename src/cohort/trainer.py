@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 import random
 import signal
@@ -32,14 +31,16 @@ from cohort.checkpoint import (
     set_rng_state,
 )
 from cohort.config import TrainConfig, save_config, to_dict
-from cohort.data import encode_prompts, load_rows, make_task, validate_rows
+from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
 from cohort.evaluation import evaluate
-from cohort.memory import bound_heap
-from cohort.models import load_model, load_tokenizer
+from cohort.fast.memory import heap_bound_unavailable
+from cohort.fast.switches import choose
+from cohort.models import load_model, load_tokenizer, stop_token_ids
+from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, Progress, write_report
-from cohort.rewards import resolve_reward_funcs, reward_name, score
+from cohort.rewards import resolve_reward_funcs, reward_name, reward_weights, score
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine
-from cohort.update import PolicyBatch, PolicyUpdater
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,22 +110,6 @@ class StepResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int):
-    """Return a LambdaLR implementing linear warm-up then constant / linear / cosine decay."""
-
-    def factor(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 class GRPOTrainer:
     """Trains a causal LM with the GRPO family on prompts scored by reward functions."""
 
@@ -139,19 +124,14 @@ class GRPOTrainer:
         tokenizer: Any = None,
     ):
         dist.init_from_env()
-        self.cfg = cfg = config.validate(need_model=model is None)
+        self.cfg = cfg = config.validate(need_model=model is None, reward_funcs=reward_funcs)
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
             list(reward_funcs) if reward_funcs else cfg.rewards,
             max_completion_length=cfg.rollout.max_completion_length,
         )
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
-        weights = cfg.reward_weights or [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions"
-            )
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
         if train_rows is None:
             train_rows, loaded_eval = load_prompt_rows(cfg)
             eval_rows = loaded_eval if eval_rows is None else eval_rows
@@ -163,7 +143,8 @@ class GRPOTrainer:
         seed_everything(cfg.seed + dist.rank())
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        bound_heap(cfg.malloc_mmap_threshold_mib)
+        f = cfg.fast
+        choose(f.heap_bound, "heap_bound", None, unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib))
         self.device = resolve_device(cfg.model.device)
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
         self.model = model or load_model(
@@ -172,7 +153,7 @@ class GRPOTrainer:
             device=str(self.device),
             trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=cfg.model.attn_implementation,
-            lora=cfg.model.lora.settings() if cfg.model.lora.enabled else None,
+            lora=cfg.model.lora if cfg.model.lora.enabled else None,
         )
         self.model.to(self.device)
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
@@ -185,27 +166,19 @@ class GRPOTrainer:
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
         self._drop_long_prompts()
         # 4. Engine, optimizer, updater, run directory.
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        gen_eos = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
-        eos_ids = sorted({self.tokenizer.eos_token_id, *gen_eos} - {None})
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
-        options = {"packed_weights": cfg.rollout.packed_weights} if cfg.rollout.engine == "builtin" else {}
+        eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
+        options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
         self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
         self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729 + dist.rank())
-        params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        # The fused kernel updates all parameters in one call (CPU and CUDA); the per-tensor loop costs
-        # more than the arithmetic on small models.
-        fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-        self.optimizer = torch.optim.AdamW(
-            params,
+        self.optimizer = make_adamw(
+            (p for p in self.model.parameters() if p.requires_grad),
             lr=o.lr,
             betas=(o.adam_beta1, o.adam_beta2),
             eps=o.adam_eps,
             weight_decay=o.weight_decay,
-            fused=fused or None,
         )
         updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
         self.scheduler = make_scheduler(self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step)
@@ -214,12 +187,13 @@ class GRPOTrainer:
             self.optimizer,
             self.scheduler,
             cfg.algo,
-            temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+            temperature=cfg.rollout.logprob_temperature(),
             max_completion_length=cfg.rollout.max_completion_length,
             micro_batch_tokens=cfg.micro_batch_tokens,
             max_grad_norm=o.max_grad_norm,
             reference=self._reference if cfg.algo.beta > 0 else None,
-            autocast=self._autocast,
+            autocast=self.autocast,
+            fast=cfg.fast,
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.seed + 1000 * dist.rank())
         self.run_dir = Path(cfg.out_dir)
@@ -243,7 +217,8 @@ class GRPOTrainer:
         self.train_rows = [self.train_rows[i] for i in keep]
         self.train_prompt_ids = [self.train_prompt_ids[i] for i in keep]
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Returns the autocast context every forward pass runs under (bf16 on CUDA unless switched off)."""
         if self.device.type == "cuda" and self.cfg.model.bf16_autocast:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -273,20 +248,18 @@ class GRPOTrainer:
         self.num_tokens = extra.get("num_tokens", 0)
         if "shuffle_rng" in extra:
             self.shuffle_generator.set_state(extra["shuffle_rng"])
-        if self.ref_model is not None and "ref_step" in extra:
-            self.ref_model.load_state_dict(self.model.state_dict())
         self.step_idx = state["step"]
 
     # ------------------------------------------------------------------ one step
-    def sampling_params(self, *, greedy: bool = False) -> SamplingParams:
-        """Return the rollout's sampling parameters (greedy for evaluation)."""
+    def sampling_params(self) -> SamplingParams:
+        """Return the rollout's sampling parameters (greedy when rollout.temperature is 0)."""
         r = self.cfg.rollout
         return SamplingParams(
             max_completion_length=r.max_completion_length,
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
-            greedy=greedy or r.temperature == 0,
+            greedy=r.temperature == 0,
         )
 
     def step(self) -> StepResult:
@@ -297,7 +270,7 @@ class GRPOTrainer:
         idx = self.sampler.take(cfg.prompts_per_step)
         rows = [self.train_rows[i] for i in idx]
         # 2. Rollout.
-        with self._autocast():
+        with self.autocast():
             rollout = self.engine.generate(
                 self.model, [self.train_prompt_ids[i] for i in idx], G, self.sampling_params(), self.generator
             )
@@ -321,13 +294,13 @@ class GRPOTrainer:
         t_score = time.perf_counter()
         # 5. Policy update.
         batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
-        update_metrics = self.updater.update(batch, self.shuffle_generator)
+        stats = self.updater.update(batch, self.shuffle_generator)
         t_update = time.perf_counter()
         # 6. Reference refresh (recipes that let the anchor follow the policy).
         self.step_idx += 1
         if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
             self.ref_model.load_state_dict(self.model.state_dict())
-        metrics = self._metrics(rollout, per_func, reward, zero_std, update_metrics)
+        metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         metrics.update(
             {
                 "step_time": t_update - t0,
@@ -344,15 +317,13 @@ class GRPOTrainer:
 
     @staticmethod
     def _as_text(x: Any) -> str:
-        if isinstance(x, list):
+        if is_conversational(x):
             return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in x)
         return str(x)
 
     def _decode(self, rollout: RolloutBatch, rows: list[dict]) -> list[Any]:
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        if isinstance(rows[0][self.cfg.data.prompt_column], list):  # conversational dataset
-            return [[{"role": "assistant", "content": t}] for t in texts]
-        return texts
+        return as_completions(texts, rows[0][self.cfg.data.prompt_column])
 
     def _score(self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]) -> torch.Tensor:
         G, pc = rollout.group_size, self.cfg.data.prompt_column
@@ -365,7 +336,7 @@ class GRPOTrainer:
             columns=columns,
         )  # [N, R]
 
-    def _metrics(self, rollout, per_func, reward, zero_std, update_metrics) -> dict[str, Any]:
+    def _metrics(self, rollout, per_func, reward, zero_std, stats: UpdateStats) -> dict[str, Any]:
         G = rollout.group_size
         lengths = rollout.completion_lengths.float()
         prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * G
@@ -382,22 +353,16 @@ class GRPOTrainer:
             m[f"rewards/{name}/std"] = float(_nanstd(col.view(1, -1))[0])
         m.update(
             {
-                "kl": update_metrics.pop("kl", None),
-                "clip_ratio/region_mean": update_metrics.pop("clip_ratio/region_mean", 0.0),
-                "clip_ratio/low_mean": update_metrics.pop("clip_ratio/low_mean", 0.0),
-                "clip_ratio/high_mean": update_metrics.pop("clip_ratio/high_mean", 0.0),
                 "completions/mean_length": float(lengths.mean()),
                 "completions/min_length": float(lengths.min()),
                 "completions/max_length": float(lengths.max()),
                 "completions/clipped_ratio": float(rollout.truncated.float().mean()),
                 "num_tokens": self.num_tokens,
                 "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
-                "entropy": update_metrics.pop("entropy", None),
-                "loss": update_metrics.pop("loss", None),
-                "grad_norm": update_metrics.pop("grad_norm", None),
             }
         )
-        m.update(update_metrics)
+        m.update(stats.metrics())
+        m.update({f"fast/{k}": float(v) for k, v in rollout.paths.items()})
         return m
 
     # ------------------------------------------------------------------ evaluation and saving
@@ -405,7 +370,7 @@ class GRPOTrainer:
         """Return held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function."""
         if not self.eval_rows:
             return {}
-        with self._autocast():
+        with self.autocast():
             return evaluate(
                 self.model,
                 self.tokenizer,
@@ -416,7 +381,7 @@ class GRPOTrainer:
                 max_completion_length=self.cfg.rollout.max_completion_length,
                 prompt_column=self.cfg.data.prompt_column,
                 k=k,
-                temperature=self.cfg.rollout.temperature or 1.0,
+                temperature=self.cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
                 # its own stream, so evaluating does not change the training trajectory
                 generator=torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step_idx),
             )

@@ -1,29 +1,31 @@
 """One policy update over a scored rollout batch: μ passes × minibatches × micro-batches.
 
-Where the work goes is decided here, so the levers of the speed issue live in one place:
-- rows whose advantage is exactly 0 are skipped when beta = 0 (they add nothing to the gradient) while
-  the loss normalisers (`num_sequences`, `num_items`) still count them, so the gradient is unchanged;
 - π_old is only computed when the policy moves before a minibatch is used (μ > 1 or several minibatches);
   otherwise the ratio is taken against the detached current log-probs, which is the same number;
 - π_ref is only computed when beta > 0 (with LoRA, by switching the adapter off, not a second model);
-- micro-batches are built from whole groups bucketed by length under a token budget, and each group's
-  prompt is laid out once (see :func:`cohort.logprobs.completion_logprobs`).
-With several processes the per-process losses use the global normalisers and gradients are summed, so
-the update equals the one a single process would make on the whole batch.
+- micro-batches are built from whole groups bucketed by length under a token budget;
+- the fast paths (zero-advantage skipping, the log-prob layouts, the chunked LM head) follow the `fast`
+  switches (`cohort.fast`) and the update reports which ones ran (UpdateStats.paths).
+With several processes the per-process losses use the global normalisers (`cohort.algo.loss_normalisers`)
+and gradients are summed, so the update equals the one a single process would make on the whole batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from cohort import distributed as dist
-from cohort.algo import policy_loss
+from cohort.algo import loss_normalisers, policy_loss
 from cohort.config import AlgoConfig
-from cohort.logprobs import completion_logprobs
+from cohort.fast import FastConfig
+from cohort.fast.lm_head import head_unavailable
+from cohort.fast.skipping import skip_unavailable, zero_advantage_rows
+from cohort.fast.switches import choose
+from cohort.logprobs import choose_path, compute_logprobs
 
 
 @dataclass
@@ -86,10 +88,57 @@ def plan_micro_batches(
     return micro
 
 
-def _skippable(advantages: torch.Tensor, rows: Sequence[int]) -> list[int]:
-    """Return the rows whose advantage is exactly 0: at beta = 0 they add exactly 0 to loss and gradient."""
-    zero = (advantages == 0).tolist()
-    return [r for r in rows if zero[r]]
+@dataclass
+class UpdateStats:
+    """What one call of PolicyUpdater.update measured (token-weighted means over its micro-batches)."""
+
+    loss: float = 0.0
+    """The loss summed over micro-batches and processes, averaged over optimizer steps."""
+    grad_norm: float = 0.0
+    """Global gradient norm before clipping, averaged over optimizer steps."""
+    lr: float = 0.0
+    """Learning rate after the update's scheduler steps."""
+    kl: float | None = None
+    """Mean per-token KL to the reference (None when beta = 0 or no reference)."""
+    entropy: float | None = None
+    """Mean per-token entropy of the policy on the first pass."""
+    clip_ratio: dict[str, float] = field(default_factory=dict)
+    """TRL's clip metrics: low_mean, high_mean, region_mean."""
+    ratio_mean: float | None = None
+    """Mean importance ratio pi_theta / pi_old."""
+    rows_computed_frac: float = 1.0
+    """Share of the batch's completions that needed a forward/backward (the rest were left out of the loss
+    or skipped: zero advantage)."""
+    paths: dict[str, float] = field(default_factory=dict)
+    """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded) and with
+    the chunked head, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
+
+    def metrics(self) -> dict[str, float | None]:
+        """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
+        out: dict[str, float | None] = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr,
+                                        "kl": self.kl, "entropy": self.entropy}
+        for name in ("region_mean", "low_mean", "high_mean"):
+            out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
+        out["ratio/mean"] = self.ratio_mean
+        out["rows_computed_frac"] = self.rows_computed_frac
+        out.update({f"fast/{k}": v for k, v in self.paths.items()})
+        return out
+
+
+class _Means:
+    """Weighted running means by name."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def get(self, name: str, default=None):
+        w = self.weights.get(name, 0.0)
+        return self.sums[name] / w if w > 0 else default
 
 
 class PolicyUpdater:
@@ -108,7 +157,7 @@ class PolicyUpdater:
         max_grad_norm: float,
         reference: Callable[[], contextlib.AbstractContextManager[torch.nn.Module]] | None = None,
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        layout: str = "grouped",
+        fast: FastConfig | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -120,7 +169,15 @@ class PolicyUpdater:
         self.max_grad_norm = max_grad_norm
         self.reference = reference
         self.autocast = autocast
-        self.layout = layout
+        self.fast = (FastConfig() if fast is None else fast).validate()
+        # `on` that cannot be honoured fails here, before any work.
+        self.skip_zero = choose(
+            self.fast.skip_zero_advantage,
+            "skip_zero_advantage",
+            model,
+            worth=algo.beta == 0,  # at beta > 0 auto simply computes every row; `on` is an error
+            unavailable=lambda: skip_unavailable(algo.beta),
+        )
         # Zero (not None) gradients make a step whose rows were all skipped identical to one that
         # back-propagated zeros: AdamW still advances its moments and applies weight decay.
         for p in model.parameters():
@@ -128,18 +185,20 @@ class PolicyUpdater:
                 p.grad = torch.zeros_like(p)
 
     # ------------------------------------------------------------------ helpers
-    def _logprobs(self, model, batch: PolicyBatch, rows: list[int], *, with_entropy: bool = False):
+    def _logprobs(self, model, batch: PolicyBatch, rows: list[int], paths: _Means | None = None, *, with_entropy=False):
+        f = self.fast
+        path = choose_path(model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, f)
+        chunked = choose(f.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
         with self.autocast():
-            return completion_logprobs(
-                model,
-                batch.prompt_ids,
-                batch.completion_ids,
-                batch.group_size,
-                rows=rows,
-                temperature=self.temperature,
-                with_entropy=with_entropy,
-                layout=self.layout,
+            lp = compute_logprobs(
+                model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, self.temperature,
+                with_entropy, 1024, path, chunked=chunked, fast=f,
             )
+        if paths is not None:
+            for name in ("segments", "dense_mask", "padded"):
+                paths.add(name, float(lp.path == name), 1.0)
+            paths.add("chunked_head", float(lp.chunked_head), 1.0)
+        return lp
 
     def _micro_batches(self, batch: PolicyBatch, rows: Sequence[int]) -> list[list[int]]:
         return plan_micro_batches(
@@ -153,12 +212,13 @@ class PolicyUpdater:
         for micro in self._micro_batches(batch, rows):
             lp = self._logprobs(model, batch, micro)
             for i, r in enumerate(micro):
-                out[r] = lp.logp[i, : len(batch.completion_ids[r])].float()
+                out[r] = lp.logp[i, : len(batch.completion_ids[r])]
         return out
 
     @staticmethod
     def _stack(values: dict[int, torch.Tensor], rows: list[int], width: int) -> torch.Tensor:
-        out = torch.zeros(len(rows), width, dtype=torch.float32, device=next(iter(values.values())).device)
+        first = next(iter(values.values()))
+        out = torch.zeros(len(rows), width, dtype=first.dtype, device=first.device)
         for i, r in enumerate(rows):
             v = values[r]
             out[i, : v.numel()] = v
@@ -173,8 +233,8 @@ class PolicyUpdater:
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
     # ------------------------------------------------------------------ the update
-    def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> dict[str, float]:
-        """Return the metrics of μ × num_minibatches optimizer steps on `batch`."""
+    def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
+        """Returns the UpdateStats of μ × num_minibatches optimizer steps on `batch`."""
         a = self.algo
         n = len(batch.completion_ids)
         in_loss = batch.in_loss.tolist()
@@ -187,34 +247,22 @@ class PolicyUpdater:
             with self.reference() as ref_model:
                 ref = self._frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
-
-        def add(name: str, value: float, weight: float) -> None:
-            sums[name] = sums.get(name, 0.0) + value * weight
-            weights[name] = weights.get(name, 0.0) + weight
+        means, paths = _Means(), _Means()
 
         for it in range(a.num_iterations):
             for mb_rows in self._minibatches(batch, generator):
                 rows = [r for r in mb_rows if in_loss[r]]
-                num_seq = dist.all_sum_int(len(rows))
-                tokens = sum(lengths[r] for r in rows)
-                num_items = dist.all_sum_int(tokens) if a.loss_type == "dapo" else tokens
-                skip = set(_skippable(adv, rows)) if a.beta == 0 else set()
+                num_items, num_seq = loss_normalisers(a.loss_type, [lengths[r] for r in rows], dist.all_sum_int)
+                skip = set(zero_advantage_rows(adv, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
                 for micro in self._micro_batches(batch, work):
-                    lp = self._logprobs(self.model, batch, micro, with_entropy=(it == 0))
+                    lp = self._logprobs(self.model, batch, micro, paths, with_entropy=(it == 0))
                     width = lp.logp.shape[1]
-                    kwargs = {}
-                    if old is not None:
-                        kwargs["old_logp"] = self._stack(old, micro, width)
-                    if ref is not None:
-                        kwargs["ref_logp"] = self._stack(ref, micro, width)
                     loss, metrics = policy_loss(
                         lp.logp,
-                        kwargs.get("old_logp"),
+                        self._stack(old, micro, width) if old is not None else None,
                         adv[micro].to(lp.logp.device),
                         lp.mask,
                         loss_type=a.loss_type,
@@ -222,19 +270,19 @@ class PolicyUpdater:
                         eps_high=a.eps_high,
                         delta=a.delta,
                         beta=a.beta,
-                        ref_logp=kwargs.get("ref_logp"),
+                        ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                         max_completion_length=self.max_completion_length,
-                        num_items=max(num_items, 1),
-                        num_sequences=max(num_seq, 1),
+                        num_items=num_items,
+                        num_sequences=num_seq,
                         importance=a.importance,
                     )
                     loss.backward()
                     total_loss += float(loss.detach())
                     ntok = float(lp.mask.sum())
                     for k, v in metrics.items():
-                        add(k, float(v), ntok)
+                        means.add(k, float(v), ntok)
                     if lp.entropy is not None:
-                        add("entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok)
+                        means.add("entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok)
                 dist.all_sum_grads(self.model)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
@@ -244,9 +292,20 @@ class PolicyUpdater:
                 self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
-                add("loss", dist.all_sum_float(total_loss), 1.0)
-                add("grad_norm", float(gn), 1.0)
-                add("rows_computed_frac", len(work) / max(len(mb_rows), 1), 1.0)
-        out = {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
-        out["lr"] = self.optimizer.param_groups[0]["lr"]
-        return out
+                means.add("loss", dist.all_sum_float(total_loss), 1.0)
+                means.add("grad_norm", float(gn), 1.0)
+                means.add("rows_computed_frac", len(work) / max(len(mb_rows), 1), 1.0)
+        taken = {name: paths.get(name) for name in ("segments", "dense_mask", "padded", "chunked_head")}
+        taken = {k: v for k, v in taken.items() if v is not None}
+        taken["skip_zero_advantage"] = float(self.skip_zero)
+        return UpdateStats(
+            loss=means.get("loss", 0.0),
+            grad_norm=means.get("grad_norm", 0.0),
+            lr=self.optimizer.param_groups[0]["lr"],
+            kl=means.get("kl"),
+            entropy=means.get("entropy"),
+            clip_ratio={k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")},
+            ratio_mean=means.get("ratio/mean"),
+            rows_computed_frac=means.get("rows_computed_frac", 1.0),
+            paths=taken,
+        )

@@ -1,54 +1,11 @@
-"""token_entropy (chunked) against torch.distributions, and DAPO's row filters."""
+"""DAPO's row filters: zero-std groups and truncated completions."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
-from cohort.algo import group_advantages, token_entropy, truncation_mask, zero_std_group_mask
-
-F64 = torch.float64
-
-
-@pytest.mark.parametrize("chunk_size", [1, 2, 5, 1024])
-def test_entropy_matches_categorical_for_any_chunk_size(chunk_size):
-    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0), dtype=F64)
-    want = torch.distributions.Categorical(logits=logits).entropy()  # [2, 3]
-    got = token_entropy(logits, chunk_size=chunk_size)
-    assert got.shape == (2, 3)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-
-
-def test_entropy_by_hand():
-    # Uniform over 4 tokens: H = log 4 = 1.386294. One token with all the mass (logits 0 vs -1e4): H = 0.
-    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, -1e4, -1e4, -1e4]], dtype=F64)
-    torch.testing.assert_close(
-        token_entropy(logits), torch.tensor([math.log(4), 0.0], dtype=F64), rtol=0, atol=1e-12
-    )
-
-
-def test_entropy_upcasts_low_precision_and_is_differentiable():
-    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    got = token_entropy(logits, chunk_size=3)
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(
-        got, torch.distributions.Categorical(logits=logits.float()).entropy(), rtol=0, atol=1e-5
-    )
-
-    x = torch.randn(5, 6, dtype=F64, requires_grad=True)
-    (g_chunked,) = torch.autograd.grad(token_entropy(x, chunk_size=2).sum(), x)
-    (g_ref,) = torch.autograd.grad(torch.distributions.Categorical(logits=x).entropy().sum(), x)
-    torch.testing.assert_close(g_chunked, g_ref, rtol=0, atol=1e-12)
-
-
-def test_entropy_bad_input():
-    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
-        token_entropy(torch.zeros(2, 3), chunk_size=0)
-    with pytest.raises(ValueError, match="floating"):
-        token_entropy(torch.zeros(2, 3, dtype=torch.long))
-    assert token_entropy(torch.zeros(0, 5)).shape == (0,)
+from cohort.algo import group_advantages, truncation_mask, zero_std_group_mask
 
 
 def test_zero_std_group_mask():

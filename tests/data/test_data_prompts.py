@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cohort.data import encode_prompts, prompt_text
+from cohort.data import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.models import build_tiny_tokenizer
 
 CHAT = [{"role": "user", "content": "1+2="}]
@@ -51,3 +51,9 @@ def test_errors(tok):
     with pytest.raises(ValueError, match="prompt 1 .* encodes to no tokens"):
         encode_prompts(tok, ["1+1=", ""])
     assert encode_prompts(tok, []) == []
+
+
+def test_completions_take_the_format_of_their_prompt():
+    assert as_completions(("3", "4"), "1+2=") == ["3", "4"]
+    assert as_completions(["3"], CHAT) == [[{"role": "assistant", "content": "3"}]]
+    assert all(is_conversational(c) for c in as_completions(["3", ""], CHAT))

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from cohort.rewards import RewardFunctionError, accuracy_reward, format_reward, reward_name, score
+from cohort.rewards import (
+    RewardFunctionError,
+    accuracy_reward,
+    format_reward,
+    reward_name,
+    reward_weights,
+    score,
+)
 
 PROMPTS = ["1+1=", "1+1=", "2+3=", "2+3="]
 COMPLETIONS = ["2", "3", "<think>x</think><answer>5</answer>", "5"]
@@ -119,15 +126,23 @@ def test_input_errors():
         call(accuracy_reward, columns={"answer": ["2"] * 4, "completions": [0] * 4})
     with pytest.raises(ValueError, match="at least one reward function"):
         call()
-    with pytest.raises(ValueError, match=r"must be 2 finite numbers.*\['accuracy_reward', 'format_reward'\]"):
-        score(
-            [accuracy_reward, format_reward], [1.0], prompts=PROMPTS, completions=COMPLETIONS, columns=COLUMNS
-        )
 
 
-def test_weights_are_checked_not_applied():
-    weighted = score([accuracy_reward], [2.0], prompts=PROMPTS, completions=COMPLETIONS, columns=COLUMNS)
-    assert weighted.tolist() == call(accuracy_reward).tolist()
+def test_reward_weights_are_one_finite_number_per_function():
+    both = [accuracy_reward, format_reward]
+    assert reward_weights(None, both).tolist() == [1.0, 1.0]
+    got = reward_weights([2, 0.5], both)
+    assert got.dtype == torch.float32 and got.tolist() == [2.0, 0.5]
+    assert reward_weights(np.array([1.0]), ["accuracy"]).tolist() == [1.0]  # specs stand for their functions
+    with pytest.raises(ValueError, match=r"1 values but there are 2 reward functions \['accuracy_reward', 'format_reward'\]"):
+        reward_weights([1.0], both)
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match=rf"reward_weights\[1\]={bad} \(for 'format_reward'\) is not finite"):
+            reward_weights([1.0, bad], both)
+    with pytest.raises(ValueError, match=r"reward_weights\[0\]='2' \(for 'accuracy'\) is not a number"):
+        reward_weights(["2"], ["accuracy"])
+    with pytest.raises(ValueError, match="must be a list of numbers"):
+        reward_weights(2.0, ["accuracy"])
 
 
 def test_reward_name():

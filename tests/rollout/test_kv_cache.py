@@ -3,7 +3,7 @@
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from cohort.rollout.kv_cache import PreallocatedLayer, preallocated_cache
+from cohort.fast.kv_cache import PreallocatedLayer, preallocated_cache
 
 
 def _states(rows, n, seed):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import EOS, PAD, random_prompts, tiny_model
+from _tiny import ALL_FAST, make_test_engine, random_prompts, tiny_model
 
-from cohort.rollout import SamplingParams, make_engine
-from cohort.rollout import builtin as builtin_module
-from cohort.rollout import packed_linear as pl
+from cohort.fast import FastPathError
+from cohort.fast import packed_linear as pl
+from cohort.rollout import SamplingParams
 
-pytestmark = pytest.mark.skipif(not pl._packing_works(), reason="this torch build has no oneDNN packed linear")
+pytestmark = pytest.mark.skipif(
+    pl.packing_unavailable(tiny_model()) is not None, reason="this torch build has no oneDNN packed linear"
+)
 
 
 def linears(model):
@@ -22,7 +24,7 @@ def test_packed_layers_compute_the_same_and_are_restored():
     x = torch.randint(2, 40, (3, 7))
     with torch.inference_mode():
         ref = model(x).logits
-        with pl.packed_linears(model, batch_hint=3) as n:
+        with pl.packed_linears(model, batch_hint=3, min_elements=0) as n:
             assert n == len(linears(model)) > 0
             assert all("forward" in m.__dict__ for m in linears(model))
             got = model(x).logits
@@ -37,29 +39,31 @@ def test_strided_and_batched_inputs():
     inputs = [torch.randn(64, 10).t(), torch.randn(5, 3, 64)[:, 1:2], torch.randn(4, 128)[:, ::2]]
     with torch.inference_mode():
         refs = [layer(x) for x in inputs]
-        with pl.packed_linears(layer) as n:
+        with pl.packed_linears(layer, min_elements=0) as n:
             assert n == 1
             for x, ref in zip(inputs, refs):
                 assert not x.is_contiguous()
                 torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-5)
 
 
-def test_size_threshold_and_dtype_decide_what_is_packed(monkeypatch):
+def test_size_threshold_and_dtype_decide_what_is_packed():
     model = tiny_model(hidden_size=48)  # q/o 48x48 (2304), k/v 24x48, MLP 96x48, head 40x48
-    monkeypatch.setattr(pl, "PACK_MIN_ELEMENTS", 2304)
-    with torch.inference_mode(), pl.packed_linears(model) as n:
+    with torch.inference_mode(), pl.packed_linears(model, min_elements=2304) as n:
         big = [m for m in linears(model) if m.weight.numel() >= 2304]
         assert n == len(big) and 0 < n < len(linears(model))
-    monkeypatch.setattr(pl, "PACK_MIN_ELEMENTS", 0)
-    with torch.inference_mode(), pl.packed_linears(model.to(torch.bfloat16)) as n:
+    assert pl.packing_unavailable(model) is None
+    with torch.inference_mode(), pl.packed_linears(model.to(torch.bfloat16), min_elements=0) as n:
         assert n == 0  # oneDNN packing here is for float32 weights only
+    assert "no float32 nn.Linear weight" in pl.packing_unavailable(model)
+    with pytest.raises(FastPathError, match="packed_weights=on, but Qwen2ForCausalLM cannot take it"):
+        make_test_engine("builtin").generate(model, random_prompts(2, seed=1), 2, SamplingParams(max_completion_length=3))
 
 
 def test_restored_after_an_exception_and_nested_blocks_pack_once():
     model = tiny_model()
-    with pytest.raises(KeyError), torch.inference_mode(), pl.packed_linears(model) as n:
+    with pytest.raises(KeyError), torch.inference_mode(), pl.packed_linears(model, min_elements=0) as n:
         assert n > 0
-        with pl.packed_linears(model) as inner:
+        with pl.packed_linears(model, min_elements=0) as inner:
             assert inner == 0  # already packed by the outer block
         assert all("forward" in m.__dict__ for m in linears(model))
         raise KeyError("boom")
@@ -70,17 +74,18 @@ def test_a_failed_packing_warns_and_leaves_the_model_plain(monkeypatch):
     model = tiny_model()
     x = torch.randint(2, 40, (2, 5))
     calls = []
+    reorder = torch.ops.mkldnn._reorder_linear_weight
 
     def fail_on_third(weight, batch_hint):
         calls.append(weight.shape)
         if len(calls) == 3:
             raise RuntimeError("out of memory (simulated)")
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+        return reorder(weight, batch_hint)
 
-    monkeypatch.setattr(pl, "_reorder", fail_on_third)
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", fail_on_third)
     with torch.inference_mode():
         ref = model(x).logits
-        with pytest.warns(UserWarning, match="simulated"), pl.packed_linears(model) as n:
+        with pytest.warns(UserWarning, match="simulated"), pl.packed_linears(model, min_elements=0) as n:
             assert n == 0
             assert all("forward" not in m.__dict__ for m in linears(model))
             got = model(x).logits
@@ -92,7 +97,7 @@ def test_autograd_inside_the_block_uses_the_plain_weights():
     x = torch.randint(2, 40, (2, 5))
     ref_loss = model(x).logits.logsumexp(-1).sum()
     (ref_grad,) = torch.autograd.grad(ref_loss, [model.model.layers[0].mlp.up_proj.weight])
-    with pl.packed_linears(model) as n:
+    with pl.packed_linears(model, min_elements=0) as n:
         assert n > 0
         loss = model(x).logits.logsumexp(-1).sum()
         (grad,) = torch.autograd.grad(loss, [model.model.layers[0].mlp.up_proj.weight])
@@ -107,10 +112,11 @@ def test_builtin_engine_packed_and_plain_agree():
     params = SamplingParams(max_completion_length=12, greedy=True)
     batches = {}
     for packed in (True, False):
-        engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, packed_weights=packed)
+        engine = make_test_engine("builtin", fast=ALL_FAST.replace(packed_weights="on" if packed else "off"))
         batches[packed] = engine.generate(model, prompts, 3, params)
+        assert batches[packed].paths["packed_weights"] is packed
     assert batches[True].completion_ids == batches[False].completion_ids
-    again = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD).generate(model, prompts, 3, params)
+    again = make_test_engine("builtin").generate(model, prompts, 3, params)
     assert all(torch.equal(a, b) for a, b in zip(again.sampling_logprobs, batches[True].sampling_logprobs))
     for a, b in zip(batches[True].sampling_logprobs, batches[False].sampling_logprobs):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
@@ -131,7 +137,7 @@ def test_lora_base_layers_are_packed_and_the_adapter_still_applies(tmp_path):
         ref = lora(x).logits
         with lora.disable_adapter():
             base = lora(x).logits
-        with pl.packed_linears(lora) as n:
+        with pl.packed_linears(lora, min_elements=0) as n:
             assert n >= 2 * len(model.model.layers)  # at least the wrapped q/v base layers
             got = lora(x).logits
     assert not torch.allclose(ref, base, atol=1e-3)
@@ -139,22 +145,13 @@ def test_lora_base_layers_are_packed_and_the_adapter_still_applies(tmp_path):
 
 
 @pytest.mark.parametrize("max_len, packs", [(3, False), (5, False), (6, True), (9, True)])
-def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, monkeypatch, max_len, packs):
-    """Only a rollout still going after PACK_AFTER_STEPS decode steps, with room for more than
-    PACK_MIN_REMAINING tokens, packs, and only once."""
-    monkeypatch.setattr(builtin_module, "PACK_AFTER_STEPS", 3)
-    monkeypatch.setattr(builtin_module, "PACK_MIN_REMAINING", 2)
-    entered = []
-    real = pl.packed_linears
-
-    def spy(model, batch_hint=8):
-        entered.append(batch_hint)
-        return real(model, batch_hint)
-
-    monkeypatch.setattr(builtin_module, "packed_linears", spy)
-    engine = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD)
+def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, max_len, packs):
+    """auto: only a rollout still going after pack_after_steps decode steps, with room for more than
+    pack_min_remaining tokens, packs."""
+    fast = ALL_FAST.replace(packed_weights="auto", pack_after_steps=3, pack_min_remaining=2, pack_min_elements=0)
+    engine = make_test_engine("builtin", fast=fast)
     batch = engine.generate(peaky_model, random_prompts(2, seed=1), 3, SamplingParams(max_completion_length=max_len))
     assert all(len(c) == max_len for c in batch.completion_ids)  # EOS is never sampled by this model
     # Token 0 comes from the prefill and token t from decode step t: step 3 packs when max_len - 3 > 2.
-    assert entered == ([6] if packs else [])
+    assert batch.paths["packed_weights"] is packs
     assert all("forward" not in m.__dict__ for m in linears(peaky_model))

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import EOS, PAD, VOCAB, random_prompts, tiny_model
+from _tiny import ALL_FAST, EOS, PAD, VOCAB, make_test_engine, random_prompts, tiny_model
 
-from cohort import attention as attention_module
+from cohort.fast import FastConfig, FastPathError, probes
+from cohort.fast import attention as attention_module
 from cohort.rollout import BuiltinEngine, HFEngine, RolloutBatch, SamplingParams, make_engine
-from cohort.rollout import builtin as builtin_module
 
 ENGINES = ["builtin", "hf"]
 
 
-def engine(name: str, eos=(EOS,), **options):
-    return make_engine(name, eos_token_ids=list(eos), pad_token_id=PAD, **options)
+def engine(name: str, eos=(EOS,), **changes):
+    """Returns make_test_engine(name): every fast path on, with `changes` to the FastConfig."""
+    return make_test_engine(name, eos=eos, fast=ALL_FAST.replace(**changes))
 
 
 def recomputed_logprobs(model, batch: RolloutBatch, temperature: float) -> list[torch.Tensor]:
@@ -49,8 +50,10 @@ def test_make_engine_names_and_errors():
         make_engine("vllm2", eos_token_ids=[EOS], pad_token_id=PAD)
     with pytest.raises(ValueError, match="eos_token_ids"):
         make_engine("builtin", eos_token_ids=[], pad_token_id=PAD)
-    with pytest.raises(ValueError, match="compact_fraction"):
-        make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, compact_fraction=0.0)
+    with pytest.raises(ValueError, match="drop_ended_fraction"):
+        make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=FastConfig(drop_ended_fraction=0.0))
+    with pytest.raises(TypeError, match="FastConfig"):
+        make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast={"shared_prefix": "on"})
 
 
 @pytest.mark.parametrize(
@@ -77,13 +80,13 @@ def test_generate_rejects_bad_requests(eos_model, name):
         engine(name).generate(eos_model, [[3, 4]], 0, params)
 
 
-@pytest.mark.parametrize("compact_fraction", [1e-9, 0.25, 1.0])
-def test_builtin_greedy_equals_generate(eos_model, compact_fraction):
+@pytest.mark.parametrize("drop_ended_fraction", [1e-9, 0.25, 1.0])
+def test_builtin_greedy_equals_generate(eos_model, drop_ended_fraction):
     """Guards prefill sharing, cache repetition, row dropping and position ids against generate()."""
     prompts = random_prompts(8, seed=1)
     assert len({len(p) for p in prompts}) > 2  # left padding is exercised
     params = SamplingParams(max_completion_length=20, greedy=True)
-    ours = engine("builtin", compact_fraction=compact_fraction).generate(eos_model, prompts, 3, params)
+    ours = engine("builtin", drop_ended_fraction=drop_ended_fraction).generate(eos_model, prompts, 3, params)
     ref = engine("hf").generate(eos_model, prompts, 3, params)
     assert ours.completion_ids == ref.completion_ids
     assert torch.equal(ours.truncated, ref.truncated)
@@ -252,7 +255,7 @@ def test_shared_prefix_decoding_matches_the_repeated_cache(greedy):
     assert torch.equal(tok_a, tok_b) and torch.equal(len_a, len_b) and torch.equal(end_a, end_b)
     assert len_a.min() < len_a.max()  # rows ended at different steps, so rows were dropped mid-way
     torch.testing.assert_close(lp_a, lp_b, rtol=0, atol=1e-5)
-    assert builtin_module._PREFIX_OK.get(model) is None  # explicit choice: the check never ran
+    assert "shared_prefix" not in probes.results(model)  # explicit choice: the check never ran
 
 
 def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkeypatch):
@@ -263,13 +266,16 @@ def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkey
     real = attention_module._prefix_decode
     monkeypatch.setattr(attention_module, "_prefix_decode", lambda *a: real(*a) * 0.5)
     with pytest.warns(UserWarning, match="shared-prefix decoding does not reproduce"):
-        got = engine("builtin").generate(model, prompts, 3, params)
-    assert got.completion_ids == ref.completion_ids
-    assert builtin_module._PREFIX_OK[model] is False
+        got = engine("builtin", shared_prefix="auto", shared_prefix_min_elements=0).generate(model, prompts, 3, params)
+    assert got.completion_ids == ref.completion_ids and got.paths["shared_prefix"] is False
+    assert probes.results(model)["shared_prefix"] is False
+    with pytest.raises(FastPathError, match="shared-prefix decoding does not reproduce"):
+        engine("builtin").generate(model, prompts, 3, params)  # `on` refuses what auto falls back from
     monkeypatch.setattr(attention_module, "_prefix_decode", real)
     healthy = tiny_model(seed=3, eos_bias=0.5, logit_scale=3.0)
-    assert engine("builtin").generate(healthy, prompts, 3, params).completion_ids == ref.completion_ids
-    assert builtin_module._PREFIX_OK[healthy] is True
+    got = engine("builtin").generate(healthy, prompts, 3, params)
+    assert got.completion_ids == ref.completion_ids and got.paths["shared_prefix"] is True
+    assert probes.results(healthy)["shared_prefix"] is True
 
 
 def test_rollout_batch_properties():
@@ -285,9 +291,16 @@ def test_rollout_batch_properties():
     assert VOCAB > EOS  # the shared tiny vocabulary is what the fixtures assume
 
 
-def test_shared_prefix_decoding_only_where_the_copies_it_avoids_are_large(monkeypatch):
-    monkeypatch.setattr(builtin_module, "PREFIX_SHARING_MIN", 1 << 18)
-    model = tiny_model()  # 2 kv heads x head size 12: 24 cache elements per position and layer
-    assert not builtin_module._worth_sharing(model, 16, 8, 8)  # the demo's shape: 21 504 elements
-    assert builtin_module._worth_sharing(model, 4, 16, 1000)  # long prompts, large groups: 1.4 M
-    assert not builtin_module._worth_sharing(model, 64, 1, 4096)  # G = 1: nothing to share
+@pytest.mark.parametrize(
+    ("n_prompts", "group", "width", "shares"),
+    [(16, 8, 8, False), (4, 16, 1000, True), (64, 1, 4096, False)],
+    ids=["demo-shape", "long-prompts", "G=1"],
+)
+def test_shared_prefix_decoding_only_where_the_copies_it_avoids_are_large(n_prompts, group, width, shares):
+    """auto shares when the avoided copies reach shared_prefix_min_elements (2 kv heads x head size 12 here:
+    24 cache elements per position and layer; the demo's shape avoids 21 504, long prompts 1.4 M)."""
+    model = tiny_model()
+    prompts = [[2 + (i + t) % 30 for t in range(width)] for i in range(n_prompts)]
+    params = SamplingParams(max_completion_length=2, greedy=True)
+    batch = engine("builtin", shared_prefix="auto", packed_weights="off").generate(model, prompts, group, params)
+    assert batch.paths["shared_prefix"] is shares

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from _tiny import EOS, PAD, VOCAB
+from _tiny import VOCAB, make_test_engine
 
-from cohort.rollout import SamplingParams, draw, filter_logits, make_engine
+from cohort.rollout import SamplingParams, draw, filter_logits
 
 PROMPT = [5, 17, 3, 22, 9]
 N_SAMPLES = 4000
@@ -82,7 +82,7 @@ SETTINGS = [
 @pytest.mark.parametrize("engine_name", ["builtin", "hf"])
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
 def test_first_and_second_token_distributions_match_exact(peaky_model, engine_name, params):
-    engine = make_engine(engine_name, eos_token_ids=[EOS], pad_token_id=PAD)
+    engine = make_test_engine(engine_name)
     batch = engine.generate(peaky_model, [PROMPT], N_SAMPLES, params, torch.Generator().manual_seed(0))
     tokens = torch.tensor(batch.completion_ids)  # [N, 2] (EOS is never sampled)
     p1, p2 = exact_token_distributions(peaky_model, params)
@@ -105,7 +105,7 @@ def test_first_and_second_token_distributions_match_exact(peaky_model, engine_na
 @pytest.mark.parametrize(("top_k", "top_p"), [(3, 1.0), (0, 0.5), (4, 0.6)])
 def test_top_k_top_p_restrict_the_support_exactly(peaky_model, engine_name, top_k, top_p):
     params = SamplingParams(max_completion_length=1, temperature=1.5, top_k=top_k, top_p=top_p)
-    engine = make_engine(engine_name, eos_token_ids=[EOS], pad_token_id=PAD)
+    engine = make_test_engine(engine_name)
     batch = engine.generate(peaky_model, [PROMPT], 2000, params, torch.Generator().manual_seed(3))
     seen = {c[0] for c in batch.completion_ids}
     with torch.no_grad():

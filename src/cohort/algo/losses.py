@@ -21,7 +21,7 @@ Where cohort departs from the papers (each one is a named option, see docs/algor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -105,6 +105,28 @@ def _aggregate_dr_grpo(
 
 
 LOSS_TYPES = tuple(LOSS_AGGREGATIONS)
+
+TOKEN_COUNT_SCOPE: dict[str, str | None] = {"grpo": None, "bnpo": "process", "dapo": "global", "dr_grpo": None}
+"""Which token count each loss type divides by: this process's minibatch ("process", BNPO), the minibatch
+summed over every process ("global", DAPO: every token of the batch weighs the same), or none (the grpo
+and dr_grpo normalisers count sequences). On one process bnpo and dapo are the same loss."""
+
+
+def loss_normalisers(
+    loss_type: str, lengths: Sequence[int], all_sum: Callable[[int], int] = int
+) -> tuple[int, int]:
+    """Returns (num_items, num_sequences) to pass to policy_loss for a minibatch whose in-loss rows on this
+    process have token counts `lengths`; all_sum(x) sums an int over processes (identity on one process).
+
+    num_sequences always counts every process's sequences (the loss of a batch split over processes is the
+    sum of the per-process losses); num_items is the token count of TOKEN_COUNT_SCOPE[loss_type]. Both are
+    at least 1, so an empty minibatch gives a zero loss instead of a division by zero.
+    """
+    check_choice("loss_type", loss_type, LOSS_AGGREGATIONS)
+    tokens = int(sum(lengths))
+    scope = TOKEN_COUNT_SCOPE.get(loss_type)
+    num_items = all_sum(tokens) if scope == "global" else tokens
+    return max(int(num_items), 1), max(int(all_sum(len(lengths))), 1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Datasets for cohort: built-in synthetic tasks, JSONL / `datasets` loading, prompt encoding."""
 
 from cohort.data.loading import RESERVED_COLUMNS, DataError, load_jsonl, load_rows, validate_rows
-from cohort.data.prompts import encode_prompts, is_conversational, prompt_text
+from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "DataError",
     "MultistepTask",
     "Task",
+    "as_completions",
     "encode_prompts",
     "get_task",
     "is_conversational",

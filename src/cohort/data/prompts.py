@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["encode_prompts", "is_conversational", "prompt_text"]
+__all__ = ["as_completions", "encode_prompts", "is_conversational", "prompt_text"]
 
 Prompt = str | list[dict[str, Any]]
 
@@ -17,6 +17,14 @@ Prompt = str | list[dict[str, Any]]
 def is_conversational(prompt: Any) -> bool:
     """Returns True for a list of ``{"role", "content"}`` messages, False for a plain string."""
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def as_completions(texts: Sequence[str], prompt: Any) -> list[str] | list[list[dict[str, str]]]:
+    """Returns decoded completion texts in the format of ``prompt``'s dataset, as reward functions get them:
+    one ``[{"role": "assistant", "content": text}]`` each for a conversational prompt, else the strings."""
+    if is_conversational(prompt):
+        return [[{"role": "assistant", "content": t}] for t in texts]
+    return list(texts)
 
 
 def prompt_text(tokenizer: Any, prompt: Prompt, *, chat_template: bool | None = None) -> str:

@@ -9,7 +9,7 @@ from cohort.rewards.builtin import (
     make_overlong_reward,
 )
 from cohort.rewards.registry import BUILTIN_REWARDS, REWARD_FACTORIES, resolve_reward_funcs
-from cohort.rewards.scoring import RewardFunctionError, reward_name, score
+from cohort.rewards.scoring import RewardFunctionError, reward_name, reward_weights, score
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -27,5 +27,6 @@ __all__ = [
     "parse_number",
     "resolve_reward_funcs",
     "reward_name",
+    "reward_weights",
     "score",
 ]

@@ -19,7 +19,7 @@ import torch
 
 from cohort.data.loading import RESERVED_COLUMNS
 
-__all__ = ["RewardFunctionError", "reward_name", "score"]
+__all__ = ["RewardFunctionError", "reward_name", "reward_weights", "score"]
 
 _repr = reprlib.Repr()
 _repr.maxlist = _repr.maxtuple = 6
@@ -39,6 +39,35 @@ def reward_name(func: Callable) -> str:
     while isinstance(func, functools.partial):
         func = func.func
     return getattr(func, "__name__", type(func).__name__)
+
+
+def reward_weights(weights: Sequence[float] | None, funcs: Sequence[Callable | str]) -> torch.Tensor:
+    """Returns the weights of the reward functions `funcs` as a float32 tensor [R] (1.0 each when `weights`
+    is None), after checking that there is one finite number per function.
+
+    `funcs` are the functions a run actually scores with (or their specs, e.g. a config's `rewards`); only
+    their number and names are used, so the weights can be checked before anything is loaded.
+    """
+    names = [f if isinstance(f, str) else reward_name(f) for f in funcs]
+    if weights is None:
+        return torch.ones(len(names), dtype=torch.float32)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, np.ndarray, torch.Tensor)):
+        raise ValueError(f"reward_weights={weights!r} must be a list of numbers, one per reward function {names}")
+    values = list(weights.tolist() if isinstance(weights, (np.ndarray, torch.Tensor)) else weights)
+    if len(values) != len(names):
+        raise ValueError(
+            f"reward_weights has {len(values)} values but there are {len(names)} reward functions {names}: "
+            "give one weight per function"
+        )
+    for i, (w, name) in enumerate(zip(values, names)):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
+            raise ValueError(f"reward_weights[{i}]={w!r} (for {name!r}) is not a number; give one float per function")
+        if not math.isfinite(w):
+            raise ValueError(
+                f"reward_weights[{i}]={float(w)} (for {name!r}) is not finite; every weight must be a finite "
+                "number (use 0 to switch a reward off)"
+            )
+    return torch.tensor([float(w) for w in values], dtype=torch.float32)
 
 
 def _as_list(name: str, out: Any) -> list[Any]:
@@ -79,7 +108,6 @@ def _to_float(name: str, index: int, value: Any, out: list[Any]) -> float:
 
 def score(
     funcs: Sequence[Callable],
-    weights: Sequence[float] | None = None,
     *,
     prompts: Sequence[Any],
     completions: Sequence[Any],
@@ -89,8 +117,8 @@ def score(
     """Returns the rewards [N, R] float32 of N completions under R functions, NaN where a function gave None.
 
     Every function is called as ``f(prompts=, completions=, completion_ids=, **columns)`` with all
-    sequences of length N (group-contiguous, the prompt and columns repeated per completion).
-    ``weights`` is only checked here (length R, finite); ``cohort.algo.combine_rewards`` applies it.
+    sequences of length N (group-contiguous, the prompt and columns repeated per completion). Weights
+    are not applied here: see :func:`reward_weights` and ``cohort.algo.combine_rewards``.
     """
     funcs = list(funcs)
     columns = dict(columns or {})
@@ -99,13 +127,6 @@ def score(
         raise ValueError(
             "score() needs at least one reward function, e.g. resolve_reward_funcs(['accuracy'])"
         )
-    if weights is not None:
-        weights = list(weights)
-        if len(weights) != len(funcs) or not all(math.isfinite(float(w)) for w in weights):
-            raise ValueError(
-                f"reward weights {weights} must be {len(funcs)} finite numbers, one per reward function "
-                f"{[reward_name(f) for f in funcs]}"
-            )
     if len(prompts) != n:
         raise ValueError(
             f"score(): {len(prompts)} prompts for {n} completions; repeat each prompt once per completion"

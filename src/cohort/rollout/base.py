@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +60,9 @@ class RolloutBatch:
     sampling_logprobs: list[torch.Tensor] | None = None
     """Per row a float32 [T_i] CPU tensor: log-prob of each sampled token under logits / temperature
     (raw logits when greedy), before top-k / top-p filtering; None when the engine cannot report it."""
+    paths: dict[str, bool] = field(default_factory=dict)
+    """Which fast paths the engine took for this batch ({shared_prefix, preallocated_kv, packed_weights}:
+    True/False for the builtin engine; empty for engines without any)."""
 
     @property
     def num_prompts(self) -> int:

@@ -2,13 +2,14 @@
 
 Compared with `model.generate(num_return_sequences=G)`, which prefills every prompt G times, this
 engine prefills the B unique prompts once; its G samples then decode against that one copy of the
-prompt's keys and values (shared-prefix attention, `cohort.attention`), each sample caching only its
+prompt's keys and values (shared-prefix attention, `cohort.fast.attention`), each sample caching only its
 own tokens, or, for models where that is unavailable, against G repeated copies. It stops as soon as
 every row has ended and drops ended rows from the batch once a sizeable fraction of it has ended, so
 no compute is spent decoding rows that already emitted EOS. The cache is written in place into buffers
-sized for the tokens to come (`kv_cache.py`), so no decode step copies the cache. On a CPU, a rollout
+sized for the tokens to come (`cohort.fast.kv_cache`), so no decode step copies the cache. On a CPU, a rollout
 that runs past a few steps switches its large float32 weights to oneDNN's packed layout
-(`packed_linear.py`).
+(`cohort.fast.packed_linear`). Each of these follows its switch in `fast` (`cohort.fast.FastConfig`),
+and the returned batch says which ones ran (`RolloutBatch.paths`).
 """
 
 from __future__ import annotations
@@ -16,20 +17,16 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-import warnings
-import weakref
 
 import torch
+from transformers import DynamicCache
 
-from cohort.attention import PrefixPlan, custom_attention, plan_masks
-from cohort.models import (
-    attention_shape,
-    check_tolerance,
-    eval_mode,
-    full_attention_span,
-    input_device,
-    text_config,
-)
+from cohort.fast import FastConfig, probes
+from cohort.fast.attention import PrefixPlan, plan_attention, plan_carrier
+from cohort.fast.kv_cache import preallocated_cache
+from cohort.fast.packed_linear import packed_linears, packing_unavailable
+from cohort.fast.switches import choose
+from cohort.models import attention_shape, eval_mode, full_attention_span, input_device, text_config
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -37,8 +34,6 @@ from cohort.rollout.base import (
     left_pad,
     validate_request,
 )
-from cohort.rollout.kv_cache import preallocated_cache
-from cohort.rollout.packed_linear import packed_linears
 from cohort.rollout.sampling import sample_next
 
 
@@ -47,17 +42,11 @@ class BuiltinEngine(RolloutEngine):
 
     name = "builtin"
 
-    def __init__(
-        self, *, eos_token_ids, pad_token_id: int, compact_fraction: float = 0.25, packed_weights: bool = True
-    ) -> None:
+    def __init__(self, *, eos_token_ids, pad_token_id: int, fast: FastConfig | None = None) -> None:
         super().__init__(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
-        if not 0.0 < compact_fraction <= 1.0:
-            raise ValueError(
-                f"compact_fraction must be in (0, 1], got {compact_fraction}; it is the fraction of ended "
-                "rows in the batch that triggers dropping them (0.25 is a good default)"
-            )
-        self.compact_fraction = compact_fraction
-        self.packed_weights = packed_weights
+        if fast is not None and not isinstance(fast, FastConfig):
+            raise TypeError(f"fast must be a cohort.fast.FastConfig, got {type(fast).__name__}")
+        self.fast = (FastConfig() if fast is None else fast).validate()
 
     def generate(
         self,
@@ -75,9 +64,10 @@ class BuiltinEngine(RolloutEngine):
                 f"generator is on {generator.device} but the model is on {device}; create it with "
                 f"torch.Generator(device={str(device)!r})"
             )
+        paths: dict[str, bool] = {}
         with torch.inference_mode(), eval_mode(model):
             tokens, lengths, ended, logps = self._decode(
-                model, prompt_ids, group_size, params, generator, device
+                model, prompt_ids, group_size, params, generator, device, paths=paths
             )
         tokens_l, lengths_l = tokens.tolist(), lengths.tolist()
         completions = [row[:n] for row, n in zip(tokens_l, lengths_l)]
@@ -88,27 +78,46 @@ class BuiltinEngine(RolloutEngine):
             truncated=~ended.cpu(),
             group_size=group_size,
             sampling_logprobs=[logps[i, :n].clone() for i, n in enumerate(lengths_l)],
+            paths=paths,
         )
 
-    def _decode(self, model, prompt_ids, group_size, params, generator, device, shared=None):
+    def _decode(self, model, prompt_ids, group_size, params, generator, device, shared=None, paths=None):
         """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`.
 
-        shared: decode against one copy of each prompt's cache (None: when G > 1 and the model allows it).
+        shared: decode against one copy of each prompt's cache (None: as the switches decide). paths, when
+        given, receives which fast paths ran (shared_prefix, preallocated_kv, packed_weights).
         """
+        f = self.fast
         G, T = group_size, params.max_completion_length
         N = len(prompt_ids) * G
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         P = input_ids.shape[1]
         if shared is None:
-            span = full_attention_span(model)  # sliding-window layers: sharing only while the window cannot bite
-            shared = (
-                (span is None or P + T <= span)
-                and _worth_sharing(model, len(prompt_ids), G, P)
-                and _prefix_sharing_ok(model, device, self.pad_token_id)
+            shared = G > 1 and choose(
+                f.shared_prefix,
+                "shared_prefix",
+                model,
+                worth=_copies_avoided(model, len(prompt_ids), G, P) >= f.shared_prefix_min_elements,
+                unavailable=lambda: self._sharing_unavailable(model, device, P + T),
             )
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        prealloc = choose(f.preallocated_kv, "preallocated_kv", model)
+        pack_at = 0 if f.packed_weights == "on" else f.pack_after_steps
+        pack = T - pack_at > (0 if f.packed_weights == "on" else f.pack_min_remaining) and choose(
+            f.packed_weights,
+            "packed_weights",
+            model,
+            worth=device.type == "cpu",  # a CPU-only lever: nothing to say about it on a GPU
+            unavailable=lambda: packing_unavailable(model),
+        )
         config = getattr(model, "config", None)
-        cache = preallocated_cache(config, P if shared else P + T)
+
+        def new_cache(capacity: int):
+            if prealloc:
+                return preallocated_cache(config, capacity)
+            return DynamicCache(config=config) if config is not None else DynamicCache()
+
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        cache = new_cache(P if shared else P + T)
         extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
         out = model(
             input_ids=input_ids,
@@ -125,8 +134,8 @@ class BuiltinEngine(RolloutEngine):
         if shared:
             # The G samples of a prompt read its prefill from one copy; each sample caches only its own tokens.
             plan = PrefixPlan([(layer.keys, layer.values) for layer in cache.layers], attn, G)
-            cache = preallocated_cache(config, T)
-            step_mask = plan_masks(device, plan)
+            cache = new_cache(T)
+            step_mask = plan_carrier(device, plan)
         elif G > 1:
             # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
             cache.batch_repeat_interleave(G)
@@ -141,10 +150,11 @@ class BuiltinEngine(RolloutEngine):
         lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
         ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N]
         done = torch.zeros(N, dtype=torch.bool, device=device)  # [n] live rows that already ended
+        packed = 0
 
         with contextlib.ExitStack() as scope:
             if shared:
-                scope.enter_context(custom_attention(model))
+                scope.enter_context(plan_attention(model))
             for t in range(T):
                 tok, lp = sample_next(logits, params, generator)  # [n], [n]
                 tokens[rows, t] = tok
@@ -158,14 +168,15 @@ class BuiltinEngine(RolloutEngine):
                 n_live, n_done = done.numel(), int(done.sum())  # the step's only host sync
                 if n_done == n_live:
                     break
-                if n_done >= max(1, math.ceil(self.compact_fraction * n_live)):
+                if n_done >= max(1, math.ceil(f.drop_ended_fraction * n_live)):
                     keep = (~done).nonzero().squeeze(1)  # [n']
                     cache.batch_select_indices(keep)
                     rows, mask, pos, tok, done = rows[keep], mask[keep], pos[keep], tok[keep], done[keep]
                     if shared:
                         plan.select(rows)
-                if t == PACK_AFTER_STEPS and T - t > PACK_MIN_REMAINING and self.packed_weights:
-                    scope.enter_context(packed_linears(model, n_live - n_done))
+                if pack and t == pack_at:
+                    min_elements = 0 if f.packed_weights == "on" else f.pack_min_elements
+                    packed = scope.enter_context(packed_linears(model, n_live - n_done, min_elements))
                 out = model(
                     input_ids=tok[:, None],
                     attention_mask=step_mask if shared else mask[:, : P + t + 1],
@@ -176,75 +187,60 @@ class BuiltinEngine(RolloutEngine):
                 cache = out.past_key_values
                 logits = out.logits[:, -1, :]  # [n, V]
                 pos = pos + 1
+        if paths is not None:
+            paths.update(shared_prefix=bool(shared), preallocated_kv=prealloc, packed_weights=packed > 0)
         return tokens, lengths, ended, logps
 
+    def _sharing_unavailable(self, model: torch.nn.Module, device: torch.device, span_needed: int) -> str | None:
+        """Returns why shared-prefix decoding cannot sample this model (None: it can).
 
-PACK_AFTER_STEPS = 8
-PACK_MIN_REMAINING = 32
-"""A CPU rollout still going after PACK_AFTER_STEPS decode steps, with room for more than
-PACK_MIN_REMAINING further tokens, switches to oneDNN-packed copies of the weights (`packed_linear.py`).
-Packing costs one to three passes over the weights (their fresh memory is faulted in at every rollout:
-≈ 3 s for a 0.5 B model here) and saves 15-45 % of each later step (0.40 -> 0.23 s per step on that
-model), so it pays only on long rollouts: with 16 new tokens, packing from the start made a 0.5 B
-model's rollout 1.13x slower, after 8 steps 1.23x; with 64 new tokens, packing after 8 steps made it
-1.17x faster. Short rollouts (the demo's) never pack; long ones give up the gain of their first steps."""
-
-PREFIX_SHARING_MIN = 1 << 18
-"""Cache elements per layer that G repeated prompt copies would add beyond one, above which decoding
-reads one shared copy. Below it (short prompts, small models) the dozen small operators of shared-prefix
-attention cost more per step than reading the copies: measured on the demo, neutral on workload (b)
-at 0.5 M (5 * 10^5 elements), 1.04x faster at 14 M (1.6 * 10^6), 1.8x with 600-token prompts, G = 16."""
-
-_PREFIX_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _worth_sharing(model: torch.nn.Module, n_prompts: int, group_size: int, prompt_width: int) -> bool:
-    """Returns whether the prompt cache copies that sharing avoids reach PREFIX_SHARING_MIN elements per layer."""
-    shape = attention_shape(model)
-    if shape is None:
-        return False
-    _, kv_heads, head_dim = shape
-    return n_prompts * (group_size - 1) * prompt_width * kv_heads * head_dim >= PREFIX_SHARING_MIN
-
-
-def _prefix_sharing_ok(model: torch.nn.Module, device: torch.device, pad_token_id: int) -> bool:
-    """Returns whether shared-prefix decoding gives this model's plain-cache tokens and log-probs.
-
-    Checked once per model with a few greedy steps on two prompts of different lengths (left padding).
-    Chunked or linear-attention layers, attention implementations other than sdpa / eager, and models
-    whose forward does not hand a pre-built 4-D mask to its layers unchanged keep the repeated cache;
-    models with sliding-window layers share only rollouts that fit in the window (`_decode`).
-    """
-    if model in _PREFIX_OK:
-        return _PREFIX_OK[model]
-    config = text_config(model)
-    ok = full_attention_span(model) != 0 and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
-    if ok:
+        Checked once per model with a few greedy steps on two prompts of different lengths (left padding):
+        tokens and log-probs must match the repeated-cache decoding. Chunked or linear-attention layers,
+        attention implementations other than sdpa / eager, and models whose forward does not hand a
+        pre-built 4-D mask to its layers unchanged fail; sliding-window models share only rollouts that fit
+        in the window.
+        """
+        impl = getattr(text_config(model), "_attn_implementation", None)
+        if impl not in ("sdpa", "eager"):
+            return f"attention implementation {impl!r} (shared-prefix attention replaces 'sdpa' or 'eager')"
+        span = full_attention_span(model)
+        if span == 0:
+            return "its chunked or linear attention layers see no full prompt"
+        if span is not None and span_needed > span:
+            return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
         vocab = model.get_input_embeddings().weight.shape[0]
         prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
         params = SamplingParams(max_completion_length=4, greedy=True)
         # An EOS id outside the vocabulary: every step is decoded, whatever the model prefers.
-        probe = BuiltinEngine(eos_token_ids=[vocab], pad_token_id=pad_token_id)
-        try:
-            with torch.inference_mode(), eval_mode(model):
-                a = probe._decode(model, prompts, 2, params, None, device, shared=True)
-                b = probe._decode(model, prompts, 2, params, None, device, shared=False)
-            # Compare log-probs up to the first step where rounding picked different tokens (possible at
-            # half precision); step 0 comes from the prefill, so at least one decode step must agree.
-            agree = (a[0] == b[0]).all(0).long().cumprod(0)  # [T] 1 while every row agrees
-            steps = int(agree.sum())
-            tol = check_tolerance(model)
-            ok = steps >= 2 and torch.allclose(a[3][:, :steps], b[3][:, :steps], rtol=0, atol=tol)
-        except Exception:  # noqa: BLE001 - any failure means sharing is unusable on this model
-            ok = False
-        if not ok:
-            warnings.warn(
-                f"builtin sampler: shared-prefix decoding does not reproduce {type(model).__name__}'s "
-                "outputs; repeating each prompt's cache for its G samples instead",
-                stacklevel=3,
-            )
-    _PREFIX_OK[model] = ok
-    return ok
+        probe = BuiltinEngine(
+            eos_token_ids=[vocab], pad_token_id=self.pad_token_id, fast=self.fast.replace(packed_weights="off")
+        )
+
+        def run(shared: bool):
+            return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
+
+        if not probes.probe(model, "shared_prefix", run(True), run(False), agree=_same_decoding):
+            return "shared-prefix decoding does not reproduce its tokens and log-probs (checked once per model)"
+        return None
+
+
+def _same_decoding(a, b, tol: float) -> bool:
+    """Returns whether two greedy decodings agree: log-probs within tol up to the first differing token.
+
+    At half precision rounding may pick different tokens at some step; step 0 comes from the prefill, so
+    at least one decode step must agree."""
+    agree = (a[0] == b[0]).all(0).long().cumprod(0)  # [T] 1 while every row agrees
+    steps = int(agree.sum())
+    return steps >= 2 and bool(torch.allclose(a[3][:, :steps], b[3][:, :steps], rtol=0, atol=tol))
+
+
+def _copies_avoided(model: torch.nn.Module, n_prompts: int, group_size: int, prompt_width: int) -> int:
+    """Returns the cache elements per layer that G repeated prompt copies would add beyond one (0 if unknown)."""
+    shape = attention_shape(model)
+    if shape is None:
+        return 0
+    _, kv_heads, head_dim = shape
+    return n_prompts * (group_size - 1) * prompt_width * kv_heads * head_dim
 
 
 def _accepts(model: torch.nn.Module, name: str) -> bool:

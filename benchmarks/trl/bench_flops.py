@@ -23,10 +23,11 @@ the policy forward and backward (backward = 2 x forward) and, when beta > 0, a r
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
+
+from cohort.fast.packed_linear import packed_linears
 
 
 def forward_flops(
@@ -118,22 +119,18 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
             step(xr, xir)
         return (time.perf_counter() - t0) / inner
 
-    def packed_layer(rows: int):
-        """The same layer through oneDNN-packed weights, as cohort's sampler runs it on a CPU (None: unavailable)."""
-        from cohort.rollout.packed_linear import _packing_works
-
-        if not _packing_works():
-            return None
-        lin = torch.ops.mkldnn._linear_pointwise
+    # The same weights as nn.Linear layers, for cohort's packed decoding (cohort.fast.packed_linear).
+    linears = torch.nn.ModuleDict()
+    for name in ("qo", "kv", "up", "down"):
+        linears[name] = torch.nn.Linear(w[name].shape[0], w[name].shape[1], bias=False)
         with torch.no_grad():
-            p = {k: torch.ops.mkldnn._reorder_linear_weight(v.t().contiguous(), rows) for k, v in w.items()}
+            linears[name].weight.copy_(w[name].t())  # [out, in]: linear(x) == x @ w[name]
 
-        def step(xr: torch.Tensor, xir: torch.Tensor) -> None:
-            for name in ("qo", "qo", "kv", "kv", "up", "up"):
-                lin(xr, p[name], None, "none", [], "")
-            lin(xir, p["down"], None, "none", [], "")
-
-        return step
+    def packed_step(xr: torch.Tensor, xir: torch.Tensor) -> None:
+        # forward() directly: the packed matmul as the sampler's layers run it, without module-call overhead.
+        for name in ("qo", "qo", "kv", "kv", "up", "up"):
+            linears[name].forward(xr)
+        linears["down"].forward(xir)
 
     one_round()  # warm-up
     layer_times, head_times = zip(*(one_round() for _ in range(repeats)))
@@ -143,11 +140,13 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
     decode = {}
     for rows in DECODE_ROWS:
         inner = max(1, tokens // rows)  # the same FLOPs per round as one large-M round
-        best = math.inf
-        for step in (layer, packed_layer(rows)):  # the faster of MKL and oneDNN: the strictest floor
-            if step is not None:
-                decode_round(rows, inner, step)
-                best = min(best, *(decode_round(rows, inner, step) for _ in range(repeats)))
+        decode_round(rows, inner)
+        best = min(decode_round(rows, inner) for _ in range(repeats))
+        # The faster of MKL and oneDNN-packed weights (where this torch build packs): the strictest floor.
+        with torch.no_grad(), packed_linears(linears, batch_hint=rows, min_elements=0) as packed:
+            if packed:
+                decode_round(rows, inner, packed_step)
+                best = min(best, *(decode_round(rows, inner, packed_step) for _ in range(repeats)))
         decode[str(rows)] = 2 * rows * (2 * h * h + 2 * h * kv + 3 * h * inter) / best / 1e9
     return {
         "gflops_layer": layer_rate,

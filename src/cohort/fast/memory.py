@@ -37,3 +37,10 @@ def bound_heap(mmap_threshold_mib: int = 16) -> bool:
     if ok:
         _applied = mmap_threshold_mib
     return ok
+
+
+def heap_bound_unavailable(mmap_threshold_mib: int = 16) -> str | None:
+    """Returns None after fixing the mmap threshold (bound_heap), or why it could not be fixed here."""
+    if bound_heap(mmap_threshold_mib):
+        return None
+    return f"malloc's mmap threshold can only be fixed on Linux with glibc (this is {sys.platform})"

@@ -1,11 +1,12 @@
 """One measurement in a fresh process: train one framework on one workload and write what it took.
 
-Run by `run.py` as ``python benchmarks/worker.py SPEC.json OUT.json``; never imports the other
+Run by `run.py` as ``python benchmarks/trl/worker.py SPEC.json OUT.json``; never imports the other
 framework, so the process's peak RSS (VmHWM) is that framework's alone. SPEC keys:
 framework (cohort | trl), model, rows (JSONL of {"prompt", "answer"}), group_size, batch_size
 (completions per optimizer step), max_completion_length, lr, beta, loss_type, temperature, threads,
-steps, seed, reward (token_parity | accuracy), and optionally `configs` (a list of overrides run one
-after the other in this process, for the sweep).
+steps, seed, reward (token_parity | accuracy), optionally `configs` (a list of overrides run one
+after the other in this process, for the sweep) and `cohort_overrides` (config overrides such as
+"fast.segments=off", applied to cohort's runs only).
 
 Timing: a step is one generation batch and one optimizer step, measured end to end (for TRL between
 consecutive ``on_step_end`` callbacks, so data loading and logging count, as they do for cohort).
@@ -13,12 +14,14 @@ consecutive ``on_step_end`` callbacks, so data loading and logging count, as the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -26,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("DISABLE_TQDM", "1")
 
+from benchmarks.common import peak_rss_mib, rss_mib  # noqa: E402
 
 TRL_RUNTIME = {
     "use_cpu": True,
@@ -42,25 +46,6 @@ TRL_RUNTIME = {
 """GRPOConfig settings every TRL run here shares: float32 on the CPU, no logging, saving or checkpointing."""
 
 
-def rss_mib() -> float:
-    """Return this process's current resident set size in MiB (from /proc)."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_rss_mib() -> float:
-    """Return this process's peak resident set size so far in MiB (VmHWM).
-
-    Not ``ru_maxrss``: Linux keeps that across ``exec``, so a worker would inherit the high-water
-    mark of the runner that forked it; VmHWM belongs to the worker's own address space.
-    """
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def read_rows(path: str) -> list[dict]:
     """Return the rows of a JSONL file."""
     with open(path) as f:
@@ -70,7 +55,7 @@ def read_rows(path: str) -> list[dict]:
 def reward_function(name: str):
     """Return the reward callable a spec names (the same function object both frameworks call)."""
     if name == "token_parity":
-        from bench_tasks import token_parity
+        from benchmarks.bench_tasks import token_parity
 
         return token_parity
     if name == "accuracy":
@@ -94,12 +79,36 @@ def step_record(t_step, t_gen, t_score, prompt_lens, completion_lens, extra=None
 
 
 # ------------------------------------------------------------------------------------------- cohort
+def cohort_config(spec: dict, base):
+    """Returns cohort's TrainConfig `base` with the spec's `cohort_overrides` applied ("key=value" strings
+    such as "fast.segments=off"; none: `base` itself)."""
+    from cohort.config import load_config
+
+    if not spec.get("cohort_overrides"):
+        return base
+    return load_config(None, list(spec["cohort_overrides"]), base=base)
+
+
+def recording(reward, group_size: int, prompt_tokens: dict[str, int], captured: dict):
+    """Returns `reward` wrapped to note each step's prompt lengths (tokens, one per group, looked up in
+    `prompt_tokens` by prompt text) and completion lengths (EOS included) in `captured`: what the FLOP
+    floor needs, read from the reward's own arguments."""
+
+    @functools.wraps(reward)
+    def wrapped(prompts, completions, completion_ids, **kwargs):
+        captured["prompt_lengths"] = [prompt_tokens[p] for p in prompts[::group_size]]
+        captured["completion_lengths"] = [len(c) for c in completion_ids]
+        return reward(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
+
+    return wrapped
+
+
 def run_cohort(spec: dict, rows: list[dict]) -> list[dict]:
     """Return per-step records of cohort's GRPOTrainer on the spec's workload."""
     from cohort.config import load_config
     from cohort.trainer import GRPOTrainer
 
-    cfg = load_config(
+    settings = load_config(
         None,
         {
             "model": {"name_or_path": spec["model"], "device": "cpu"},
@@ -123,17 +132,14 @@ def run_cohort(spec: dict, rows: list[dict]) -> list[dict]:
             "threads": spec["threads"],
         },
     )
-    trainer = GRPOTrainer(cfg, reward_funcs=[reward_function(spec["reward"])], train_rows=rows, eval_rows=[])
+    cfg = cohort_config(spec, settings)
     captured: dict = {}
-    generate = trainer.engine.generate
-
-    def recording_generate(*args, **kwargs):
-        batch = generate(*args, **kwargs)
-        captured["prompt_lengths"] = [len(p) for p in batch.prompt_ids]
-        captured["completion_lengths"] = [len(c) for c in batch.completion_ids]
-        return batch
-
-    trainer.engine.generate = recording_generate
+    prompt_tokens: dict[str, int] = {}  # filled from the trainer's own encoding once it exists
+    reward = recording(reward_function(spec["reward"]), spec["group_size"], prompt_tokens, captured)
+    trainer = GRPOTrainer(cfg, reward_funcs=[reward], train_rows=rows, eval_rows=[])
+    prompt_tokens.update(
+        {row["prompt"]: len(ids) for row, ids in zip(trainer.train_rows, trainer.train_prompt_ids)}
+    )
     records = []
     for _ in range(spec["steps"]):
         t0 = time.perf_counter()
@@ -150,6 +156,7 @@ def run_cohort(spec: dict, rows: list[dict]) -> list[dict]:
                     "rows_computed_frac": m.get("rows_computed_frac"),
                     "time_update": m["time/update"],
                     "reward": m.get("reward"),
+                    "fast_paths": {k.removeprefix("fast/"): v for k, v in m.items() if k.startswith("fast/")},
                 },
             )
         )
@@ -327,6 +334,8 @@ def tta_config(spec: dict):
     cfg = demo_config(spec["scratch"], spec["model"], steps=spec["max_steps"], seed=spec["seed"])
     cfg.progress, cfg.eval_at_ends, cfg.save_every, cfg.eval_every = False, False, 0, 0
     cfg.threads = spec["threads"]
+    if spec["framework"] == "cohort":
+        cfg = cohort_config(spec, cfg)
     train, held = make_task(
         DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed
     )

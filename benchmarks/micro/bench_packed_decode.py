@@ -1,12 +1,14 @@
 """Generation time with and without oneDNN-packed decode weights (CPU), alternating in one process.
 
-    python benchmarks/bench_packed_decode.py --model runs/bench/models/14m_mean60
-    python benchmarks/bench_packed_decode.py --width 896 --layers 4 --group 4 --max-new 32
+    python benchmarks/micro/bench_packed_decode.py --model runs/bench/models/14m_mean60
+    python benchmarks/micro/bench_packed_decode.py --width 896 --layers 4 --group 4 --max-new 32
+    python benchmarks/micro/bench_packed_decode.py --width 896 --setting on   # pack whatever the thresholds say
 
-Both sides are cohort's builtin sampler with the same seeds; the only difference is
-`packed_weights` (the reorder of the weights is inside the timed call, as in training, where it is
-redone for every rollout). --width builds a random Qwen2 model of that hidden size in memory
-(Qwen2.5-0.5B's proportions: 14 heads, 2 KV heads, MLP 5.43 x width, 151,936-token vocabulary
+Both sides are cohort's builtin sampler with the same seeds; the only difference is the switch
+`fast.packed_weights`: --setting (auto, the default, or on) against off. The reorder of the weights
+is inside the timed call, as in training, where it is redone for every rollout; whether a rollout
+packed is RolloutBatch.paths["packed_weights"] (printed). --width builds a random Qwen2 model of that
+hidden size in memory (Qwen2.5-0.5B's proportions: 14 heads, 2 KV heads, MLP 5.43 x width, 151,936-token vocabulary
 unless --vocab), so a model too large to train here can still be timed. Prints seconds per rollout
 and the ratio, and how many of the sampled completions were identical (float32 rounding differs
 between the two kernels, so a sample that sits on a boundary may differ; the distribution does not).
@@ -21,7 +23,8 @@ import time
 
 import torch
 
-from cohort.memory import bound_heap
+from cohort.fast import FastConfig
+from cohort.fast.memory import bound_heap
 from cohort.rollout import BuiltinEngine, SamplingParams
 
 
@@ -46,7 +49,7 @@ def build(args) -> torch.nn.Module:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Prints seconds per rollout with plain and packed decode weights, and their ratio."""
+    """Prints seconds per rollout with fast.packed_weights at --setting and off, and their ratio."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a local model directory or hub name")
@@ -57,11 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=150, help="prompt lengths are in [2/3, 1] x this")
     ap.add_argument("--group", type=int, default=8, help="G samples per prompt")
     ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--setting", choices=["auto", "on"], default="auto", help="fast.packed_weights against off")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    bound_heap(16)
+    bound_heap(FastConfig().heap_mmap_threshold_mib)
     model = build(args)
     vocab = model.config.vocab_size
     eos = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 1
@@ -71,24 +75,31 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.prompts)
     ]
     params = SamplingParams(max_completion_length=args.max_new)
-    engines = {p: BuiltinEngine(eos_token_ids=[eos], pad_token_id=0, packed_weights=p) for p in (False, True)}
-    times: dict[bool, list[float]] = {False: [], True: []}
+    engines = {
+        setting: BuiltinEngine(eos_token_ids=[eos], pad_token_id=0, fast=FastConfig(packed_weights=setting))
+        for setting in (args.setting, "off")
+    }
+    times: dict[str, list[float]] = {setting: [] for setting in engines}
+    packed: dict[str, bool] = {}
     same = total = 0
     for rnd in range(args.rounds + 1):  # round 0 warms up
         outs = {}
-        for packed, engine in engines.items():
+        for setting, engine in engines.items():
             start = time.perf_counter()
-            outs[packed] = engine.generate(model, prompts, args.group, params, torch.Generator().manual_seed(rnd))
+            outs[setting] = engine.generate(model, prompts, args.group, params, torch.Generator().manual_seed(rnd))
             if rnd:
-                times[packed].append(time.perf_counter() - start)
-        same += sum(a == b for a, b in zip(outs[False].completion_ids, outs[True].completion_ids))
-        total += len(outs[False].completion_ids)
+                times[setting].append(time.perf_counter() - start)
+            packed[setting] = outs[setting].paths.get("packed_weights", False)
+        a, b = (outs[setting].completion_ids for setting in engines)
+        same += sum(x == y for x, y in zip(a, b))
+        total += len(a)
     med = {k: statistics.median(v) for k, v in times.items()}
     params_m = sum(p.numel() for p in model.parameters()) / 1e6
     print(
         f"{params_m:.1f} M parameters, {args.prompts} prompts x G={args.group}, {args.max_new} new tokens: "
-        f"plain {med[False]:.3f} s, packed {med[True]:.3f} s per rollout -> {med[False] / med[True]:.2f}x "
-        f"(medians of {args.rounds}; identical completions {same}/{total})"
+        f"off {med['off']:.3f} s, {args.setting} {med[args.setting]:.3f} s per rollout "
+        f"-> {med['off'] / med[args.setting]:.2f}x (medians of {args.rounds}; packed: {args.setting} "
+        f"{packed[args.setting]}, off {packed['off']}; identical completions {same}/{total})"
     )
 
 

@@ -17,9 +17,9 @@ sequence of exactly the real tokens for every projection and MLP, and only atten
 The gathers are differentiable (their backward sums into the packed row), so a prompt's keys and
 values receive the gradients of all its completions. transformers hands a 4-D tensor given as
 `attention_mask` unchanged to every layer (in every model family, unlike a dict of masks, which
-only models with `layer_types` accept); the plan rides on such a tensor (:func:`plan_masks`). The
+only models with `layer_types` accept); the plan rides on such a tensor (:func:`plan_carrier`). The
 function is selected by switching the model's `_attn_implementation` for the duration of a call
-(:func:`custom_attention`).
+(:func:`plan_attention`).
 
 **Shared-prefix decoding**: the G samples of a prompt decode against one copy of its prompt's keys and
 values instead of G copies. Each step's query of every live row scores its group's prompt keys (rows of
@@ -247,7 +247,8 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
     s_prompt = s_prompt.index_select(0, plan.slot)  # [n, Hkv, rep, P]
     s_own = q @ key.transpose(-1, -2)  # [n, Hkv, rep, t]
     P = s_prompt.shape[-1]
-    probs = torch.cat([s_prompt, s_own], dim=-1).float().softmax(dim=-1).to(q.dtype)  # [n, Hkv, rep, P + t]
+    scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + t], softmax in float32 or wider
+    probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
     own = probs[..., P:] @ value  # [n, Hkv, rep, D]
     p_prompt = q.new_zeros(B * plan.width, kv_heads, rep, P).index_copy_(0, plan.slot, probs[..., :P])
     p_prompt = (
@@ -297,12 +298,12 @@ def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 AttentionInterface.register(NAME, custom_attention_forward)
-# Masks are handed over pre-built (plan_masks); a model that builds its own gets sdpa's.
+# Masks are handed over pre-built (plan_carrier); a model that builds its own gets sdpa's.
 AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 @contextlib.contextmanager
-def custom_attention(model: torch.nn.Module) -> Iterator[None]:
+def plan_attention(model: torch.nn.Module) -> Iterator[None]:
     """Yields with every config of `model` selecting cohort's attention, then restores each one's own choice."""
     configs = {
         id(c): c for m in model.modules() if isinstance(c := getattr(m, "config", None), PretrainedConfig)
@@ -320,7 +321,7 @@ def custom_attention(model: torch.nn.Module) -> Iterator[None]:
 _PLAN_ATTR = "cohort_plan"
 
 
-def plan_masks(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.Tensor:
+def plan_carrier(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.Tensor:
     """Returns the `attention_mask` that hands `plan` to every attention layer: a 1-element 4-D tensor carrying it.
 
     Mask builders return a 4-D mask as it is, so the same object reaches every layer. A model that

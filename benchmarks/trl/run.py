@@ -1,13 +1,15 @@
 """cohort vs TRL's GRPOTrainer, side by side on the same local models, prompts and hyperparameters.
 
-    python benchmarks/run.py                 # speed workloads + scaling sweep + time to accuracy (~25 min)
-    python benchmarks/run.py --quick         # smoke test (< 5 min)
-    python benchmarks/run.py --sections tta  # only time to accuracy
+    python benchmarks/trl/run.py                 # speed workloads + scaling sweep + time to accuracy (~25 min)
+    python benchmarks/trl/run.py --quick         # smoke test (< 5 min)
+    python benchmarks/trl/run.py --sections tta  # only time to accuracy
+    python benchmarks/trl/run.py --sections speed --workloads b_gsm8k:14m --override fast.segments=off
 
-Every measurement runs in its own fresh process (benchmarks/worker.py), alternating cohort, TRL,
+Every measurement runs in its own fresh process (benchmarks/trl/worker.py), alternating cohort, TRL,
 cohort, TRL, with the same torch threads and seed, so peak RSS is per framework and slow drifts of
 the machine hit both. Prints a table and writes benchmark-results.json (see docs/performance.md for
-what each column means, the FLOP-floor formula and how the models are built).
+what each column means, the FLOP-floor formula and how the models are built). `--override` passes
+config overrides to cohort's runs only (e.g. `fast.segments=off` to time cohort without one fast path).
 """
 
 from __future__ import annotations
@@ -22,63 +24,13 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
+
+from benchmarks.common import ROOT, WORKLOADS, build_models, model_key, workload_rows  # noqa: E402
+from benchmarks.trl import bench_flops, bench_report  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import bench_flops  # noqa: E402
-import bench_report  # noqa: E402
-
 FRAMEWORKS = ("cohort", "trl")
-# Model shapes: cohort's TINY_SIZES (0.5m, 14m) and, for memory, Qwen2.5's 151,936-token vocabulary
-# on the demo's small hidden size.
-MODEL_SHAPES = {
-    "0.5m": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 416},
-    "14m": {"hidden_size": 384, "num_layers": 8, "num_heads": 6, "intermediate_size": 1024},
-    "vocab152k": {
-        "hidden_size": 64,
-        "num_layers": 2,
-        "num_heads": 4,
-        "intermediate_size": 256,
-        "vocab_size": 151936,
-    },
-}
-# Workloads: prompts, G, completions per step N, max completion length, EOS behaviour.
-WORKLOADS = {
-    "a_demo": {
-        "about": "demo shape: addition prompts (~5-6 tokens), 8 new tokens, G=8, 128 completions/step",
-        "prompts": "addition",
-        "group_size": 8,
-        "batch_size": 128,
-        "max_completion_length": 8,
-        "mean_length": None,  # EOS unreachable: every completion is 8 tokens
-        "models": ["0.5m", "14m"],
-        "steps": 3,
-        "quick": {},
-    },
-    "b_gsm8k": {
-        "about": "GSM8K shape: 100-150-token prompts, completions up to 128 tokens ending at EOS (mean ~60)",
-        "prompts": "gsm8k",
-        "group_size": 8,
-        "batch_size": 32,
-        "max_completion_length": 128,
-        "mean_length": 60,
-        "models": ["0.5m", "14m"],
-        "steps": 3,
-        "quick": {"batch_size": 16, "max_completion_length": 64},
-    },
-    "c_vocab": {
-        "about": "workload (b) on a 151,936-token vocabulary with hidden size 64 (memory)",
-        "prompts": "gsm8k",
-        "group_size": 8,
-        "batch_size": 32,
-        "max_completion_length": 128,
-        "mean_length": 60,
-        "models": ["vocab152k"],
-        "steps": 1,  # for memory; a TRL step takes minutes here, and the peak comes in the first one
-        "rounds": 1,
-        "quick": {"batch_size": 8, "max_completion_length": 32},
-    },
-}
 COMMON = {"lr": 1e-6, "beta": 0.0, "loss_type": "grpo", "temperature": 1.0, "reward": "token_parity"}
 
 
@@ -109,6 +61,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--workloads", default=None, help="comma list of workload[:model] to run, e.g. b_gsm8k:14m"
     )
     p.add_argument("--frameworks", default="cohort,trl", help="comma list (default: cohort,trl)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for cohort's runs (repeatable), e.g. fast.segments=off; TRL's runs ignore it",
+    )
     p.add_argument("--sweep-model", default=None, help="model for the sweep (default 14m, quick 0.5m)")
     p.add_argument("--sweep-g", default=None, help="group sizes of the sweep (default 4,8,16,32)")
     p.add_argument("--sweep-len", default=None, help="completion lengths of the sweep (default 32,64,128)")
@@ -188,45 +147,10 @@ def _cpu_model() -> str:
 
 
 # ------------------------------------------------------------------------------------ preparation
-def build_models(workdir: Path, names: set[str], seed: int) -> dict[str, dict]:
-    """Return {name: model facts} for every (shape, EOS behaviour) the chosen workloads need."""
-    import bench_models
-    import bench_tasks
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    prompts = bench_tasks.gsm8k_like_rows(16, seed=seed + 99)  # not the benchmark's own prompts
-    out = {}
-    for name in sorted(names):
-        shape, _, eos = name.partition("@")
-        mean_len = None if eos == "exact" else float(eos.removeprefix("mean"))
-        rate = 0.0 if mean_len is None else bench_models.rate_for_mean_length(mean_len, 128)
-        out[name] = bench_models.build_bench_model(
-            workdir / "models" / name.replace("@", "_"),
-            **MODEL_SHAPES[shape],
-            eos_rate=rate,
-            seed=seed,
-            calibration_prompts=[r["prompt"] for r in prompts[:8]],
-        )
-    return out
-
-
-def model_key(shape: str, mean_length) -> str:
-    """Return the model name for a shape and EOS behaviour: '14m@exact', '14m@mean60'."""
-    return f"{shape}@exact" if mean_length is None else f"{shape}@mean{int(mean_length)}"
-
-
 def write_rows(workdir: Path, kind: str, seed: int) -> str:
-    """Return the path of a JSONL file of 512 prompts of the given kind (addition | gsm8k)."""
-    import bench_tasks
-
+    """Returns the path of a JSONL file of 512 prompts of the given kind (addition | gsm8k)."""
     path = workdir / f"rows_{kind}.jsonl"
-    rows = (
-        bench_tasks.addition_rows(512, seed=1234)
-        if kind == "addition"
-        else bench_tasks.gsm8k_like_rows(512, seed=seed)
-    )
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in workload_rows(kind, 512, seed)))
     return str(path)
 
 
@@ -277,7 +201,7 @@ def run_worker(spec: dict, workdir: Path, tag: str, idle_wait: float) -> dict:
             [sys.executable, str(HERE / "worker.py"), str(spec_path), str(out_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=str(HERE.parent),
+            cwd=str(ROOT),
         )
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
@@ -290,6 +214,13 @@ def run_worker(spec: dict, workdir: Path, tag: str, idle_wait: float) -> dict:
     others = busy_seconds() - busy0 - (children_cpu_seconds() - own0)
     result["others_cpu_during"] = max(0.0, others / (wall * (os.cpu_count() or 1)))
     return result
+
+
+def framework_options(args, framework: str) -> dict:
+    """Returns the spec keys that name the framework and, for cohort, its config overrides."""
+    if framework == "cohort" and args.override:
+        return {"framework": framework, "cohort_overrides": list(args.override)}
+    return {"framework": framework}
 
 
 # ------------------------------------------------------------------------------------ statistics
@@ -342,6 +273,10 @@ def summarise(results: list[dict], warmup: int, meta: dict, rate: dict, spec: di
     rows = [s.get("rows_computed_frac") for s in steps if s.get("rows_computed_frac") is not None]
     if rows:
         out["rows_computed_frac"] = statistics.mean(rows)
+    fast = [s["fast_paths"] for s in steps if s.get("fast_paths")]
+    if fast:
+        # cohort's fast paths taken (its `fast/*` metrics): the share of measured steps or computations.
+        out["fast_paths"] = {k: statistics.mean(f.get(k, 0.0) for f in fast) for k in sorted(set().union(*fast))}
     return out
 
 
@@ -384,7 +319,7 @@ def section_speed(args, workdir: Path, models: dict, rates: dict, pairs, rows: d
             for fw in frameworks:
                 tag = f"{wl}-{shape}-{fw}-r{rnd}"
                 print(f"  running {tag} ...", flush=True)
-                s = {**spec, "framework": fw, "scratch": str(workdir / "scratch" / tag)}
+                s = {**spec, **framework_options(args, fw), "scratch": str(workdir / "scratch" / tag)}
                 per_fw[fw].append(run_worker(s, workdir, tag, args.idle_wait))
         entry = {
             "workload": wl,
@@ -441,7 +376,10 @@ def section_sweep(args, workdir: Path, models: dict, rates: dict, rows: dict) ->
         tag = f"sweep-{args.sweep_model}-{fw}"
         print(f"  running {tag} ({len(configs)} configs) ...", flush=True)
         res = run_worker(
-            {**spec, "framework": fw, "scratch": str(workdir / "scratch" / tag)}, workdir, tag, args.idle_wait
+            {**spec, **framework_options(args, fw), "scratch": str(workdir / "scratch" / tag)},
+            workdir,
+            tag,
+            args.idle_wait,
         )
         others[fw] = res["others_cpu_during"]
         for run in res["runs"]:
@@ -521,7 +459,7 @@ def section_tta(args, workdir: Path) -> dict:
             print(f"  running {tag} ...", flush=True)
             spec = {
                 "mode": "tta",
-                "framework": fw,
+                **framework_options(args, fw),
                 "model": str(warm / "sft-model"),
                 "seed": seed,
                 "threads": args.threads,

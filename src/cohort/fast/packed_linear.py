@@ -7,7 +7,7 @@ machine of docs/performance.md the linears of the 14 M benchmark model take 7.9 
 the weight reordered once into its blocked layout, oneDNN streams it at close to memory bandwidth:
 3.9 ms and 0.45 ms for the same cases. The reorder is redone for every rollout (the weights change
 between them) and costs one to three passes over the weights, so the sampler switches to packed
-weights only in rollouts that run long enough to repay it (`builtin.PACK_AFTER_STEPS`).
+weights only in rollouts that run long enough to repay it (`FastConfig.pack_after_steps`).
 
 `packed_linears(model)` swaps the forward of each large float32 CPU `nn.Linear` for the packed one
 for the duration of a `with` block and restores it afterwards. peft's LoRA layers keep working: their
@@ -23,47 +23,43 @@ from collections.abc import Iterator
 
 import torch
 
-PACK_MIN_ELEMENTS = 1 << 17
-"""Weights smaller than this stay on MKL: oneDNN's per-call overhead (≈ 25 µs) outweighs its gain on a
-matrix that stays in cache. Measured on the benchmark models' generation: packing every matrix of the
-0.5 M model (16k-53k elements each) made its rollouts 1.34x slower; the 14 M model's (147k-393k) 1.18x faster."""
-
-_WORKS: bool | None = None  # whether this torch build's packed linear matches F.linear (checked once)
+from cohort.fast import probes
 
 
 def _packing_works() -> bool:
     """Returns whether oneDNN's packed linear exists in this torch build and computes F.linear's result."""
-    global _WORKS
-    if _WORKS is None:
-        _WORKS = False
-        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-            try:
-                gen = torch.Generator().manual_seed(0)
-                w, b, x = (torch.randn(*s, generator=gen) for s in ((96, 64), (96,), (3, 64)))
-                with torch.no_grad():
-                    got = torch.ops.mkldnn._linear_pointwise(
-                        x, torch.ops.mkldnn._reorder_linear_weight(w, 3), b, "none", [], ""
-                    )
-                _WORKS = torch.allclose(got, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
-            except (RuntimeError, AttributeError, TypeError):
-                _WORKS = False
-            if not _WORKS:
-                warnings.warn(
-                    "this torch build has no working oneDNN packed linear; CPU decoding uses plain matmuls",
-                    stacklevel=3,
-                )
-    return _WORKS
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(*s, generator=gen) for s in ((96, 64), (96,), (3, 64)))
+
+    def packed():
+        return torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 3), b, "none", [], "")
+
+    return probes.probe(None, "packed_linear", packed, lambda: torch.nn.functional.linear(x, w, b))
 
 
-def _eligible(module: torch.nn.Module) -> bool:
-    """Returns whether `module` is a plain nn.Linear with a large float32 CPU weight (subclasses may change the maths)."""
+def packing_unavailable(model: torch.nn.Module) -> str | None:
+    """Returns why `model` cannot decode through packed weights (None: it can)."""
+    if not any(_eligible(m, 0) for m in model.modules()):
+        dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
+        devices = sorted({p.device.type for p in model.parameters()})
+        return f"it has no float32 nn.Linear weight on the CPU to pack (dtypes {dtypes}, devices {devices})"
+    if not _packing_works():
+        return "this torch build has no working oneDNN packed linear"
+    return None
+
+
+def _eligible(module: torch.nn.Module, min_elements: int) -> bool:
+    """Returns whether `module` is a plain nn.Linear with a float32 CPU weight of at least min_elements
+    elements (subclasses may change the maths)."""
     w = getattr(module, "weight", None)
     return (
         type(module) is torch.nn.Linear
         and isinstance(w, torch.Tensor)
         and w.device.type == "cpu"
         and w.dtype == torch.float32
-        and w.numel() >= PACK_MIN_ELEMENTS
+        and w.numel() >= min_elements
         and "forward" not in module.__dict__  # already swapped (nested block) or patched by someone else
     )
 
@@ -81,19 +77,20 @@ def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor):
 
 
 @contextlib.contextmanager
-def packed_linears(model: torch.nn.Module, batch_hint: int = 8) -> Iterator[int]:
+def packed_linears(model: torch.nn.Module, batch_hint: int = 8, min_elements: int = 1 << 17) -> Iterator[int]:
     """Yields how many nn.Linear layers of `model` run on oneDNN-packed weights inside the block (0: none).
 
     batch_hint: the number of rows the layers will mostly see (oneDNN picks its layout for it; every
-    row count gives the same result).
+    row count gives the same result). min_elements: smaller weights stay on MKL
+    (FastConfig.pack_min_elements says why).
     """
     swapped: list[torch.nn.Module] = []
     try:
-        if any(_eligible(m) for m in model.modules()) and _packing_works():
+        if any(_eligible(m, min_elements) for m in model.modules()) and _packing_works():
             try:
                 with torch.no_grad():
                     for module in model.modules():
-                        if _eligible(module):
+                        if _eligible(module, min_elements):
                             module.forward = _packed_forward(module, _reorder(module.weight, batch_hint))
                             swapped.append(module)
             except (RuntimeError, MemoryError) as err:

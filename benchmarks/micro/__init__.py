@@ -1,0 +1,1 @@
+"""Per-mechanism benchmarks of cohort's fast paths; see benchmarks/__init__.py."""

@@ -1,0 +1,160 @@
+"""The chunked LM head: log-probs of completion tokens without [batch, length, vocabulary] logits.
+
+The decoder runs without its head (`split_model`); the head then runs only on the hidden states that
+predict completion tokens, a byte-bounded chunk of rows at a time (`chunk_rows`), and under autograd
+each chunk is checkpointed, so the backward pass recomputes one chunk's logits at a time instead of
+keeping all of them. Known logit transforms after the head (Gemma 2's soft-capping, Granite's
+`logits_scaling`, Cohere's `logit_scale`) are folded into the head; whether the split reproduces the
+model's own logits is checked once per model (`cohort.fast.probes`, check "head_split").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from cohort.fast import probes
+from cohort.models import input_device
+
+
+def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int) -> int:
+    """Returns how many rows of float32 logits one chunk holds: at most chunk_size, within chunk_mib MiB."""
+    return max(1, min(chunk_size, (chunk_mib << 20) // (4 * max(vocab, 1))))
+
+
+def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size):
+    """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *]."""
+    fn = _logp_entropy if with_entropy else _logp_only
+    # Recomputing chunks in backward keeps one chunk's logits alive at a time. When everything fits in
+    # one chunk that bound holds anyway, and skipping the recompute saves 7 % of the demo's update.
+    use_ckpt = torch.is_grad_enabled() and picked.requires_grad and picked.shape[0] > chunk_size
+    logps, ents = [], []
+    for start in range(0, picked.shape[0], chunk_size):
+        h = picked[start : start + chunk_size]  # [m, H]
+        tgt = target[start : start + chunk_size]  # [m]
+        if use_ckpt:
+            lp, ent = checkpoint(fn, head, h, tgt, temperature, use_reentrant=False)
+        else:
+            lp, ent = fn(head, h, tgt, temperature)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def _scaled_logits(head, h, temperature):
+    z = head(h) if head is not None else h
+    logits = z.to(torch.promote_types(z.dtype, torch.float32))  # [m, V]: float32, or float64 for a float64 model
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _logp_only(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logits.logsumexp(-1)  # [m]
+    return logp, None
+
+
+def _logp_entropy(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logz = logits.logsumexp(-1)  # [m]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
+    # Entropy is a statistic, not a loss term: outside autograd. Under checkpointing, tensors saved for a
+    # backward that never runs stay alive until the whole backward ends, so a differentiable entropy
+    # would keep two [m, V] tensors per chunk (2.7 GB at a 152k vocabulary).
+    with torch.no_grad():
+        z = logits.detach()
+        entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
+    return logp, entropy
+
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Returns the transformers model inside a peft PeftModel (LoRA layers stay injected), else model."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+class _HeadThenTransform(torch.nn.Module):
+    """The LM head followed by the logit transform the model's forward applies after it (in float32)."""
+
+    def __init__(self, head: torch.nn.Module, transform) -> None:
+        super().__init__()
+        self.head, self.transform = head, transform
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Returns the head's weight [V, H]."""
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Returns the transformed logits [..., V] float32."""
+        z = self.head(hidden)
+        return self.transform(z.to(torch.promote_types(z.dtype, torch.float32)))
+
+
+def _logit_transform(inner: torch.nn.Module):
+    """Returns the function transformers' forward applies to this model's LM-head output, or None.
+
+    The known ones: final soft-capping (Gemma 2), division by `logits_scaling` (Granite),
+    multiplication by `logit_scale` (Cohere). Whether it is right is checked by `_head_matches`.
+    """
+    config = getattr(inner, "config", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        return lambda z: torch.tanh(z / cap) * cap
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and divisor not in (0, 1):
+        return lambda z: z / divisor
+    factor = getattr(inner, "logit_scale", None)
+    if isinstance(factor, (int, float)) and factor != 1:
+        return lambda z: z * factor
+    return None
+
+
+def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """Returns (decoder, lm_head) when head(decoder(x)) reproduces model(x).logits, else None (full logits).
+
+    A known logit transform after the head (soft-capping, logit scaling) is folded into the returned head.
+    Models with other transforms, peft prompt learning (virtual tokens), or no get_decoder /
+    get_output_embeddings fail; the check runs once per model on a 4-token input.
+    """
+    peft_config = getattr(model, "active_peft_config", None)
+    inner = unwrap(model)
+    get_dec = getattr(inner, "get_decoder", None)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    if getattr(peft_config, "is_prompt_learning", False) or not callable(get_dec) or not callable(get_head):
+        return None
+    decoder, head = get_dec(), get_head()
+    if decoder is None or head is None or decoder is inner:
+        return None
+    transform = _logit_transform(inner)
+    head = _HeadThenTransform(head, transform) if transform is not None else head
+    vocab = head.weight.shape[0] if getattr(head, "weight", None) is not None else 2
+
+    def inputs():
+        ids = (torch.arange(4, device=input_device(model)) % vocab)[None]  # [1, 4]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+
+    def split():
+        out = decoder(**inputs())
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return head(hidden).float()  # [1, 4, V]
+
+    def whole():
+        return model(**inputs()).logits.float()  # [1, 4, V]
+
+    def agree(ours, theirs, tol):
+        # Logits, not log-probs: relative to their scale (a soft-cap or scale is exact or far off).
+        scale = 1.0 + theirs.abs().max().item()
+        return ours.shape == theirs.shape and bool(torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3 * scale))
+
+    return (decoder, head) if probes.probe(model, "head_split", split, whole, agree=agree) else None
+
+
+def head_unavailable(model: torch.nn.Module) -> str | None:
+    """Returns why the chunked LM head cannot run on `model` (None: it can)."""
+    if split_model(model) is None:
+        return (
+            "it does not split into a decoder and an LM head that reproduce its logits (computing full "
+            "logits: memory grows with batch x length x vocabulary)"
+        )
+    return None

@@ -1,0 +1,75 @@
+"""Once-per-model equivalence checks: a fast path is trusted on a model only after it reproduced the plain one.
+
+Every check goes through `probe(model, name, fast, plain)`: both computations run on a small made-up
+input, outside any autocast the caller runs under, without gradients, in eval mode; the fast one must
+match the plain one within `tolerance(model)`; any exception counts as a failure. The verdict is cached
+per model (weakly, so it goes with the model) and per check name, and `results(model)` shows every
+verdict so far. Checks are about structure, not rounding: the tolerance follows the weights' precision.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cohort.models import eval_mode, float_dtype, input_device
+
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {check name: bool}
+_GLOBAL: dict[str, bool] = {}  # checks of the torch build itself (model=None)
+
+
+def tolerance(model: torch.nn.Module) -> float:
+    """Returns the absolute log-prob tolerance of a path check: 1e-3 in float32 or wider, 5e-2 below.
+
+    Two computations of the same log-probs differ only by rounding: float32 keeps them within 1e-5,
+    bfloat16 (8 bits of mantissa, summed over a layer stack) within a few hundredths; a structural error
+    (a wrong mask, a dropped window) moves them by much more than either.
+    """
+    return 1e-3 if float_dtype(model).itemsize >= 4 else 5e-2
+
+
+def allclose(fast: Any, plain: Any, tol: float) -> bool:
+    """Returns whether two tensors (or equal-length tuples of tensors) agree to absolute tolerance `tol`."""
+    if isinstance(fast, torch.Tensor):
+        return fast.shape == plain.shape and bool(torch.allclose(fast.float(), plain.float(), rtol=0, atol=tol))
+    return len(fast) == len(plain) and all(allclose(a, b, tol) for a, b in zip(fast, plain))
+
+
+def probe(
+    model: torch.nn.Module | None,
+    name: str,
+    fast: Callable[[], Any],
+    plain: Callable[[], Any],
+    *,
+    agree: Callable[[Any, Any, float], bool] = allclose,
+) -> bool:
+    """Returns whether fast() reproduces plain() on `model` (computed once per model and check name).
+
+    model=None checks the torch build itself (once per process). agree(fast_out, plain_out, tol) decides
+    (default: allclose at `tolerance(model)`).
+    """
+    cache = _GLOBAL if model is None else _VERDICTS.setdefault(model, {})
+    if name in cache:
+        return cache[name]
+    try:
+        if model is None:
+            with torch.no_grad():
+                ok = bool(agree(fast(), plain(), 1e-4))
+        else:
+            device_type = input_device(model).type
+            with torch.no_grad(), torch.autocast(device_type, enabled=False), eval_mode(model):
+                ok = bool(agree(fast(), plain(), tolerance(model)))
+    except Exception:  # noqa: BLE001 - any failure means the fast path is unusable here
+        ok = False
+    cache[name] = ok
+    return ok
+
+
+def results(model: torch.nn.Module | None) -> dict[str, bool]:
+    """Returns a copy of the verdicts reached so far for `model` ({check name: passed}); None: the torch build."""
+    if model is None:
+        return dict(_GLOBAL)
+    return dict(_VERDICTS.get(model, {}))

@@ -1,0 +1,25 @@
+"""Zero-advantage skipping: rows that cannot move the gradient are not computed.
+
+With beta = 0 a completion whose advantage is exactly 0 contributes 0 to the clipped surrogate of every
+token and so 0 to the loss and its gradient (its ratio multiplies a zero advantage). Late in a run most
+groups have all-equal rewards, so most rows are such rows. The loss normalisers (`num_items`,
+`num_sequences`) still count them, so the gradient is the one of the whole batch. With beta > 0 the KL
+term of those rows does carry a gradient, so nothing is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def skip_unavailable(beta: float) -> str | None:
+    """Returns why zero-advantage rows cannot be skipped (None: they can)."""
+    return None if beta == 0 else f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
+
+
+def zero_advantage_rows(advantages: torch.Tensor, rows: Sequence[int]) -> list[int]:
+    """Returns the rows of `rows` whose advantage is exactly 0 (they add exactly 0 when beta = 0)."""
+    zero = (advantages == 0).tolist()
+    return [r for r in rows if zero[r]]

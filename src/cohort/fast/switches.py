@@ -1,0 +1,180 @@
+"""The switchboard: one `auto | on | off` switch per fast path and the thresholds that steer `auto`.
+
+`FastConfig` is the `fast:` section of a run's config. It reaches the code that takes each path through
+constructors and arguments (`PolicyUpdater(fast=...)`, `BuiltinEngine(fast=...)`,
+`completion_logprobs(fast=...)`), never through module globals, so two models in one process can run
+with different switches.
+
+- `off`: never take the path.
+- `auto` (default): take it when the thresholds say it pays and the model supports it (checked once per
+  model, `cohort.fast.probes`); when the model does not, fall back to the plain path and say why once
+  per model.
+- `on`: take it whenever the model supports it, whatever the thresholds say; a model that does not
+  support it is an error (`FastPathError`) naming the reason, so a user who asks for a path gets it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SWITCH_VALUES = ("auto", "on", "off")
+
+
+class FastPathError(RuntimeError):
+    """A fast path switched `on` cannot be taken for this model; the message names the reason."""
+
+
+@dataclass
+class FastConfig:
+    """Switches (auto | on | off) and thresholds of the paths that exist only for speed (docs/architecture.md)."""
+
+    grouped: str = "auto"
+    """Update: lay each group's prompt out once before its completions (else one padded row per completion).
+    Needs sdpa or eager attention, and sequences within any sliding window unless segment attention runs."""
+    segments: str = "auto"
+    """Update: segment attention over one packed row of exactly the real tokens (needs `grouped`, sdpa
+    attention, no gradient checkpointing, and a once-per-model check)."""
+    segments_min_tokens: int = 256
+    """auto: segment attention only when some group (prompt + completions) has this many tokens. Measured:
+    on the demo (groups of ~60 tokens) the dense block mask is 2-4 % faster per step; on workload (b)
+    (groups of ~600 tokens) segments are 20-25 % faster."""
+    attention_slowdown: float = 1.4
+    """Row planning of the dense-mask grouped layout: a masked attention FLOP costs this many projection
+    FLOPs (measured with sdpa forward + backward against a linear layer, 2 CPU threads: 1.3-1.5)."""
+    chunked_head: str = "auto"
+    """Log-probs: run the LM head only on hidden states that predict completion tokens, in chunks, never
+    holding [batch, length, vocabulary] logits (needs the model to split into decoder + head, checked once)."""
+    head_chunk_mib: int = 32
+    """float32 logits per LM-head chunk on a CPU, in MiB: 152k-token vocabularies would otherwise allocate
+    0.6 GB per 1024-row chunk, several times over in softmax temporaries."""
+    head_chunk_mib_accelerator: int = 256
+    """The same on a GPU, whose matmuls need ~300 FLOPs per byte read to be compute-bound (every chunk
+    reads the whole head matrix)."""
+    skip_zero_advantage: str = "auto"
+    """Update: rows whose advantage is exactly 0 are not computed when beta = 0 (they add exactly 0 to the
+    loss and the gradient; the loss normalisers still count them). `on` with beta > 0 is an error."""
+    shared_prefix: str = "auto"
+    """Builtin sampler: the G samples of a prompt decode against one copy of its cached keys and values
+    (needs sdpa or eager attention, rollouts within any sliding window, and a once-per-model check)."""
+    shared_prefix_min_elements: int = 1 << 18
+    """auto: share only when the repeated prompt copies would add this many cache elements per layer.
+    Measured: neutral on workload (b) at 0.5 M (5e5 elements), 1.04x faster at 14 M (1.6e6), 1.8x with
+    600-token prompts at G = 16; slower on the demo's short prompts."""
+    packed_weights: str = "auto"
+    """Builtin sampler on a CPU: decode through oneDNN-packed copies of the large float32 Linear weights
+    (holds one extra copy of them during a rollout)."""
+    pack_min_elements: int = 1 << 17
+    """auto: weights smaller than this stay on MKL. Measured: packing the 0.5 M model's matrices (16k-53k
+    elements) made its rollouts 1.34x slower, the 14 M model's (147k-393k) 1.18x faster."""
+    pack_after_steps: int = 8
+    """auto: a rollout packs only once it has run this many decode steps ..."""
+    pack_min_remaining: int = 32
+    """auto: ... and has room for more than this many further tokens. Packing costs ~3 s for a 0.5 B model
+    here and saves 15-45 % per later step: with 16 new tokens packing from the start was 1.13x slower,
+    with 64 new tokens packing after 8 steps 1.17x faster."""
+    preallocated_kv: str = "auto"
+    """Builtin sampler: write each decode step's keys/values in place into buffers sized for the whole
+    rollout instead of transformers' grow-by-concatenation (a fifth of decode time at 250 positions)."""
+    drop_ended_fraction: float = 0.25
+    """Builtin sampler: drop rows that ended (EOS) from the decoding batch once this fraction of it has ended."""
+    heap_bound: str = "auto"
+    """Linux/glibc: fix malloc's mmap threshold so freed tensor memory goes back to the system (a 152k
+    vocabulary step held 1.9 GB resident for 0.5 GB live without it). `on` elsewhere is an error."""
+    heap_mmap_threshold_mib: int = 16
+    """heap_bound: tensors of this many MiB or more are always mmapped (1 MiB doubled a 14 M model's step time)."""
+
+    def validate(self, prefix: str = "fast.") -> FastConfig:
+        """Returns self after checking every switch and threshold (ValueError naming the key and the fix)."""
+        for name in SWITCHES:
+            value = getattr(self, name)
+            # YAML reads a bare on / off as a boolean (and the config layer may have made it a string).
+            if value in (True, "True", "true"):
+                value = "on"
+            elif value in (False, "False", "false"):
+                value = "off"
+            setattr(self, name, value)
+            if value not in SWITCH_VALUES:
+                raise ValueError(f"{prefix}{name}={value!r} is not valid; choose one of: auto, on, off")
+        for name in ("segments_min_tokens", "shared_prefix_min_elements", "pack_min_elements",
+                     "pack_after_steps", "pack_min_remaining"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{prefix}{name}={value!r} must be an integer >= 0")
+        for name in ("head_chunk_mib", "head_chunk_mib_accelerator", "heap_mmap_threshold_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{prefix}{name}={value!r} must be an integer >= 1 (MiB)")
+        if not self.attention_slowdown >= 0:
+            raise ValueError(f"{prefix}attention_slowdown={self.attention_slowdown!r} must be >= 0 (0: never split a group)")
+        if not 0.0 < self.drop_ended_fraction <= 1.0:
+            raise ValueError(
+                f"{prefix}drop_ended_fraction={self.drop_ended_fraction!r} must be in (0, 1]; it is the share of "
+                "ended rows that triggers dropping them (0.25 is a good default)"
+            )
+        if self.segments == "on" and self.grouped == "off":
+            raise ValueError(
+                f"{prefix}segments=on needs the grouped layout, but {prefix}grouped=off; set {prefix}grouped to "
+                "auto or on, or segments to auto or off"
+            )
+        return self
+
+    def replace(self, **changes: Any) -> FastConfig:
+        """Returns a validated copy with `changes` applied (e.g. `fast.replace(segments="off")`)."""
+        return dataclasses.replace(self, **changes).validate()
+
+    @classmethod
+    def all(cls, value: str) -> FastConfig:
+        """Returns a FastConfig with every switch set to `value` ("off": the plain reference paths)."""
+        return cls(**{name: value for name in SWITCHES}).validate()
+
+
+SWITCHES: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(FastConfig) if f.type in ("str", str)
+)
+"""The names of the switches (every str field of FastConfig)."""
+
+_SAID: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(path, reason)} already said
+_SAID_GLOBAL: set[tuple[str, str]] = set()  # for objects that cannot be weakly referenced
+
+
+def choose(
+    setting: str,
+    path: str,
+    model: Any,
+    *,
+    worth: bool = True,
+    unavailable: Callable[[], str | None] = lambda: None,
+) -> bool:
+    """Returns whether fast path `path` runs for `model` under switch `setting`.
+
+    worth: whether the thresholds say it pays (ignored by `on`). unavailable: returns why the model cannot
+    take the path (None: it can); called only when the answer matters, since it may run a probe. `on` with
+    a reason raises FastPathError; `auto` falls back and says why once per model.
+    """
+    if setting == "off" or (setting == "auto" and not worth):
+        return False
+    reason = unavailable()
+    if reason is None:
+        return True
+    name = type(model).__name__ if model is not None else "this process"
+    if setting == "on":
+        raise FastPathError(f"fast.{path}=on, but {name} cannot take it: {reason}. Set fast.{path}=auto or off")
+    say_once(model, path, f"fast path {path!r} off for {name}: {reason}; using the plain path")
+    return False
+
+
+def say_once(model: Any, path: str, message: str) -> None:
+    """Returns None after warning `message` unless it was already said for this model and path."""
+    key = (path, message)
+    try:
+        said = _SAID.setdefault(model, set())
+    except TypeError:
+        said = _SAID_GLOBAL
+    if key not in said:
+        said.add(key)
+        warnings.warn(f"cohort: {message}", stacklevel=4)

@@ -1,0 +1,193 @@
+"""PolicyUpdater: the fast paths and the micro-batch split change the speed of an update, never its gradient.
+
+Checked in float64, where two orders of summation agree to ~1e-15, so a relative tolerance of 1e-9 leaves
+no room for a path that is only approximately right. The model is a tiny GPT-2: Qwen2's RMSNorm computes
+in float32 whatever the weights' dtype, so a float64 Qwen2 agrees with itself across layouts only to
+float32 rounding (the float32 tests in test_logprobs.py cover Qwen2 at that precision).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import transformers as tf
+from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
+
+from cohort.algo import LOSS_TYPES, loss_normalisers
+from cohort.config import AlgoConfig
+from cohort.fast import FastConfig, FastPathError
+from cohort.rollout import SamplingParams
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
+
+G = 4
+
+
+def _combinations() -> list[FastConfig]:
+    """Returns every on/off combination of the update's switches (segments only with the grouped layout)."""
+    out = []
+    for grouped, segments, head, skip in itertools.product(("on", "off"), repeat=4):
+        if grouped == "off" and segments == "on":
+            continue
+        out.append(FastConfig(grouped=grouped, segments=segments, chunked_head=head, skip_zero_advantage=skip))
+    return out
+
+
+def gpt2_64(seed: int = 0, eos_bias: float = 0.0) -> torch.nn.Module:
+    """Returns a tiny float64 GPT-2 (every computation in float64) over the tests' 40-token vocabulary."""
+    config = tf.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=EOS,
+                           eos_token_id=EOS, pad_token_id=PAD)
+    torch.manual_seed(seed)
+    model = tf.GPT2LMHeadModel(config).double().eval()
+    with torch.no_grad():  # peaked distributions, so sampling is not decided by rounding
+        model.transformer.wte.weight.mul_(3.0)
+        model.transformer.wte.weight[EOS] += eos_bias
+    return model
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return gpt2_64(seed=11)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three groups: one with all-equal rewards (zero advantages), one with a row out of the loss, ragged lengths."""
+    prompts = random_prompts(3, seed=31, min_len=2, max_len=9)
+    g = torch.Generator().manual_seed(32)
+    comps = [torch.randint(2, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 14, (3 * G,), generator=g)]
+    adv = torch.randn(3 * G, generator=g, dtype=torch.float64).float()
+    adv[:G] = 0.0  # an all-equal group
+    in_loss = torch.ones(3 * G, dtype=torch.bool)
+    in_loss[G + 1] = False  # e.g. truncated under mask_truncated
+    return PolicyBatch(prompts, comps, G, adv, in_loss)
+
+
+def _gradient(model, batch, loss_type, fast, micro_batch_tokens, beta=0.0) -> tuple[dict, UpdateStats]:
+    """Returns ({name: gradient} of one update, its stats); the optimizer does not move the weights (lr 0)."""
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = None
+    reference = None
+    if beta > 0:
+        frozen = gpt2_64(seed=12)
+
+        def reference():
+            import contextlib
+
+            return contextlib.nullcontext(frozen)
+
+    updater = PolicyUpdater(
+        model,
+        torch.optim.SGD(params, lr=0.0),
+        None,
+        AlgoConfig(loss_type=loss_type, beta=beta, eps_high=0.28),
+        temperature=0.9,
+        max_completion_length=16,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=0.0,
+        reference=reference,
+        fast=fast,
+    )
+    stats = updater.update(batch)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
+
+
+def _assert_same(got: dict, ref: dict, what) -> None:
+    for name, r in ref.items():
+        err = (got[name] - r).abs().max().item()
+        assert err <= 1e-9 * r.abs().max().item() + 1e-15, (what, name, err)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_fast_path_combination_and_split_gives_the_same_gradient(model64, batch, loss_type):
+    plain = FastConfig.all("off")
+    ref, ref_stats = _gradient(model64, batch, loss_type, plain, 10**6)
+    assert ref_stats.paths["padded"] == 1.0 and ref_stats.paths["chunked_head"] == 0.0
+    assert any(g.abs().max() > 0 for g in ref.values())
+    seen_paths = set()
+    for fast in _combinations():
+        for tokens in (10**6, 40, 12):  # one micro-batch, a few, one group piece at a time
+            got, stats = _gradient(model64, batch, loss_type, fast, tokens)
+            _assert_same(got, ref, (fast, tokens))
+            # The path switched on is the path reported.
+            expected = "padded" if fast.grouped == "off" else ("segments" if fast.segments == "on" else "dense_mask")
+            assert stats.paths[expected] == 1.0, (fast, stats.paths)
+            assert stats.paths["chunked_head"] == (1.0 if fast.chunked_head == "on" else 0.0)
+            skipped = fast.skip_zero_advantage == "on"
+            assert stats.paths["skip_zero_advantage"] == float(skipped)
+            assert (stats.rows_computed_frac < (3 * G - 1) / (3 * G)) == skipped
+            seen_paths.add(expected)
+    assert seen_paths == {"segments", "dense_mask", "padded"}
+
+
+def test_the_kl_term_is_also_path_invariant(model64, batch):
+    plain = FastConfig.all("off")
+    ref, stats = _gradient(model64, batch, "grpo", plain, 10**6, beta=0.1)
+    assert stats.kl is not None and stats.kl > 0
+    for fast in _combinations():
+        if fast.skip_zero_advantage == "on":
+            continue
+        got, _ = _gradient(model64, batch, "grpo", fast, 40, beta=0.1)
+        _assert_same(got, ref, fast)
+
+
+def test_skipping_zero_advantage_rows_is_refused_with_a_kl_term(model64):
+    with pytest.raises(FastPathError, match="skip_zero_advantage=on.*beta=0.1"):
+        PolicyUpdater(
+            model64,
+            torch.optim.SGD(model64.parameters(), lr=0.0),
+            None,
+            AlgoConfig(beta=0.1),
+            temperature=1.0,
+            max_completion_length=8,
+            micro_batch_tokens=100,
+            max_grad_norm=0.0,
+            fast=FastConfig(skip_zero_advantage="on"),
+        )
+
+
+def test_loss_normalisers_own_the_meaning_of_each_loss_type():
+    # Two processes whose token counts are 7 and 5 (the fake all-reduce adds the other process's).
+    other = {"tokens": 5, "rows": 2}
+
+    def all_sum(x: int) -> int:
+        return x + (other["tokens"] if x > 2 else other["rows"])
+
+    assert loss_normalisers("dapo", [3, 4], all_sum) == (12, 4)  # every token of the batch on every process
+    assert loss_normalisers("bnpo", [3, 4], all_sum) == (7, 4)  # this process's tokens
+    assert loss_normalisers("grpo", [3, 4]) == (7, 2)
+    assert loss_normalisers("dr_grpo", []) == (1, 1)  # an empty minibatch: no division by zero
+    with pytest.raises(ValueError, match="loss_type"):
+        loss_normalisers("ppo", [1])
+
+
+def test_sampled_completions_do_not_depend_on_the_decoding_paths():
+    """Sampling (not greedy) with one seed: the same tokens with shared-prefix decoding and the preallocated
+    cache on or off (float64), and with packed weights on or off (float32: oneDNN packs float32 only)."""
+    model = tiny_model(seed=13, logit_scale=3.0, eos_bias=0.8)
+    prompts = random_prompts(5, seed=14, min_len=1, max_len=12)
+    params = SamplingParams(max_completion_length=14, temperature=0.9, top_k=20)
+
+    def run(m, **switches):
+        engine = make_test_engine("builtin", fast=FastConfig(**switches))
+        return engine.generate(m, prompts, G, params, torch.Generator().manual_seed(5))
+
+    model64 = gpt2_64(seed=13, eos_bias=2.0)
+    base = run(model64, shared_prefix="off", preallocated_kv="off", packed_weights="off")
+    assert base.paths == {"shared_prefix": False, "preallocated_kv": False, "packed_weights": False}
+    lengths = {len(c) for c in base.completion_ids}
+    assert len(lengths) > 2  # rows ended at different steps
+    for shared, prealloc in itertools.product(("on", "off"), repeat=2):
+        got = run(model64, shared_prefix=shared, preallocated_kv=prealloc, packed_weights="off")
+        assert got.paths["shared_prefix"] == (shared == "on") and got.paths["preallocated_kv"] == (prealloc == "on")
+        assert got.completion_ids == base.completion_ids, (shared, prealloc)
+        for a, b in zip(got.sampling_logprobs, base.sampling_logprobs):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # float32 log-probs of a float64 model
+    with pytest.raises(FastPathError, match="no float32 nn.Linear weight"):
+        run(model64, packed_weights="on")
+    packed = run(model, packed_weights="on", shared_prefix="on")
+    plain = run(model, packed_weights="off", shared_prefix="on")
+    assert packed.paths["packed_weights"] and not plain.paths["packed_weights"]
+    assert packed.completion_ids == plain.completion_ids
