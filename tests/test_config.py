@@ -161,3 +161,59 @@ def test_presets_do_not_import_config():
     code = "import sys, cohort.presets; print('cohort.config' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------ the fast-path switchboard
+
+
+def test_fast_switches_from_yaml_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    # A bare `off` / `on` is a boolean in YAML: the switchboard reads it as the switch value.
+    f.write_text("fast:\n  segments: off\n  shared_prefix: on\n  pack_after_steps: 4\n")
+    cfg = load_config(f, ["fast.chunked_head=off", "fast.packed_weights=auto", *_valid()]).validate()
+    assert (cfg.fast.segments, cfg.fast.shared_prefix, cfg.fast.chunked_head) == ("off", "on", "off")
+    assert cfg.fast.pack_after_steps == 4 and cfg.fast.packed_weights == "auto"
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml").fast == cfg.fast  # the resolved config round-trips
+
+
+@pytest.mark.parametrize(
+    ("over", "fragment"),
+    [
+        ({"fast.segments": "sometimes"}, "fast.segments='sometimes' is not valid; choose one of: auto, on, off"),
+        ({"fast.segments_min_tokens": -1}, "fast.segments_min_tokens=-1 must be an integer >= 0"),
+        ({"fast.head_chunk_mib": 0}, "fast.head_chunk_mib=0 must be an integer >= 1"),
+        ({"fast.drop_ended_fraction": 1.5}, "fast.drop_ended_fraction=1.5 must be in (0, 1]"),
+        ({"fast.attention_slowdown": -1}, "fast.attention_slowdown=-1.0 must be >= 0"),
+        ({"fast.segments": "on", "fast.grouped": "off"}, "fast.segments=on needs the grouped layout"),
+        ({"fast.skip_zero_advantage": "on", "algo.beta": 0.04}, "fast.skip_zero_advantage=on with algo.beta=0.04"),
+        ({"fast.segments": "on", "model.attn_implementation": "eager"}, "fast.segments=on needs model.attn_implementation=sdpa"),
+        ({"fast.grouped": "on", "model.attn_implementation": "flash_attention_2"}, "fast.grouped=on needs a custom attention mask"),
+        ({"fast.packed_weights": "on", "model.dtype": "bfloat16"}, "fast.packed_weights=on needs the builtin engine"),
+        ({"fast.packed_weights": "on", "rollout.engine": "hf"}, "fast.packed_weights=on needs the builtin engine"),
+    ],
+)
+def test_fast_switch_errors_name_the_key_and_the_fix(over, fragment):
+    cfg = load_config(None, _valid(**over))
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert fragment in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("rollout.packed_weights=false", "fast.packed_weights"), ("malloc_mmap_threshold_mib=8", "fast.heap_mmap_threshold_mib")],
+)
+def test_moved_keys_point_at_their_new_place(old, new):
+    with pytest.raises(ConfigError, match=f"moved to '{new}'"):
+        load_config(None, [old])
+
+
+def test_every_example_config_loads_and_validates():
+    """The configs shipped in examples/ are what users copy: each must load and pass validation."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[1] / "examples" / "configs").glob("*.yaml"))
+    assert files
+    for f in files:
+        load_config(f).validate()

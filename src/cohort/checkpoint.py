@@ -6,10 +6,12 @@ never leaves a half-written ``step-N`` folder that resume would pick up.
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +57,53 @@ def save_checkpoint(
     generator: torch.Generator | None = None,
     extra: dict[str, Any] | None = None,
     keep: int = 2,
+    files: dict[str, Any] | None = None,
 ) -> Path:
-    """Return the folder of a new checkpoint for `step`, written atomically under run_dir/checkpoints."""
+    """Return the folder of a new checkpoint for `step`, written atomically under run_dir/checkpoints.
+
+    The checkpoint is written to a temporary folder, then renamed into place; a complete checkpoint of the
+    same step is moved aside first and deleted only once its replacement is in place, so a kill at any
+    moment leaves at least one complete checkpoint of the step. A full disk or any other write error is
+    one clear OSError naming the folder, and the partial folder is removed. `files` maps extra file names
+    to state dicts saved with torch.save inside the checkpoint (e.g. the reference model's weights).
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
+    old = root / f".old-step-{step}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    state = {"step": step, "rng": rng_state(generator), "extra": extra or {}}
-    if optimizer is not None:
-        state["optimizer"] = optimizer.state_dict()
-    if scheduler is not None:
-        state["scheduler"] = scheduler.state_dict()
-    torch.save(state, tmp / "trainer_state.pt")
-    (tmp / "step.json").write_text(json.dumps({"step": step}))
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        state = {"step": step, "rng": rng_state(generator), "extra": extra or {}}
+        if optimizer is not None:
+            state["optimizer"] = optimizer.state_dict()
+        if scheduler is not None:
+            state["scheduler"] = scheduler.state_dict()
+        for name, value in (files or {}).items():
+            torch.save(value, tmp / name)
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "step.json").write_text(json.dumps({"step": step}))
+    except (OSError, RuntimeError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e):
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on device while writing the checkpoint of step {step} to {tmp}; free some space "
+                f"(or lower keep_checkpoints) and resume with resume=auto: the previous checkpoints are intact",
+            ) from None
+        if isinstance(e, OSError):
+            raise OSError(e.errno, f"could not write the checkpoint of step {step} to {tmp}: {e}") from None
+        raise
     if final.exists():
-        shutil.rmtree(final)
+        if old.exists():
+            shutil.rmtree(old)
+        final.rename(old)  # the complete old copy stays on disk until its replacement is in place
     tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
     return final
 
@@ -91,6 +119,11 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
+    for old in root.glob(".old-step-*"):
+        # A kill between moving a checkpoint aside and renaming its replacement into place: restore it.
+        final = root / old.name[len(".old-"):]
+        if not final.exists() and (old / "trainer_state.pt").is_file():
+            old.rename(final)
     found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "trainer_state.pt").is_file()]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
@@ -112,6 +145,24 @@ def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
 def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:
     """Return the trainer state saved in a checkpoint folder."""
     return torch.load(Path(ckpt_dir) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Return (folder, trainer state) of every complete checkpoint whose state loads, newest first.
+
+    An unreadable checkpoint (a truncated or corrupted file) is skipped with a warning naming it, so
+    resume falls back to the previous one instead of failing."""
+    out = []
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            state = load_trainer_state(ckpt)
+            if not isinstance(state, dict) or "step" not in state:
+                raise ValueError("no step recorded")
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped, never fatal
+            warnings.warn(f"checkpoint {ckpt} is unreadable ({type(e).__name__}: {e}); trying the one before", stacklevel=2)
+            continue
+        out.append((ckpt, state))
+    return out
 
 
 def load_model_weights(model: Any, ckpt_dir: str | Path) -> None:

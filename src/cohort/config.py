@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from cohort.algo import COMBINE_MODES as REWARD_MODES
@@ -352,7 +353,8 @@ class TrainConfig:
                 f"fast.grouped=on needs a custom attention mask (model.attn_implementation sdpa or eager), got "
                 f"{m.attn_implementation!r}; set fast.grouped=auto"
             )
-        if f.packed_weights == "on" and (self.rollout.engine != "builtin" or m.dtype not in ("float32", "auto")
+        float32 = DTYPES.get(str(m.dtype).lower()) in (torch.float32, "auto")
+        if f.packed_weights == "on" and (self.rollout.engine != "builtin" or not float32
                                           or m.device.startswith("cuda")):
             raise ConfigError(
                 "fast.packed_weights=on needs the builtin engine decoding float32 weights on a CPU "

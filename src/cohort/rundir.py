@@ -1,0 +1,116 @@
+"""The run directory: one run at a time (a lock), and logs that match the checkpoint a run resumes from.
+
+- `RunLock`: an exclusive `fcntl` lock on `RUN_DIR/.lock`, which holds the owner's pid, host and start
+  time. The kernel drops the lock when its process dies, however it dies, so a lock file left behind by
+  a crash is recognised as stale and taken over; a live owner makes a second run refuse, naming it.
+- `trim_logs`: on resume, every row logged after the checkpoint's step is removed from metrics.jsonl,
+  samples.jsonl and evals.jsonl (the killed attempt's rows would otherwise appear twice), and a torn last
+  line (a kill in the middle of a write) is dropped so it cannot swallow the next row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOG_FILES = ("metrics", "samples", "evals")
+"""The JSONL logs of a run (RUN_DIR/<name>.jsonl), one object per line, each with a "step"."""
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is training in this run directory."""
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held from `acquire()` until `release()` or process exit."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Returns self once the lock is held; raises RunLockedError naming the live owner otherwise."""
+        try:
+            import fcntl
+        except ImportError:  # not a POSIX system: no lock, as before
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = self._read_owner()
+            os.close(fd)
+            raise RunLockedError(
+                f"run directory {str(self.path.parent)!r} is in use by another cohort run ({owner}); wait for it "
+                "to finish, stop it, or choose another out_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
+        self._fd = fd
+        return self
+
+    def _read_owner(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return "owner unknown"
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("since", 0)))
+        return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {since}"
+
+    def release(self) -> None:
+        """Returns None after releasing the lock (a no-op when it is not held)."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def trim_logs(run_dir: str | Path, step: int) -> dict[str, int]:
+    """Returns {log name: rows removed} after cutting each log back to the rows of steps <= `step`.
+
+    A last line without its newline (torn by a kill) is removed too. Rows are never reordered; each file is
+    rewritten through a temporary file and renamed, so a kill during the trim loses nothing.
+    """
+    removed: dict[str, int] = {}
+    for name in LOG_FILES:
+        path = Path(run_dir) / f"{name}.jsonl"
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.split("\n")
+        torn = lines.pop() if lines else ""  # "" when the file ends with a newline
+        kept, dropped = [], int(bool(torn))
+        for line in lines:
+            try:
+                row = json.loads(line)
+                keep = int(row.get("step", 0)) <= step
+            except (ValueError, TypeError, AttributeError):
+                keep = False  # a corrupted line is not a row of the run
+            if keep:
+                kept.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            tmp.replace(path)
+        removed[name] = dropped
+    return removed
+
+
+def logged_steps(run_dir: str | Path) -> int:
+    """Returns how many rows RUN_DIR/metrics.jsonl holds (0 when there is none)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if line.strip())
