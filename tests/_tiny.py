@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from cohort.fast import FastConfig
+from cohort.fastpath import FastConfig
 from cohort.rollout import RolloutEngine, make_engine
 
 VOCAB = 40

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers as tf
 
-from cohort.fast import FastConfig, probes
+from cohort.fastpath import FastConfig, probes
 from cohort.logprobs import completion_logprobs
 from cohort.models import full_attention_span
 from cohort.rollout import make_engine

@@ -16,7 +16,7 @@ from test_logprobs import (
 )
 from transformers import AttentionInterface
 
-from cohort.fast import FastConfig, FastPathError, attention, probes
+from cohort.fastpath import FastConfig, FastPathError, attention, probes
 
 
 def test_plan_places_every_position_once_in_length_buckets():

@@ -13,7 +13,7 @@ import pytest
 import torch
 from _tiny import EOS, PAD, random_prompts, tiny_model
 
-from cohort.fast import FastConfig, probes
+from cohort.fastpath import FastConfig, probes
 from cohort.logprobs import completion_logprobs
 from cohort.rollout import make_engine
 from cohort.rollout.base import SamplingParams

@@ -8,8 +8,8 @@ from _tiny import VOCAB, random_prompts, tiny_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
-from cohort.fast import FastConfig, FastPathError, layouts, probes
-from cohort.fast.attention import SegmentPlan
+from cohort.fastpath import FastConfig, FastPathError, layouts, probes
+from cohort.fastpath.attention import SegmentPlan
 from cohort.logprobs import LogProbs
 
 G = 3
@@ -343,7 +343,7 @@ def test_split_groups_give_the_same_values_and_gradients(model):
 
 def test_errors(model, data):
     prompts, comps = data
-    with pytest.raises(TypeError, match="fast must be a cohort.fast.FastConfig"):
+    with pytest.raises(TypeError, match="fast must be a cohort.fastpath.FastConfig"):
         completion_logprobs(model, prompts, comps, G, fast="padded")
     with pytest.raises(ValueError, match="fast.segments='sometimes' is not valid"):
         FastConfig(segments="sometimes").validate()

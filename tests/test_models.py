@@ -236,7 +236,7 @@ def test_lora_errors(tiny_dir, monkeypatch):
 def test_bound_heap_fixes_glibc_threshold_or_says_it_cannot():
     import sys
 
-    from cohort.fast.memory import bound_heap
+    from cohort.fastpath.memory import bound_heap
 
     assert bound_heap(0) is False  # 0 = leave glibc's dynamic threshold alone
     applied = bound_heap(16)

@@ -17,7 +17,7 @@ from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
 
 from cohort.algo import LOSS_TYPES, loss_normalisers
 from cohort.config import AlgoConfig
-from cohort.fast import FastConfig, FastPathError
+from cohort.fastpath import FastConfig, FastPathError
 from cohort.rollout import SamplingParams
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 

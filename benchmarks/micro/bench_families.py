@@ -13,7 +13,7 @@ handed over on a 4-D carrier mask. For a sliding-window model whose sequences ou
 (`mistral_w64`) the dense mask is not exact, so "off" is the padded layout, what it got before
 segment attention applied windows. The update is forward + backward + AdamW over the batch;
 generation samples --max-new tokens per completion (EOS unreachable). The paths each side actually
-took (LogProbs.path, RolloutBatch.paths) and the once-per-model verdicts (cohort.fast.probes) are
+took (LogProbs.path, RolloutBatch.paths) and the once-per-model verdicts (cohort.fastpath.probes) are
 printed with the times.
 """
 
@@ -27,8 +27,8 @@ import time
 import torch
 import transformers as tf
 
-from cohort.fast import FastConfig, probes
-from cohort.fast.memory import bound_heap
+from cohort.fastpath import FastConfig, probes
+from cohort.fastpath.memory import bound_heap
 from cohort.logprobs import completion_logprobs
 from cohort.rollout import BuiltinEngine, SamplingParams
 

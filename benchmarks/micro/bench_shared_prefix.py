@@ -18,8 +18,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from cohort.fast import FastConfig
-from cohort.fast.memory import bound_heap
+from cohort.fastpath import FastConfig
+from cohort.fastpath.memory import bound_heap
 from cohort.rollout import BuiltinEngine, SamplingParams
 
 

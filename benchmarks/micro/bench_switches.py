@@ -1,4 +1,4 @@
-"""Every `cohort.fast` switch at its default (auto) against off, on workload (b), alternating in one process.
+"""Every `cohort.fastpath` switch at its default (auto) against off, on workload (b), alternating in one process.
 
     python benchmarks/micro/bench_switches.py                 # 14 M bench model, 5 repeats (~5 min here)
     python benchmarks/micro/bench_switches.py --quick         # smoke test (< 1 min): 0.5 M model, 1 repeat
@@ -97,7 +97,7 @@ class Bench:
         from cohort.algo import group_advantages
         from cohort.config import AlgoConfig, TrainConfig
         from cohort.data import encode_prompts
-        from cohort.fast import FastConfig
+        from cohort.fastpath import FastConfig
         from cohort.models import load_model, load_tokenizer, stop_token_ids
         from cohort.optim import make_adamw
         from cohort.rollout import SamplingParams
@@ -196,7 +196,7 @@ def measure(bench: Bench, switch: str, repeats: int, warmed: set) -> dict:
 
     warmed: (part, settings) already run once in this process; the others get one untimed run first.
     """
-    from cohort.fast import FastConfig
+    from cohort.fastpath import FastConfig
 
     settings = {"auto": FastConfig(), "off": FastConfig().replace(**{switch: "off"})}
     times: dict[str, list[float]] = {name: [] for name in settings}
@@ -260,8 +260,8 @@ def main(argv=None) -> None:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from cohort.fast import FastConfig, probes
-    from cohort.fast.memory import bound_heap
+    from cohort.fastpath import FastConfig, probes
+    from cohort.fastpath.memory import bound_heap
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

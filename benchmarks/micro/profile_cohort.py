@@ -48,8 +48,8 @@ class Phases:
         self.stack: list[tuple[str | None, float]] = [("other", 0.0)]
         self.segments: list[list] = []  # [phase, RSS when entered, max RSS inside] while recording
         self.recording = threading.Event()
-        self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self.stopping = threading.Event()
+        self.sampler = threading.Thread(target=self.sample_rss, daemon=True)
 
     def label(self) -> str:
         return next(tag for tag, _ in reversed(self.stack) if tag)
@@ -67,8 +67,8 @@ class Phases:
         self.clock.clear()
         self.counts.clear()
 
-    def _sample(self) -> None:
-        while not self._stop.is_set():
+    def sample_rss(self) -> None:
+        while not self.stopping.is_set():
             label, rss = self.label(), rss_mib()
             self.peak[label] = max(self.peak[label], rss)
             if self.recording.is_set():
@@ -79,10 +79,10 @@ class Phases:
             time.sleep(0.002)
 
     def start(self) -> None:
-        self._sampler.start()
+        self.sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
 
 
 def hook_module(module, phases: Phases, label) -> list:

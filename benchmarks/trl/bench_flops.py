@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from cohort.fast.packed_linear import packed_linears
+from cohort.fastpath.packed_linear import packed_linears
 
 
 def forward_flops(
@@ -119,7 +119,7 @@ def matmul_rate(meta: dict, *, tokens: int = 2048, repeats: int = 5, threads: in
             step(xr, xir)
         return (time.perf_counter() - t0) / inner
 
-    # The same weights as nn.Linear layers, for cohort's packed decoding (cohort.fast.packed_linear).
+    # The same weights as nn.Linear layers, for cohort's packed decoding (cohort.fastpath.packed_linear).
     linears = torch.nn.ModuleDict()
     for name in ("qo", "kv", "up", "down"):
         linears[name] = torch.nn.Linear(w[name].shape[0], w[name].shape[1], bias=False)

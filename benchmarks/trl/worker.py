@@ -213,6 +213,7 @@ def run_trl(spec: dict, rows: list[dict]) -> list[dict]:
     )
     timing = {"gen": 0.0, "gen_score": 0.0}
     captured: dict = {}
+    # TRL has no public hook around generation and scoring: its own (private) methods are timed.
     generate, generate_and_score = trainer._generate, trainer._generate_and_score_completions
 
     def timed_generate(prompts):

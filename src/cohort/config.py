@@ -26,7 +26,7 @@ from cohort.algo import LOSS_TYPES, SCALES
 from cohort.algo import STD_KINDS as STDS
 from cohort.choices import ENGINES
 from cohort.errors import ConfigError
-from cohort.fast.switches import FastConfig
+from cohort.fastpath.switches import FastConfig
 from cohort.models import DTYPES
 from cohort.optim import SCHEDULES
 from cohort.presets import PRESETS, apply_preset
@@ -249,7 +249,7 @@ class TrainConfig:
     threads: int | None = None
     """torch.set_num_threads (None leaves torch's default)."""
     fast: FastConfig = field(default_factory=FastConfig)
-    """Switches (auto | on | off) and thresholds of the fast paths (cohort.fast; docs/architecture.md)."""
+    """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
     preset: str | None = None
     """Named recipe applied before the file and overrides: r1, dapo, dr_grpo, ppo_classic."""
 

@@ -2,15 +2,15 @@
 
 Three paths give the same numbers (checked per model, and by the tests to float64 precision):
 - "segments": all groups in one packed row of exactly the real tokens, each prompt once, attention
-  regrouped per prompt and per completion (`cohort.fast.attention`);
+  regrouped per prompt and per completion (`cohort.fastpath.attention`);
 - "dense_mask": each group's prompt once followed by its completions, in packed rows with a dense
-  block mask (`cohort.fast.layouts`);
+  block mask (`cohort.fastpath.layouts`);
 - "padded": one right-padded prompt + completion row per completion, the reference.
-`choose_path` picks one from the `fast` switches (`cohort.fast.FastConfig`): segments when some group is
+`choose_path` picks one from the `fast` switches (`cohort.fastpath.FastConfig`): segments when some group is
 long enough to repay them, else the dense mask; the padded layout when the model's attention
 implementation takes no custom mask (flash-attention, flex-attention) or its sliding window would be
 dropped. Either way the LM head runs only on the hidden states that predict completion tokens
-(`cohort.fast.lm_head`), unless the model does not split into decoder and head.
+(`cohort.fastpath.lm_head`), unless the model does not split into decoder and head.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cohort.fast import FastConfig, probes
-from cohort.fast.attention import build_plan, plan_attention, plan_carrier
-from cohort.fast.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
-from cohort.fast.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
-from cohort.fast.switches import choose
+from cohort.fastpath import FastConfig, probes
+from cohort.fastpath.attention import build_plan, plan_attention, plan_carrier
+from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
+from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
+from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
 
 PATHS = ("segments", "dense_mask", "padded")
@@ -212,7 +212,7 @@ def _segments_match(model, name: str, prompts, comps) -> bool:
 def _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, fast) -> list[int]:
     """Returns the selected row indices; raises a clear error for any malformed argument."""
     if not isinstance(fast, FastConfig):
-        raise TypeError(f"fast must be a cohort.fast.FastConfig, got {type(fast).__name__}")
+        raise TypeError(f"fast must be a cohort.fastpath.FastConfig, got {type(fast).__name__}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
     if len(completion_ids) != len(prompt_ids) * group_size:

@@ -33,8 +33,8 @@ from cohort.checkpoint import (
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
 from cohort.evaluation import evaluate
-from cohort.fast.memory import heap_bound_unavailable
-from cohort.fast.switches import choose
+from cohort.fastpath.memory import heap_bound_unavailable
+from cohort.fastpath.switches import choose
 from cohort.models import load_model, load_tokenizer, stop_token_ids
 from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, Progress, write_report

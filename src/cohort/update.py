@@ -5,7 +5,7 @@
 - π_ref is only computed when beta > 0 (with LoRA, by switching the adapter off, not a second model);
 - micro-batches are built from whole groups bucketed by length under a token budget;
 - the fast paths (zero-advantage skipping, the log-prob layouts, the chunked LM head) follow the `fast`
-  switches (`cohort.fast`) and the update reports which ones ran (UpdateStats.paths).
+  switches (`cohort.fastpath`) and the update reports which ones ran (UpdateStats.paths).
 With several processes the per-process losses use the global normalisers (`cohort.algo.loss_normalisers`)
 and gradients are summed, so the update equals the one a single process would make on the whole batch.
 """
@@ -21,10 +21,10 @@ import torch
 from cohort import distributed as dist
 from cohort.algo import loss_normalisers, policy_loss
 from cohort.config import AlgoConfig
-from cohort.fast import FastConfig
-from cohort.fast.lm_head import head_unavailable
-from cohort.fast.skipping import skip_unavailable, zero_advantage_rows
-from cohort.fast.switches import choose
+from cohort.fastpath import FastConfig
+from cohort.fastpath.lm_head import head_unavailable
+from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
+from cohort.fastpath.switches import choose
 from cohort.logprobs import choose_path, compute_logprobs
 
 

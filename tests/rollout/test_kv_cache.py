@@ -3,7 +3,7 @@
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from cohort.fast.kv_cache import PreallocatedLayer, preallocated_cache
+from cohort.fastpath.kv_cache import PreallocatedLayer, preallocated_cache
 
 
 def _states(rows, n, seed):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from _tiny import ALL_FAST, make_test_engine, random_prompts, tiny_model
 
-from cohort.fast import FastPathError
-from cohort.fast import packed_linear as pl
+from cohort.fastpath import FastPathError
+from cohort.fastpath import packed_linear as pl
 from cohort.rollout import SamplingParams
 
 pytestmark = pytest.mark.skipif(

@@ -6,8 +6,8 @@ import pytest
 import torch
 from _tiny import ALL_FAST, EOS, PAD, VOCAB, make_test_engine, random_prompts, tiny_model
 
-from cohort.fast import FastConfig, FastPathError, probes
-from cohort.fast import attention as attention_module
+from cohort.fastpath import FastConfig, FastPathError, probes
+from cohort.fastpath import attention as attention_module
 from cohort.rollout import BuiltinEngine, HFEngine, RolloutBatch, SamplingParams, make_engine
 
 ENGINES = ["builtin", "hf"]

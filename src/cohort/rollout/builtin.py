@@ -2,13 +2,13 @@
 
 Compared with `model.generate(num_return_sequences=G)`, which prefills every prompt G times, this
 engine prefills the B unique prompts once; its G samples then decode against that one copy of the
-prompt's keys and values (shared-prefix attention, `cohort.fast.attention`), each sample caching only its
+prompt's keys and values (shared-prefix attention, `cohort.fastpath.attention`), each sample caching only its
 own tokens, or, for models where that is unavailable, against G repeated copies. It stops as soon as
 every row has ended and drops ended rows from the batch once a sizeable fraction of it has ended, so
 no compute is spent decoding rows that already emitted EOS. The cache is written in place into buffers
-sized for the tokens to come (`cohort.fast.kv_cache`), so no decode step copies the cache. On a CPU, a rollout
+sized for the tokens to come (`cohort.fastpath.kv_cache`), so no decode step copies the cache. On a CPU, a rollout
 that runs past a few steps switches its large float32 weights to oneDNN's packed layout
-(`cohort.fast.packed_linear`). Each of these follows its switch in `fast` (`cohort.fast.FastConfig`),
+(`cohort.fastpath.packed_linear`). Each of these follows its switch in `fast` (`cohort.fastpath.FastConfig`),
 and the returned batch says which ones ran (`RolloutBatch.paths`).
 """
 
@@ -21,11 +21,11 @@ import math
 import torch
 from transformers import DynamicCache
 
-from cohort.fast import FastConfig, probes
-from cohort.fast.attention import PrefixPlan, plan_attention, plan_carrier
-from cohort.fast.kv_cache import preallocated_cache
-from cohort.fast.packed_linear import packed_linears, packing_unavailable
-from cohort.fast.switches import choose
+from cohort.fastpath import FastConfig, probes
+from cohort.fastpath.attention import PrefixPlan, plan_attention, plan_carrier
+from cohort.fastpath.kv_cache import preallocated_cache
+from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
+from cohort.fastpath.switches import choose
 from cohort.models import attention_shape, eval_mode, full_attention_span, input_device, text_config
 from cohort.rollout.base import (
     RolloutBatch,
@@ -45,7 +45,7 @@ class BuiltinEngine(RolloutEngine):
     def __init__(self, *, eos_token_ids, pad_token_id: int, fast: FastConfig | None = None) -> None:
         super().__init__(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
         if fast is not None and not isinstance(fast, FastConfig):
-            raise TypeError(f"fast must be a cohort.fast.FastConfig, got {type(fast).__name__}")
+            raise TypeError(f"fast must be a cohort.fastpath.FastConfig, got {type(fast).__name__}")
         self.fast = (FastConfig() if fast is None else fast).validate()
 
     def generate(

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from cohort.fast import probes
+from cohort.fastpath import probes
 
 
 def _packing_works() -> bool:

@@ -4,7 +4,7 @@
   the prompt length for every completion, so each token sees exactly the context it has in a plain
   prompt + completion row; the prompt's activations are computed once and receive the gradients of all
   its completions. Either all groups share one unpadded row (segment attention regroups attention,
-  `cohort.fast.attention`), or packed rows carry a dense block mask (`block_mask`) that lets every
+  `cohort.fastpath.attention`), or packed rows carry a dense block mask (`block_mask`) that lets every
   completion see its prompt and itself only; since a dense mask pays for masked (query, key) pairs too,
   a group whose single row would make attention dominate is split into pieces that each repeat the
   prompt, the width chosen by a FLOP estimate from the config (`plan_rows`).

@@ -20,6 +20,6 @@ mechanism by which a path is trusted on a model: the fast and the plain computat
 compared once per model.
 """
 
-from cohort.fast.switches import SWITCHES, FastConfig, FastPathError
+from cohort.fastpath.switches import SWITCHES, FastConfig, FastPathError
 
 __all__ = ["SWITCHES", "FastConfig", "FastPathError"]

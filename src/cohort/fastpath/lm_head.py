@@ -5,7 +5,7 @@ predict completion tokens, a byte-bounded chunk of rows at a time (`chunk_rows`)
 each chunk is checkpointed, so the backward pass recomputes one chunk's logits at a time instead of
 keeping all of them. Known logit transforms after the head (Gemma 2's soft-capping, Granite's
 `logits_scaling`, Cohere's `logit_scale`) are folded into the head; whether the split reproduces the
-model's own logits is checked once per model (`cohort.fast.probes`, check "head_split").
+model's own logits is checked once per model (`cohort.fastpath.probes`, check "head_split").
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from cohort.fast import probes
+from cohort.fastpath import probes
 from cohort.models import input_device
 
 

@@ -7,7 +7,7 @@ with different switches.
 
 - `off`: never take the path.
 - `auto` (default): take it when the thresholds say it pays and the model supports it (checked once per
-  model, `cohort.fast.probes`); when the model does not, fall back to the plain path and say why once
+  model, `cohort.fastpath.probes`); when the model does not, fall back to the plain path and say why once
   per model.
 - `on`: take it whenever the model supports it, whatever the thresholds say; a model that does not
   support it is an error (`FastPathError`) naming the reason, so a user who asks for a path gets it.
