@@ -121,6 +121,30 @@ def workload_rows(kind: str, n: int = 512, seed: int = 0) -> list[dict]:
     raise ValueError(f"prompt kind {kind!r} is not known; use addition or gsm8k")
 
 
+def busy_seconds() -> float:
+    """Returns the CPU seconds all processes of the machine have spent busy since boot (from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """Returns the CPU seconds this process has used (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def others_cpu_share(busy0: float, own0: float, t0: float) -> float:
+    """Returns the share of the machine's CPU that other processes used since (busy_seconds(),
+    own_cpu_seconds(), time.time()) were (busy0, own0, t0): above 0.05, timings taken meanwhile are
+    contended (with 2 threads on 2 cores, every parallel region then waits for a preempted thread)."""
+    import time
+
+    wall = max(time.time() - t0, 1e-9)
+    others = busy_seconds() - busy0 - (own_cpu_seconds() - own0)
+    return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
 def rss_mib() -> float:
     """Returns this process's current resident set size in MiB (from /proc)."""
     with open("/proc/self/statm") as f:

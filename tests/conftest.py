@@ -1,11 +1,12 @@
-"""Shared fixtures: a tiny model folder built once per session with cohort's own factory."""
+"""Shared fixtures: a tiny model folder built once per session with cohort's own factory, and a peaked in-memory model
+(rollout/ and fastpath/ sample from it)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from _tiny import single_thread
+from _tiny import single_thread, tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -24,3 +25,12 @@ def tiny_model_dir(tmp_path_factory):
     from cohort.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=2, num_heads=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def peaky_model():
+    """A model with peaked next-token distributions, so temperature / top-k / top-p visibly matter.
+
+    EOS gets a -1e4 bias: it is never sampled, so every row has exactly max_completion_length tokens.
+    """
+    return tiny_model(seed=1, logit_scale=6.0, eos_bias=-1e4)

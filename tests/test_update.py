@@ -4,11 +4,14 @@ Checked in float64, where two orders of summation agree to ~1e-15, so a relative
 no room for a path that is only approximately right. The model is a tiny GPT-2: Qwen2's RMSNorm computes
 in float32 whatever the weights' dtype, so a float64 Qwen2 agrees with itself across layouts only to
 float32 rounding (the float32 tests in test_logprobs.py cover Qwen2 at that precision).
+
+plan_micro_batches (the last tests): whole groups, token budget respected, every row exactly once.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 import torch
@@ -19,7 +22,7 @@ from cohort.algo import LOSS_TYPES, loss_normalisers
 from cohort.config import AlgoConfig
 from cohort.fastpath import FastConfig, FastPathError
 from cohort.rollout import SamplingParams
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, plan_micro_batches
 
 G = 4
 
@@ -191,3 +194,44 @@ def test_sampled_completions_do_not_depend_on_the_decoding_paths():
     plain = run(model, packed_weights="off", shared_prefix="on")
     assert packed.paths["packed_weights"] and not plain.paths["packed_weights"]
     assert packed.completion_ids == plain.completion_ids
+
+
+# plan_micro_batches
+
+
+def _cost(micro, G, plen, clen):
+    groups = {}
+    for r in micro:
+        groups.setdefault(r // G, []).append(r)
+    longest = max(plen[g] + sum(clen[r] for r in rows) for g, rows in groups.items())
+    return longest * len(groups)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_covers_rows_once_within_budget(seed):
+    rng = random.Random(seed)
+    G, B = 4, 9
+    plen = [rng.randint(3, 40) for _ in range(B)]
+    clen = [rng.randint(0, 30) for _ in range(B * G)]
+    rows = sorted(rng.sample(range(B * G), 25))
+    budget = 200
+    micro = plan_micro_batches(rows, G, plen, clen, budget)
+    flat = [r for m in micro for r in m]
+    assert sorted(flat) == rows
+    for m in micro:
+        # A single oversized group piece may exceed the budget on its own, never a batch of several.
+        if len({r // G for r in m}) > 1:
+            assert _cost(m, G, plen, clen) <= budget
+
+
+def test_oversized_group_is_split():
+    G = 4
+    micro = plan_micro_batches([0, 1, 2, 3], G, [10], [50, 50, 50, 50], token_budget=80)
+    assert [len(m) for m in micro] == [1, 1, 1, 1]
+
+
+def test_small_budget_keeps_groups_separate_and_large_budget_packs_all():
+    G = 2
+    rows = list(range(8))
+    assert len(plan_micro_batches(rows, G, [5] * 4, [5] * 8, token_budget=10_000)) == 1
+    assert len(plan_micro_batches(rows, G, [5] * 4, [5] * 8, token_budget=15)) == 4

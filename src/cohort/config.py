@@ -9,6 +9,7 @@ loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -325,10 +326,58 @@ class TrainConfig:
                 "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
                 "task (addition, multistep)"
             )
+        self._validate_ranges()
         self._validate_fast()
         if self.preset is not None:
             _check_choice("preset", self.preset, tuple(PRESETS))
         return self
+
+    def _validate_ranges(self) -> None:
+        """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""
+        for key, value in _leaves(self):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}={value}: must be a finite number")
+        r, a, o = self.rollout, self.algo, self.optim
+        if r.temperature == 0 and r.group_size > 1:
+            raise ConfigError(
+                f"rollout.temperature=0 decodes greedily: the {r.group_size} completions of a prompt would be "
+                "identical, every advantage 0 and nothing learned; set rollout.temperature > 0 (1.0 is usual)"
+            )
+        if not 0 <= a.eps_low < 1:
+            raise ConfigError(f"algo.eps_low={a.eps_low} must be in [0, 1) (the ratio is clipped at 1 - eps_low; 0.2 is usual)")
+        if a.eps_high is not None and a.eps_high < 0:
+            raise ConfigError(f"algo.eps_high={a.eps_high} must be >= 0 (DAPO's clip-higher uses 0.28)")
+        high = a.eps_low if a.eps_high is None else a.eps_high
+        if a.delta is not None and not a.delta > 1 + high:
+            raise ConfigError(f"algo.delta={a.delta} must be > 1 + eps_high = {1 + high} (e.g. 4.0), or null to disable it")
+        if not a.adv_eps > 0:
+            raise ConfigError(f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)")
+        if a.ref_update_every < 0:
+            raise ConfigError(f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)")
+        checks = [
+            ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+            ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
+            ("optim.adam_beta2", o.adam_beta2, 0 <= o.adam_beta2 < 1, "in [0, 1)"),
+            ("optim.adam_eps", o.adam_eps, o.adam_eps > 0, "> 0"),
+            ("optim.max_grad_norm", o.max_grad_norm, o.max_grad_norm >= 0, ">= 0 (0 disables clipping)"),
+            ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+            ("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 disables it)"),
+            ("save_every", self.save_every, self.save_every >= 0, ">= 0 (0 saves only at the end)"),
+            ("keep_checkpoints", self.keep_checkpoints, self.keep_checkpoints >= 1, ">= 1"),
+            ("eval_every", self.eval_every, self.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
+            ("eval_limit", self.eval_limit, self.eval_limit >= 1, ">= 1"),
+            ("num_samples_logged", self.num_samples_logged, self.num_samples_logged >= 0, ">= 0"),
+            ("threads", self.threads, self.threads is None or self.threads >= 1, ">= 1, or null for torch's default"),
+            ("data.n_train", self.data.n_train, self.data.n_train >= 1, ">= 1"),
+            ("data.n_eval", self.data.n_eval, self.data.n_eval >= 0, ">= 0"),
+            ("data.max_prompt_length", self.data.max_prompt_length,
+             self.data.max_prompt_length is None or self.data.max_prompt_length >= 1, ">= 1, or null to keep every prompt"),
+        ]
+        for key, value, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"{key}={value} must be {rule}")
+        if self.resume not in (None, "auto") and not str(self.resume).strip():
+            raise ConfigError("resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset")
 
 
     def _validate_fast(self) -> None:
@@ -368,6 +417,20 @@ MOVED_KEYS: dict[str, str] = {
     "malloc_mmap_threshold_mib": "fast.heap_mmap_threshold_mib",
 }
 """Keys that moved, and where to: an old config naming one gets an error pointing at the new key."""
+
+
+def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Returns (dotted key, value) of every non-section field of a config dataclass, list items included."""
+    out: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _leaves(value, f"{prefix}{f.name}.")
+        elif isinstance(value, list):
+            out += [(f"{prefix}{f.name}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            out.append((prefix + f.name, value))
+    return out
 
 
 def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
@@ -467,6 +530,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{key}={value!r}: expected a number") from None
     if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads a bare on / off (yes / no) as a boolean
+            return "on" if value else "off"
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}={value!r}: expected a string")
         return str(value)

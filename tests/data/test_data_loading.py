@@ -20,10 +20,10 @@ def test_jsonl_rows_keep_every_column(tmp_path):
     chat = [{"role": "user", "content": "2+2?"}]
     path = write_jsonl(
         tmp_path / "d.jsonl",
-        [{"prompt": "1+1=", "answer": "2", "level": 1}, "", {"prompt": chat, "answer": 4, "level": 2}],
+        [{"prompt": chat[:1], "answer": "2", "level": 1}, "", {"prompt": chat, "answer": 4, "level": 2}],
     )
     rows = load_rows(path)
-    assert rows == [{"prompt": "1+1=", "answer": "2", "level": 1}, {"prompt": chat, "answer": 4, "level": 2}]
+    assert rows == [{"prompt": chat[:1], "answer": "2", "level": 1}, {"prompt": chat, "answer": 4, "level": 2}]
     assert load_rows(str(path)) == rows
 
 

@@ -25,6 +25,10 @@ class DataError(ValueError):
     """A dataset that cannot be used: missing, malformed, empty or with the wrong columns."""
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Roles a chat message may have (those of the chat templates of common instruct models)."""
+
+
 def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Returns the rows of a JSONL file (one JSON object per line; blank lines skipped)."""
     path = Path(path)
@@ -33,8 +37,15 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise DataError(f"dataset file {str(path)!r} not found ({hint})")
     rows: list[dict[str, Any]] = []
     first_keys: list[str] | None = None
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                    "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that line"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -175,6 +186,7 @@ def validate_rows(
         raise DataError(
             f"{where} lacks required column(s) {missing} (needed by the reward functions); columns found: {columns}"
         )
+    first_kind = None  # "text" or "messages": one dataset, one format (rewards get completions in it)
     for i, row in enumerate(rows):
         if sorted(row) != columns:
             raise DataError(f"{where}: row {i}: {_column_mismatch(row, columns)}")
@@ -182,9 +194,26 @@ def validate_rows(
         if isinstance(prompt, str):
             if not prompt:
                 raise DataError(f"{where}: row {i} has an empty prompt; remove the row or fill it in")
+            kind = "text"
         elif not _is_message_list(prompt):
             raise DataError(
                 f"{where}: row {i}: prompt column {prompt_column!r} must be a string or a list of "
                 f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: {str(prompt)[:80]}"
+            )
+        else:
+            kind = "messages"
+            for m in prompt:
+                if m.get("role") not in CHAT_ROLES:
+                    raise DataError(
+                        f"{where}: row {i}: unknown chat role {m.get('role')!r}; a message's role must be one of "
+                        f"{list(CHAT_ROLES)}"
+                    )
+        if first_kind is None:
+            first_kind = kind
+        elif kind != first_kind:
+            raise DataError(
+                f"{where}: row {i} has a {'plain-text' if kind == 'text' else 'chat-message'} prompt but row 0 "
+                f"a {'plain-text' if first_kind == 'text' else 'chat-message'} one; reward functions receive "
+                "completions in the dataset's one format, so give every row the same kind of prompt"
             )
     return rows

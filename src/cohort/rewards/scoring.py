@@ -7,6 +7,7 @@ broadcast, cast or zeroed silently. ``None`` is allowed and becomes NaN ("not ap
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -148,12 +149,13 @@ def score(
     out = torch.empty(n, len(funcs), dtype=torch.float32)  # [N, R]
     for j, func in enumerate(funcs):
         name = reward_name(func)
-        # fresh lists per call, so a function that mutates its inputs cannot affect the next one
-        kwargs = {key: list(values) for key, values in columns.items()}
+        # Deep copies per call (message dicts included): a function that edits what it receives cannot
+        # change what the next function, the logs or a later step see.
+        kwargs = {key: copy.deepcopy(list(values)) for key, values in columns.items()}
         try:
             result = func(
-                prompts=list(prompts),
-                completions=list(completions),
+                prompts=copy.deepcopy(list(prompts)),
+                completions=copy.deepcopy(list(completions)),
                 completion_ids=None if completion_ids is None else [list(ids) for ids in completion_ids],
                 **kwargs,
             )

@@ -1,15 +1,16 @@
 """Every `cohort.fastpath` switch at its default (auto) against off, on workload (b), alternating in one process.
 
-    python benchmarks/micro/bench_switches.py                 # 14 M bench model, 5 repeats (~5 min here)
-    python benchmarks/micro/bench_switches.py --quick         # smoke test (< 1 min): 0.5 M model, 1 repeat
-    python benchmarks/micro/bench_switches.py --switches segments,shared_prefix --repeats 7
+    python benchmarks/levers/bench_switches.py                 # 14 M bench model, 5 repeats (~5 min here)
+    python benchmarks/levers/bench_switches.py --quick         # smoke test (< 1 min): 0.5 M model, 1 repeat
+    python benchmarks/levers/bench_switches.py --switches segments,shared_prefix --repeats 7
 
 Workload (b) of docs/performance.md: 4 GSM8K-shaped prompts of 100-150 tokens, G = 8, completions of
 up to 128 tokens ending at EOS (mean about 60), on the bench model the TRL comparison uses
 (`benchmarks/common.py`, built under --workdir on first use). For each switch, one side runs
 `FastConfig()` (every switch at auto) and the other `FastConfig().replace(<switch>="off")`, so only
 that switch differs; the two alternate (auto first in even repeats, off first in odd ones) after one
-warm-up each (which also runs the once-per-model checks), and the table gives the medians.
+untimed run of each configuration (which also runs the once-per-model checks), and the table gives
+the medians.
 
 The part each switch affects is what is timed:
 - grouped, segments, chunked_head: one policy update (`PolicyUpdater.update`: log-probs forward and
@@ -24,9 +25,13 @@ The part each switch affects is what is timed:
 
 The path column is what each side actually ran, as cohort reports it (UpdateStats.paths and
 rows_computed_frac, RolloutBatch.paths): "auto" may take the plain path where a threshold says the
-fast one does not pay at this size (e.g. packed weights and shared prefix on the 0.5 M model).
+fast one does not pay at this size (e.g. packed weights on the 0.5 M model, whose matrices are
+below `fast.pack_min_elements`).
+
 heap_bound is not measured: it acts on the whole process (its memory, not a part's time). Prints a
-markdown table and writes the JSON (--out).
+markdown table and writes the JSON (--out), with the share of the CPU other processes used while
+each switch was measured (`others_cpu`; a warning above 5 %: with 2 threads on 2 cores, a busy
+neighbour stalls every parallel region and the times mean nothing).
 """
 
 from __future__ import annotations
@@ -41,7 +46,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
-from benchmarks.common import WORKLOADS, build_models, model_key, workload_rows  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    WORKLOADS,
+    build_models,
+    busy_seconds,
+    model_key,
+    others_cpu_share,
+    own_cpu_seconds,
+    workload_rows,
+)
 
 UPDATE_SWITCHES = ("grouped", "segments", "chunked_head", "skip_zero_advantage")
 ROLLOUT_SWITCHES = ("shared_prefix", "packed_weights", "preallocated_kv")
@@ -72,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default="runs/bench", help="bench models (shared with benchmarks/trl/run.py)")
+    p.add_argument("--workdir", default="runs/bench", help="bench models (shared with benchmarks/vs_trl/run.py)")
     p.add_argument("--out", default="benchmark-results-switches.json", help="results JSON path")
     args = p.parse_args(argv)
     args.model = args.model or ("0.5m" if args.quick else "14m")
@@ -203,6 +216,7 @@ def measure(bench: Bench, switch: str, repeats: int, warmed: set) -> dict:
     paths: dict[str, str] = {}
     reported: dict[str, dict] = {}
     part = "update" if switch in UPDATE_SWITCHES else "rollout"
+    busy0, own0, t0_all = busy_seconds(), own_cpu_seconds(), time.time()
     for rnd in range(repeats + 1):  # round 0 warms up the sides not run before
         order = list(settings) if rnd % 2 == 0 else list(reversed(settings))
         for name in order:
@@ -227,6 +241,7 @@ def measure(bench: Bench, switch: str, repeats: int, warmed: set) -> dict:
                 }
             if rnd:
                 times[name].append(seconds)
+    others = others_cpu_share(busy0, own0, t0_all)
     auto_s, off_s = statistics.median(times["auto"]), statistics.median(times["off"])
     return {
         "switch": switch,
@@ -238,6 +253,7 @@ def measure(bench: Bench, switch: str, repeats: int, warmed: set) -> dict:
         "off_all": [round(t, 4) for t in times["off"]],
         "path_auto": paths["auto"],
         "path_off": paths["off"],
+        "others_cpu": others,
         "reported": reported,
     }
 
@@ -282,11 +298,17 @@ def main(argv=None) -> None:
         r = rows[-1]
         print(
             f"  {switch:20} auto {r['auto_seconds']:.3f} s ({r['path_auto']}), "
-            f"off {r['off_seconds']:.3f} s ({r['path_off']})",
+            f"off {r['off_seconds']:.3f} s ({r['path_off']}); other processes {r['others_cpu']:.0%} of the CPU",
             flush=True,
         )
     print()
     print_table(rows)
+    busiest = max(r["others_cpu"] for r in rows)
+    if busiest > 0.05:
+        print(
+            f"\nwarning: other processes used up to {busiest:.0%} of the CPU while this ran; the times are "
+            "contended (run it on an otherwise idle machine)"
+        )
     results = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)),

@@ -1,6 +1,6 @@
 """Generation time with and without shared-prefix decoding, alternating in one process.
 
-    python benchmarks/micro/bench_shared_prefix.py --model runs/bench/models/14m_exact --prompt-len 600 --group 16
+    python benchmarks/levers/bench_shared_prefix.py --model runs/bench/models/14m_exact --prompt-len 600 --group 16
 
 Both sides are cohort's builtin sampler with the same seeds: `fast.shared_prefix="on"` (the G samples
 of a prompt read one copy of its prefill cache, whatever the size threshold says) against "off" (G

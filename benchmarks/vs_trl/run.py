@@ -1,11 +1,11 @@
 """cohort vs TRL's GRPOTrainer, side by side on the same local models, prompts and hyperparameters.
 
-    python benchmarks/trl/run.py                 # speed workloads + scaling sweep + time to accuracy (~25 min)
-    python benchmarks/trl/run.py --quick         # smoke test (< 5 min)
-    python benchmarks/trl/run.py --sections tta  # only time to accuracy
-    python benchmarks/trl/run.py --sections speed --workloads b_gsm8k:14m --override fast.segments=off
+    python benchmarks/vs_trl/run.py                 # speed workloads + scaling sweep + time to accuracy (~25 min)
+    python benchmarks/vs_trl/run.py --quick         # smoke test (< 5 min)
+    python benchmarks/vs_trl/run.py --sections tta  # only time to accuracy
+    python benchmarks/vs_trl/run.py --sections speed --workloads b_gsm8k:14m --override fast.segments=off
 
-Every measurement runs in its own fresh process (benchmarks/trl/worker.py), alternating cohort, TRL,
+Every measurement runs in its own fresh process (benchmarks/vs_trl/worker.py), alternating cohort, TRL,
 cohort, TRL, with the same torch threads and seed, so peak RSS is per framework and slow drifts of
 the machine hit both. Prints a table and writes benchmark-results.json (see docs/performance.md for
 what each column means, the FLOP-floor formula and how the models are built). `--override` passes
@@ -26,8 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
-from benchmarks.common import ROOT, WORKLOADS, build_models, model_key, workload_rows  # noqa: E402
-from benchmarks.trl import bench_flops, bench_report  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    ROOT,
+    WORKLOADS,
+    build_models,
+    busy_seconds,
+    model_key,
+    workload_rows,
+)
+from benchmarks.vs_trl import bench_flops, bench_report  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = ("cohort", "trl")
@@ -152,13 +159,6 @@ def write_rows(workdir: Path, kind: str, seed: int) -> str:
     path = workdir / f"rows_{kind}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in workload_rows(kind, 512, seed)))
     return str(path)
-
-
-def busy_seconds() -> float:
-    """Return the CPU seconds all processes of the machine have spent busy since boot (from /proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_seconds() -> float:

@@ -1,6 +1,6 @@
 """Update and generation time per model family, with cohort's fast paths at auto and off, alternating.
 
-    python benchmarks/micro/bench_families.py --families llama,qwen2,phi3 --rounds 3
+    python benchmarks/levers/bench_families.py --families llama,qwen2,phi3 --rounds 3
 
 Each family gets a random model of the benchmark's 14 M shape (hidden 384, 8 layers, 6 heads,
 intermediate 1024, 258-token vocabulary) built from its transformers config, and workload (b)'s

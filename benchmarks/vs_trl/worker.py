@@ -1,6 +1,6 @@
 """One measurement in a fresh process: train one framework on one workload and write what it took.
 
-Run by `run.py` as ``python benchmarks/trl/worker.py SPEC.json OUT.json``; never imports the other
+Run by `run.py` as ``python benchmarks/vs_trl/worker.py SPEC.json OUT.json``; never imports the other
 framework, so the process's peak RSS (VmHWM) is that framework's alone. SPEC keys:
 framework (cohort | trl), model, rows (JSONL of {"prompt", "answer"}), group_size, batch_size
 (completions per optimizer step), max_completion_length, lr, beta, loss_type, temperature, threads,

@@ -1,7 +1,7 @@
 """Where does a cohort step spend its time? Phase timings, RSS per phase, and the top torch operators.
 
-    python benchmarks/micro/profile_cohort.py --workload b_gsm8k --model 14m [--steps 3] [--torch-profile]
-    python benchmarks/micro/profile_cohort.py --override fast.segments=off   # a step without one fast path
+    python benchmarks/levers/profile_cohort.py --workload b_gsm8k --model 14m [--steps 3] [--torch-profile]
+    python benchmarks/levers/profile_cohort.py --override fast.segments=off   # a step without one fast path
 
 Uses the bench models and prompts of the TRL comparison (`benchmarks/common.py`; built under --workdir
 on first use, reused afterwards). The trainer's own metrics give generation, scoring and the update;

@@ -1,8 +1,8 @@
 """Generation time with and without oneDNN-packed decode weights (CPU), alternating in one process.
 
-    python benchmarks/micro/bench_packed_decode.py --model runs/bench/models/14m_mean60
-    python benchmarks/micro/bench_packed_decode.py --width 896 --layers 4 --group 4 --max-new 32
-    python benchmarks/micro/bench_packed_decode.py --width 896 --setting on   # pack whatever the thresholds say
+    python benchmarks/levers/bench_packed_decode.py --model runs/bench/models/14m_mean60
+    python benchmarks/levers/bench_packed_decode.py --width 896 --layers 4 --group 4 --max-new 32
+    python benchmarks/levers/bench_packed_decode.py --width 896 --setting on   # pack whatever the thresholds say
 
 Both sides are cohort's builtin sampler with the same seeds; the only difference is the switch
 `fast.packed_weights`: --setting (auto, the default, or on) against off. The reorder of the weights
