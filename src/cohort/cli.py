@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -143,13 +144,34 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """Returns text as an int >= 1 (argparse turns the ValueError into a one-line usage error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be an integer >= 1")
+    return value
+
+
+def _finite_float(minimum: float, strict: bool):
+    """Returns an argparse type: a finite float > minimum (strict) or >= minimum."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or hub name")
     p.add_argument("--task", help="built-in task: addition or multistep")
     p.add_argument("--data", help="JSONL file or `datasets` name with a prompt column")
     p.add_argument("--split", default="train", help="dataset split (or 'test' for a built-in task's held-out set)")
     p.add_argument("--prompt-column", default="prompt")
-    p.add_argument("--n", type=int, default=200, help="rows to use (built-in tasks generate this many)")
+    p.add_argument("--n", type=_positive_int, default=200, help="rows to use (built-in tasks generate this many)")
     p.add_argument("--task-seed", type=int, default=1234)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
@@ -163,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="build a tiny model, warm-start it, GRPO-train it on CPU, report before/after")
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the tuned recipe's)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="GRPO steps (default: the tuned recipe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar or step lines")
     p.set_defaults(func=_cmd_demo)
@@ -176,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="supervised fine-tuning on prompt/completion pairs (cold start)")
     _data_args(p)
     p.add_argument("--completion-column", default="completion")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--steps", type=_positive_int, default=200)
+    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--lr", type=_finite_float(0.0, strict=True), default=1e-4)
     p.add_argument("--out", required=True, help="folder for the fine-tuned model")
     p.set_defaults(func=_cmd_sft)
 
@@ -189,9 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext)
         _data_args(p)
         p.add_argument("--reward", default="accuracy", help="reward function deciding correctness")
-        p.add_argument("--k", type=int, default=1 if name == "eval" else 4, help="samples per prompt")
-        p.add_argument("--temperature", type=float, default=1.0)
-        p.add_argument("--max-completion-length", type=int, default=256)
+        p.add_argument("--k", type=_positive_int, default=1 if name == "eval" else 4, help="samples per prompt")
+        p.add_argument("--temperature", type=_finite_float(0.0, strict=False), default=1.0)
+        p.add_argument("--max-completion-length", type=_positive_int, default=256)
         p.add_argument("--engine", default="builtin")
         if name == "sample":
             p.add_argument("--threshold", type=float, default=1.0)
@@ -207,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
-    from cohort.errors import ConfigError
+    from cohort.errors import ConfigError, TrainingError
+    from cohort.rundir import RunLockedError
 
     try:
         return args.func(args)
@@ -217,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError, ImportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (TrainingError, RunLockedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -230,7 +230,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """How many step checkpoints to keep on disk."""
     resume: str | None = None
-    """Resume from a checkpoint folder, or "auto" for the latest one in out_dir."""
+    """Resume from a checkpoint folder, or "auto" for the latest one in out_dir that loads (without one,
+    an out_dir that already holds a run is refused)."""
+    allow_config_change: bool = False
+    """On resume, continue even though the config differs from the checkpoint's (beyond steps, logging,
+    saving and fast-path keys, which may always change); without it the differences are listed and refused."""
     eval_every: int = 0
     """Greedy held-out accuracy every this many steps (0: only at the start and end when eval_at_ends)."""
     eval_at_ends: bool = True

@@ -11,6 +11,7 @@ The recipe below was tuned on a 2-core CPU; the numbers it reaches are in the RE
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from cohort.rollout import make_engine
 from cohort.sft import SFTConfig, encode_pairs, sft_train
 
 DEMO_TASK = "addition"
-DEMO_MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
+DEMO_MODEL: dict[str, Any] = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
 # Cold start: SFT on worked answers until greedy accuracy on 200 training problems reaches
 # DEMO_SFT_TARGET (checked every 25 steps), so GRPO starts from a model that answers roughly a third of
 # the problems whatever the seed. The held-out set is never looked at before the GRPO run.
@@ -63,6 +64,12 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, see
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = print
+    # The demo rebuilds everything from its seed: an earlier demo's run in the same folder is replaced.
+    earlier = [out / n for n in ("metrics.jsonl", "samples.jsonl", "evals.jsonl", "checkpoints") if (out / n).exists()]
+    if earlier:
+        say(f"replacing the earlier demo run in {out}")
+        for path in earlier:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     seed_everything(seed)
     # 1. A tiny model, saved and loaded back exactly like a hub model.
     base = build_tiny_model(out / "base-model", seed=seed, **DEMO_MODEL)

@@ -74,14 +74,14 @@ def _generate_and_score(model, tokenizer, rows, reward_func, prompt_ids, engine,
         texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         completions = as_completions(texts, chunk[0][prompt_column])
         columns = {c: [r[c] for r in chunk for _ in range(k)] for c in chunk[0] if c != prompt_column}
-        rewards = score(
+        scores = score(
             [reward_func],
             prompts=[r[prompt_column] for r in chunk for _ in range(k)],
             completions=completions,
             completion_ids=rollout.completion_ids,
             columns=columns,
         )[:, 0]  # [n·k]
-        rewards = torch.nan_to_num(rewards, nan=0.0).tolist()
+        rewards = torch.nan_to_num(scores, nan=0.0).tolist()
         lengths = rollout.completion_lengths.tolist()
         for i in range(len(chunk)):
             sl = slice(i * k, (i + 1) * k)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -133,6 +134,7 @@ def compute_logprobs(
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
     if path == "segments":
+        assert lay.prompt_pos is not None and lay.body_pos is not None  # set by grouped_layout
         attn = plan_carrier(device, build_plan(lay.prompt_pos, lay.body_pos, device, lay.position_ids[0]))
     elif path == "padded":
         attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
@@ -144,7 +146,7 @@ def compute_logprobs(
         hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
     picked = hidden_or_logits.reshape(-1, hidden_or_logits.shape[-1]).index_select(0, source)  # [M, H or V]
     head = parts[1] if parts is not None else None
-    vocab = head.weight.shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
+    vocab = cast(torch.Tensor, head.weight).shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
     chunk_mib = fast.head_chunk_mib if picked.device.type == "cpu" else fast.head_chunk_mib_accelerator
     rows_per_chunk = chunk_rows(vocab, picked.device, chunk_size, chunk_mib)
     logp, entropy = chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
@@ -182,7 +184,8 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     flag = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
     if getattr(inner, flag, False):
         return "gradient checkpointing is on (its recomputation would run plain attention)"
-    vocab = inner.get_input_embeddings().weight.shape[0]
+    # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
+    vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
     prompts = [[t % vocab for t in (1, 2, 3)], [t % vocab for t in (4, 5)]]
     comps = [[t % vocab for t in c] for c in ([6, 7, 8], [9], [10, 11], [12] * 4)]
     if not _segments_match(model, "segments", prompts, comps):

@@ -358,7 +358,8 @@ def load_model(
         )
     except OSError as exc:
         raise _not_found(source, str(exc).splitlines()[0]) from exc
-    model.to(device)
+    # transformers wraps PreTrainedModel.to with functools.wraps, whose stub mypy misreads as unbound:
+    model.to(device)  # type: ignore[arg-type]
     if lora is not None:
         model = _wrap_lora(model, lora)
     return model
@@ -420,7 +421,7 @@ def text_config(model: torch.nn.Module):
     """Returns the decoder's text config of a model (its own config for a plain causal LM), or None."""
     get_base = getattr(model, "get_base_model", None)  # peft wrappers
     inner = get_base() if callable(get_base) else model
-    config = getattr(inner, "config", None)
+    config: Any = getattr(inner, "config", None)
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 

@@ -114,3 +114,60 @@ def logged_steps(run_dir: str | Path) -> int:
         return 0
     with open(path, encoding="utf-8", errors="replace") as f:
         return sum(1 for line in f if line.strip())
+
+
+class StopSignals:
+    """SIGINT / SIGTERM as KeyboardInterrupt, except inside `committing()`, where they wait for its end.
+
+    A step prepares (draws prompts, samples, scores), then commits (updates the weights, logs, saves). An
+    interrupt while preparing leaves nothing half-done: the trainer rewinds to the step's start and saves
+    that. An interrupt while committing is held until the commit ends, so the saved state is that of a
+    finished step; a second one while committing is obeyed at once, and the run then saves nothing (the
+    weights may be half-updated) and keeps its last checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._committing = False
+        self.torn = False
+        """True when an interrupt cut a commit short: the in-memory state is not a step boundary."""
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay as they are
+                break
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        self._old.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self._committing and self.pending is None:
+            self.pending = signum
+            return
+        if self._committing:
+            self.torn = True
+        raise KeyboardInterrupt
+
+    def committing(self):
+        """Returns a context manager inside which an interrupt waits until the block ends."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            self._committing = True
+            try:
+                yield
+            finally:
+                self._committing = False
+
+        return block()

@@ -83,7 +83,7 @@ def sft_train(
     model.eval()  # no dropout: SFT here is a warm start, and eval-mode keeps runs reproducible
     t0 = time.perf_counter()
     for step in range(1, cfg.steps + 1):
-        idx = []
+        idx: list[int] = []
         while len(idx) < cfg.batch_size:
             if not order:
                 order = torch.randperm(len(pairs), generator=g).tolist()

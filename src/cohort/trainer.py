@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import random
-import signal
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,21 +26,26 @@ from cohort import distributed as dist
 from cohort.algo import combine_rewards, group_advantages, zero_std_group_mask
 from cohort.checkpoint import (
     find_resume_dir,
+    list_checkpoints,
     load_model_weights,
     load_trainer_state,
+    readable_checkpoints,
+    rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
+from cohort.errors import ConfigError, TrainingError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
-from cohort.models import load_model, load_tokenizer, stop_token_ids
+from cohort.models import load_model, load_tokenizer, stop_token_ids, text_config
 from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, Progress, write_report
 from cohort.rewards import resolve_reward_funcs, reward_name, reward_weights, score
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine
+from cohort.rundir import RunLock, StopSignals, logged_steps, trim_logs
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
@@ -139,6 +145,8 @@ class GRPOTrainer:
         if eval_rows:
             validate_rows(eval_rows, cfg.data.prompt_column, where="the held-out data")
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
+        self.run_dir = Path(cfg.out_dir)
+        self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
         # 2. Model, tokenizer, reference.
         seed_everything(cfg.seed + dist.rank())
         if cfg.threads:
@@ -157,6 +165,7 @@ class GRPOTrainer:
         )
         self.model.to(self.device)
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
+        _check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
         self.ref_model = None
         if cfg.algo.beta > 0 and not cfg.model.lora.enabled:
@@ -165,6 +174,7 @@ class GRPOTrainer:
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
         self._drop_long_prompts()
+        self._check_context()
         # 4. Engine, optimizer, updater, run directory.
         eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
         options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
@@ -196,9 +206,11 @@ class GRPOTrainer:
             fast=cfg.fast,
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.seed + 1000 * dist.rank())
-        self.run_dir = Path(cfg.out_dir)
         self.step_idx = 0
         self.num_tokens = 0
+        self._warned: set[str] = set()
+        self._signals: StopSignals | None = None
+        self._saved_step: int | None = None
         self._resume()
 
     # ------------------------------------------------------------------ setup helpers
@@ -207,6 +219,7 @@ class GRPOTrainer:
 
     def _drop_long_prompts(self) -> None:
         limit = self.cfg.data.max_prompt_length
+        self.dropped_prompts = 0
         if not limit:
             return
         keep = [i for i, p in enumerate(self.train_prompt_ids) if len(p) <= limit]
@@ -214,8 +227,32 @@ class GRPOTrainer:
             raise ValueError(
                 f"every training prompt is longer than data.max_prompt_length={limit} tokens; raise it"
             )
+        dropped = len(self.train_prompt_ids) - len(keep)
+        if dropped:
+            print(
+                f"data.max_prompt_length={limit}: {dropped} of {len(self.train_prompt_ids)} training prompts are "
+                "longer and are left out",
+                flush=True,
+            )
+        self.dropped_prompts = dropped
         self.train_rows = [self.train_rows[i] for i in keep]
         self.train_prompt_ids = [self.train_prompt_ids[i] for i in keep]
+
+    def _check_context(self) -> None:
+        """Raises TrainingError when a prompt + max_completion_length exceeds the model's context length."""
+        context = getattr(text_config(self.model), "max_position_embeddings", None)
+        if not isinstance(context, int) or context <= 0:
+            return
+        room = context - self.cfg.rollout.max_completion_length
+        for where, ids in (("training", self.train_prompt_ids), ("held-out", self.eval_prompt_ids)):
+            long = [len(p) for p in ids if len(p) > room]
+            if long:
+                raise TrainingError(
+                    f"{len(long)} {where} prompts (the longest {max(long)} tokens) do not leave room for "
+                    f"rollout.max_completion_length={self.cfg.rollout.max_completion_length} tokens within the "
+                    f"model's context of {context} (max_position_embeddings); set data.max_prompt_length="
+                    f"{max(room, 1)} to leave them out, or lower rollout.max_completion_length"
+                )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Returns the autocast context every forward pass runs under (bf16 on CUDA unless switched off)."""
@@ -232,23 +269,107 @@ class GRPOTrainer:
             with self.model.disable_adapter():
                 yield self.model
 
+    def _find_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+        """Returns the (folder, state) to resume from, after checking the run directory and the config.
+
+        Refuses (ConfigError) to start over a run directory that already holds a run unless resume is set,
+        and to resume with a config that differs from the checkpoint's in anything but the keys that may
+        change between attempts (see RESUMABLE_CHANGES), unless allow_config_change is set.
+        """
+        cfg = self.cfg
+        if not dist.is_main() and not cfg.resume:
+            return None
+        if not cfg.resume:
+            earlier = logged_steps(self.run_dir)
+            found = list_checkpoints(self.run_dir)
+            if earlier or found:
+                raise ConfigError(
+                    f"out_dir={str(self.run_dir)!r} already holds a run ({earlier} logged steps, "
+                    f"{len(found)} checkpoints): pass resume=auto to continue it, or choose another out_dir"
+                )
+            return None
+        candidates = (
+            readable_checkpoints(self.run_dir) if cfg.resume == "auto" else [(p, load_trainer_state(p)) for p in [find_resume_dir(cfg.resume, self.run_dir)] if p]
+        )
+        if not candidates:
+            if logged_steps(self.run_dir):
+                print(
+                    f"resume=auto: {self.run_dir} has logs but no checkpoint; starting from step 0 (the earlier "
+                    "attempt's logs are kept as *.jsonl.before-restart)",
+                    flush=True,
+                )
+                for name in ("metrics", "samples", "evals"):
+                    path = self.run_dir / f"{name}.jsonl"
+                    if path.is_file():
+                        path.replace(path.with_suffix(".jsonl.before-restart"))
+            return None
+        saved = candidates[0][1].get("extra", {}).get("config")
+        if saved is not None and not cfg.allow_config_change:
+            changed = config_changes(saved, to_dict(cfg))
+            if changed:
+                listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
+                raise ConfigError(
+                    f"resume: the config differs from the one checkpoint {candidates[0][0]} was trained with "
+                    f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values, or set "
+                    "allow_config_change=true to continue with the new ones"
+                )
+        self._candidates = candidates
+        return candidates[0]
+
     def _resume(self) -> None:
-        if not self.cfg.resume:
+        """Loads the state of the checkpoint found at construction (the newest one that loads)."""
+        if self._checkpoint is None:
             return
-        ckpt = find_resume_dir(self.cfg.resume, self.run_dir)
-        if ckpt is None:
+        for ckpt, state in getattr(self, "_candidates", [self._checkpoint]):
+            try:
+                load_model_weights(self.model, ckpt)
+                if self.ref_model is not None and (ckpt / "reference.pt").is_file():
+                    self.ref_model.load_state_dict(torch.load(ckpt / "reference.pt", map_location=self.device))
+            except (RuntimeError, OSError, ValueError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
+                    raise TrainingError(
+                        f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({first}); "
+                        "resume with the model it was trained from, or start a new out_dir"
+                    ) from None
+                warnings.warn(f"checkpoint {ckpt} cannot be loaded ({first}); trying the one before", stacklevel=2)
+                continue
+            _check_finite_weights(self.model, f"checkpoint {ckpt}")
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            set_rng_state(state["rng"], self.generator)
+            extra = state.get("extra", {})
+            self.sampler.load_state_dict(extra["sampler"])
+            self.num_tokens = extra.get("num_tokens", 0)
+            if "shuffle_rng" in extra:
+                self.shuffle_generator.set_state(extra["shuffle_rng"])
+            self.step_idx = self._saved_step = state["step"]
             return
-        load_model_weights(self.model, ckpt)
-        state = load_trainer_state(ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"], self.generator)
-        extra = state.get("extra", {})
-        self.sampler.load_state_dict(extra["sampler"])
-        self.num_tokens = extra.get("num_tokens", 0)
-        if "shuffle_rng" in extra:
-            self.shuffle_generator.set_state(extra["shuffle_rng"])
-        self.step_idx = state["step"]
+        raise TrainingError(
+            f"no checkpoint in {self.run_dir / 'checkpoints'} can be loaded; start a new out_dir, or pass resume= "
+            "a checkpoint folder that loads"
+        )
+
+    def _snapshot(self) -> dict[str, Any]:
+        """Returns the state that preparing a step changes (prompt order, random streams, token count)."""
+        return {
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(self.generator),
+            "shuffle_rng": self.shuffle_generator.get_state(),
+            "num_tokens": self.num_tokens,
+        }
+
+    def _rewind(self, snap: dict[str, Any]) -> None:
+        """Restores a _snapshot: the state at the start of the step being prepared."""
+        self.sampler.load_state_dict(snap["sampler"])
+        set_rng_state(snap["rng"], self.generator)
+        self.shuffle_generator.set_state(snap["shuffle_rng"])
+        self.num_tokens = snap["num_tokens"]
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"step {self.step_idx + 1}: {message}", stacklevel=3)
 
     # ------------------------------------------------------------------ one step
     def sampling_params(self) -> SamplingParams:
@@ -271,9 +392,17 @@ class GRPOTrainer:
         rows = [self.train_rows[i] for i in idx]
         # 2. Rollout.
         with self.autocast():
-            rollout = self.engine.generate(
-                self.model, [self.train_prompt_ids[i] for i in idx], G, self.sampling_params(), self.generator
-            )
+            try:
+                rollout = self.engine.generate(
+                    self.model, [self.train_prompt_ids[i] for i in idx], G, self.sampling_params(), self.generator
+                )
+            except RuntimeError as e:
+                if "inf" in str(e) and "nan" in str(e):
+                    raise TrainingError(
+                        f"step {self.step_idx + 1}: the policy produced non-finite logits while sampling ({e}); "
+                        "usually half-precision overflow (try model.dtype=float32 or bfloat16)"
+                    ) from None
+                raise
         t_gen = time.perf_counter()
         # 3. Rewards [N, R] → one reward per completion [N].
         completions = self._decode(rollout, rows)
@@ -292,14 +421,25 @@ class GRPOTrainer:
         if a.mask_truncated:
             in_loss &= ~rollout.truncated.cpu()
         t_score = time.perf_counter()
-        # 5. Policy update.
-        batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
-        stats = self.updater.update(batch, self.shuffle_generator)
-        t_update = time.perf_counter()
-        # 6. Reference refresh (recipes that let the anchor follow the policy).
-        self.step_idx += 1
-        if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
-            self.ref_model.load_state_dict(self.model.state_dict())
+        self._check_learnable(per_func, adv, in_loss)
+        # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
+        with self._committing():
+            batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
+            try:
+                stats = self.updater.update(batch, self.shuffle_generator)
+            except TrainingError as e:
+                raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
+            t_update = time.perf_counter()
+            if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
+                self._warn_once(
+                    "zero-gradient", "the gradient is exactly 0 although some advantages are not: the policy's "
+                    f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
+                    "the run cannot learn from here",
+                )
+            # 6. Reference refresh (recipes that let the anchor follow the policy).
+            self.step_idx += 1
+            if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
+                self.ref_model.load_state_dict(self.model.state_dict())
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         metrics.update(
             {
@@ -314,6 +454,27 @@ class GRPOTrainer:
             for i in range(0, len(completions), max(1, len(completions) // max(1, cfg.num_samples_logged)))
         ][: cfg.num_samples_logged]
         return StepResult(metrics, samples)
+
+    def _committing(self) -> contextlib.AbstractContextManager:
+        return self._signals.committing() if self._signals is not None else contextlib.nullcontext()
+
+    def _check_learnable(self, per_func: torch.Tensor, adv: torch.Tensor, in_loss: torch.Tensor) -> None:
+        """Warns (once per kind) when this step's batch cannot move the policy."""
+        if bool(torch.isnan(per_func).all()):
+            self._warn_once(
+                "no-reward", "every reward function returned None for every completion: nothing to learn from; "
+                "check that the reward functions apply to this dataset",
+            )
+        elif not bool(in_loss.any()):
+            self._warn_once(
+                "no-rows", "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
+                "the loss is exactly 0; raise rollout.max_completion_length or relax the filters",
+            )
+        elif not bool((adv[in_loss] != 0).any()) and self.cfg.algo.beta == 0:
+            self._warn_once(
+                "no-advantage", "every group's completions got equal rewards: every advantage is 0 and the step "
+                "changes nothing (too easy or too hard prompts, or a reward that cannot tell completions apart)",
+            )
 
     @staticmethod
     def _as_text(x: Any) -> str:
@@ -392,8 +553,14 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "num_tokens": self.num_tokens,
             "shuffle_rng": self.shuffle_generator.get_state(),
+            "config": to_dict(self.cfg),
         }
-        return save_checkpoint(
+        # A reference that follows the policy (ref_update_every) is state: without it a resumed run would
+        # anchor to the initial model.
+        files = {}
+        if self.ref_model is not None and self.cfg.algo.ref_update_every:
+            files["reference.pt"] = self.ref_model.state_dict()
+        folder = save_checkpoint(
             self.run_dir,
             self.step_idx,
             model=self.model,
@@ -403,7 +570,10 @@ class GRPOTrainer:
             generator=self.generator,
             extra=extra,
             keep=self.cfg.keep_checkpoints,
+            files=files,
         )
+        self._saved_step = self.step_idx
+        return folder
 
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
@@ -415,12 +585,30 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
-        """Return a summary after running the configured number of steps (resuming if asked)."""
-        cfg = self.cfg
+        """Return a summary after running the configured number of steps (resuming if asked).
+
+        The run directory is locked for the run's duration. Ctrl-C or SIGTERM saves a checkpoint of a step
+        boundary (the step being prepared is rewound, the one being committed completes) and raises
+        KeyboardInterrupt; a non-finite loss or gradient raises TrainingError before the weights change,
+        and saves nothing.
+        """
         main = dist.is_main()
+        lock = RunLock(self.run_dir).acquire() if main else None
+        try:
+            return self._train(main)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train(self, main: bool) -> dict[str, Any]:
+        cfg = self.cfg
         logger = None
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.step_idx > 0:
+                removed = trim_logs(self.run_dir, self.step_idx)  # rows of the attempt after the checkpoint
+                if any(removed.values()):
+                    print(f"resume at step {self.step_idx}: removed rows logged after it {removed}", flush=True)
             save_config(cfg, self.run_dir / "config.yaml")
             logger = MetricsLogger(
                 self.run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, wandb_project=cfg.wandb_project,
@@ -430,45 +618,114 @@ class GRPOTrainer:
         summary: dict[str, Any] = {"start_step": self.step_idx}
         t_start = time.perf_counter()
         interrupted = False
+        signals = StopSignals()
         try:
-            if cfg.eval_at_ends and self.step_idx == 0 and self.eval_rows:
-                before = self.evaluate()
-                summary["accuracy_before"] = before.get("accuracy")
-                if logger:
-                    logger.log_eval(0, before)
-            with _sigterm_as_interrupt():
-                while self.step_idx < cfg.steps:
-                    result = self.step()
+            with signals:
+                self._signals = signals
+                if cfg.eval_at_ends and self.step_idx == 0 and self.eval_rows:
+                    before = self.evaluate()
+                    summary["accuracy_before"] = before.get("accuracy")
                     if logger:
-                        logger.log(result.metrics)
-                        logger.log_samples(self.step_idx, result.samples)
-                    progress.update(self.step_idx, result.metrics)
-                    if cfg.eval_every and self.step_idx % cfg.eval_every == 0 and self.step_idx < cfg.steps:
-                        ev = self.evaluate()
+                        logger.log_eval(0, before)
+                while self.step_idx < cfg.steps:
+                    snap = self._snapshot()
+                    try:
+                        result = self.step()
+                    except KeyboardInterrupt:
+                        if not signals.torn:
+                            self._rewind(snap)  # interrupted while preparing: back to the step's start
+                        raise
+                    with signals.committing():
                         if logger:
-                            logger.log_eval(self.step_idx, ev)
-                    if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
-                        self.save()
+                            logger.log(result.metrics)
+                            logger.log_samples(self.step_idx, result.samples)
+                        progress.update(self.step_idx, result.metrics)
+                        if cfg.eval_every and self.step_idx % cfg.eval_every == 0 and self.step_idx < cfg.steps:
+                            ev = self.evaluate()
+                            if logger:
+                                logger.log_eval(self.step_idx, ev)
+                        if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
+                            self.save()
+                    if signals.pending is not None:
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self._signals = None
             progress.close()
-        dist.assert_in_sync(self.model)
-        if main:
-            ckpt = self.save()
-            summary["checkpoint"] = str(ckpt)
-        if not interrupted and cfg.eval_at_ends and self.eval_rows:
-            after = self.evaluate()
-            summary["accuracy_after"] = after.get("accuracy")
+        # The final save, evaluation and report: a signal now waits for them (a second one is obeyed).
+        with signals, signals.committing():
+            dist.assert_in_sync(self.model)
+            if main and not signals.torn and self._saved_step != self.step_idx:
+                summary["checkpoint"] = str(self.save())
+            elif main and self._saved_step == self.step_idx:
+                summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
+            # A run resumed after its last step (killed before it could finish) may have logged this already.
+            finished_before = summary["start_step"] == self.step_idx and _logged_eval(self.run_dir, self.step_idx)
+            if not interrupted and cfg.eval_at_ends and self.eval_rows and not finished_before:
+                after = self.evaluate()
+                summary["accuracy_after"] = after.get("accuracy")
+                if logger:
+                    logger.log_eval(self.step_idx, after)
+            summary.update({"steps": self.step_idx, "seconds_train": time.perf_counter() - t_start, "interrupted": interrupted})
             if logger:
-                logger.log_eval(self.step_idx, after)
-        summary.update({"steps": self.step_idx, "seconds_train": time.perf_counter() - t_start, "interrupted": interrupted})
-        if logger:
-            logger.close()
-            write_report(self.run_dir)
+                logger.close()
+                write_report(self.run_dir)
         if interrupted:
-            raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; checkpoint saved in {summary.get('checkpoint')}")
+            where = (
+                f"checkpoint saved in {summary.get('checkpoint')}" if not signals.torn
+                else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
+            )
+            raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
         return summary
+
+
+RESUMABLE_CHANGES = (
+    "steps", "resume", "allow_config_change", "progress", "save_every", "keep_checkpoints", "eval_every",
+    "eval_at_ends", "eval_limit", "num_samples_logged", "tensorboard", "wandb", "wandb_project", "threads",
+    "out_dir", "fast.",
+)
+"""Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
+how a run is watched, saved or sped up, not what it computes."""
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Returns (dotted key, saved value, current value) for every key outside RESUMABLE_CHANGES that differs."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(saved) | set(current)):
+        name = prefix + key
+        if name in RESUMABLE_CHANGES or any(p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES):
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append((name, a, b))
+    return out
+
+
+def _logged_eval(run_dir: Path, step: int) -> bool:
+    """Returns whether RUN_DIR/evals.jsonl holds a row of `step`."""
+    path = run_dir / "evals.jsonl"
+    if not path.is_file():
+        return False
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            if json.loads(line).get("step") == step:
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False
+
+
+def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
+    """Raises TrainingError when a parameter of `model` holds NaN or inf."""
+    bad = [(n, int((~torch.isfinite(p)).sum())) for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise TrainingError(
+            f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
+            f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
+        )
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:
@@ -478,21 +735,3 @@ def _nanstd(x: torch.Tensor) -> torch.Tensor:
     mean = torch.where(valid, x, 0).sum(-1) / cnt.clamp(min=1)
     var = torch.where(valid, (x - mean[:, None]) ** 2, 0).sum(-1) / (cnt - 1).clamp(min=1)
     return torch.where(cnt > 1, var.sqrt(), torch.nan)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Treat SIGTERM like Ctrl-C so a killed job still leaves a checkpoint."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)

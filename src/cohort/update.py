@@ -13,6 +13,7 @@ and gradients are summed, so the update equals the one a single process would ma
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ import torch
 from cohort import distributed as dist
 from cohort.algo import loss_normalisers, policy_loss
 from cohort.config import AlgoConfig
+from cohort.errors import TrainingError
 from cohort.fastpath import FastConfig
 from cohort.fastpath.lm_head import head_unavailable
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
@@ -289,6 +291,15 @@ class PolicyUpdater:
                     gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
                 else:
                     gn = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                # Both numbers are already on the host: checking them costs no extra synchronisation.
+                if not (math.isfinite(total_loss) and math.isfinite(float(gn))):
+                    self.optimizer.zero_grad(set_to_none=False)
+                    raise TrainingError(
+                        f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient'} (loss {total_loss}, "
+                        f"gradient norm {float(gn)}); the weights were not updated. Usual causes: a learning rate "
+                        f"too high for this model (optim.lr={self.optimizer.param_groups[0]['lr']:g}), half-precision "
+                        "overflow (model.dtype), or no gradient clipping (optim.max_grad_norm)"
+                    )
                 self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()

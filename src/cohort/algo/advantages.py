@@ -15,6 +15,7 @@ Where cohort departs from the papers (each one is a named option, see docs/algor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -90,7 +91,8 @@ def _reward_matrix(rewards: object) -> torch.Tensor:
     """Return rewards as a float tensor [N, R], turning None entries of nested lists into NaN."""
     if isinstance(rewards, torch.Tensor):
         return as_float("rewards", rewards)
-    rows = [[float("nan") if v is None else v for v in row] for row in rewards]  # type: ignore[union-attr]
+    nested = cast("Sequence[Sequence[float | None]]", rewards)
+    rows = [[float("nan") if v is None else v for v in row] for row in nested]
     return torch.tensor(rows, dtype=torch.get_default_dtype())
 
 

@@ -67,7 +67,7 @@ class SegmentPlan:
     """[N] row of each packed position in the concatenated (padded) bucket outputs."""
     position_ids: torch.Tensor | None = None
     """[N] position of each packed token in its own sequence (needed only for sliding windows)."""
-    _windowed: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    _windowed: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         pos = self.position_ids
@@ -83,9 +83,11 @@ class SegmentPlan:
         if window is None or self._span <= window:
             return [b.mask for b in self.buckets]
         if window not in self._windowed:
-            out = []
+            pos = self.position_ids
+            assert pos is not None  # a span above the window was measured on them
+            out: list[torch.Tensor | None] = []
             for b in self.buckets:
-                qp, kp = self.position_ids[b.q_idx], self.position_ids[b.k_idx]  # [b, Tq], [b, Tk]
+                qp, kp = pos[b.q_idx], pos[b.k_idx]  # [b, Tq], [b, Tk]
                 near = (qp[:, :, None] - kp[:, None, :] < window)[:, None]  # [b, 1, Tq, Tk]
                 base = b.mask
                 if base is None:
@@ -111,7 +113,7 @@ def build_plan(
     slot: dict[int, int] = {}  # packed position -> row in the concatenated outputs
     offset = 0
 
-    def place(q_rows: list[Sequence[int]], width: int) -> None:
+    def place(q_rows: Sequence[Sequence[int]], width: int) -> None:
         nonlocal offset
         for i, q in enumerate(q_rows):
             for t, pos in enumerate(q):
@@ -119,12 +121,12 @@ def build_plan(
         offset += len(q_rows) * width
 
     for part in _length_buckets([len(p) for p in prompts]):
-        rows = [prompts[i] for i in part]
-        width = len(rows[0])
+        prompt_rows = [prompts[i] for i in part]
+        width = len(prompt_rows[0])
         # Right padding repeats a real position: under the causal kernel no real query sees a padded key.
-        idx = torch.tensor([_pad(r, width) for r in rows], dtype=torch.long)
+        idx = torch.tensor([_pad(r, width) for r in prompt_rows], dtype=torch.long)
         buckets.append(_Bucket(q_idx=idx.to(device), k_idx=idx.to(device), mask=None))
-        place(rows, width)
+        place(prompt_rows, width)
 
     pieces = _pieces([len(p) for p in prompts], bodies)  # (prompt index, [body index])
     for part in _length_buckets([sum(len(bodies[i][1]) for i in members) for _, members in pieces]):
@@ -133,8 +135,8 @@ def build_plan(
         tp = max(len(prompts[g]) for g, _ in rows)
         queries = [[pos for i in members for pos in bodies[i][1]] for _, members in rows]
         # Which completion of its piece each query slot belongs to (-1: padding).
-        owner = [[i for i in members for _ in bodies[i][1]] for _, members in rows]
-        owner = torch.tensor([o + [-1] * (tq - len(o)) for o in owner], dtype=torch.long)  # [b, Tq]
+        owners = [[i for i in members for _ in bodies[i][1]] for _, members in rows]
+        owner = torch.tensor([o + [-1] * (tq - len(o)) for o in owners], dtype=torch.long)  # [b, Tq]
         q_idx = torch.tensor([_pad(q, tq) for q in queries], dtype=torch.long)  # [b, Tq]
         k_idx = torch.tensor([_pad(prompts[g], tp) + _pad(q, tq) for (g, _), q in zip(rows, queries)])
         p_len = torch.tensor([len(prompts[g]) for g, _ in rows])[:, None, None]  # [b, 1, 1]

@@ -24,10 +24,13 @@ class PreallocatedLayer(DynamicLayer):
         self._len = 0
 
     def _set_views(self) -> None:
+        assert self._k is not None and self._v is not None
         self.keys = self._k[..., : self._len, :]
         self.values = self._v[..., : self._len, :]
 
-    def _new_buffers(self, like_k: torch.Tensor, like_v: torch.Tensor, rows: int, capacity: int):
+    def _new_buffers(
+        self, like_k: torch.Tensor, like_v: torch.Tensor, rows: int, capacity: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         k = like_k.new_empty(rows, like_k.shape[1], capacity, like_k.shape[-1])
         v = like_v.new_empty(rows, like_v.shape[1], capacity, like_v.shape[-1])
         return k, v
@@ -43,6 +46,7 @@ class PreallocatedLayer(DynamicLayer):
         elif self._len + n > self._k.shape[-2]:
             # Only if a caller decodes past the length it announced: grow geometrically.
             self._rebuild(lambda t: t, capacity=max(self._len + n, 2 * self._len))
+        assert self._k is not None and self._v is not None
         self._k[..., self._len : self._len + n, :] = key_states
         self._v[..., self._len : self._len + n, :] = value_states
         self._len += n
@@ -70,7 +74,7 @@ class PreallocatedLayer(DynamicLayer):
     def _rebuild(self, take, capacity: int | None = None) -> None:
         """Moves the filled part into fresh buffers (of `capacity` positions, default the current one)
         whose rows are take(old filled part)."""
-        if self._k is None or self._len == 0:
+        if self._k is None or self._v is None or self._len == 0:
             return
         k_old, v_old = self._k[..., : self._len, :], self._v[..., : self._len, :]
         k_rows, v_rows = take(k_old), take(v_old)
@@ -98,5 +102,6 @@ def preallocated_cache(config, capacity: int) -> DynamicCache:
     if cache.layers:
         cache.layers = [PreallocatedLayer(capacity) if type(x) is DynamicLayer else x for x in cache.layers]
     elif getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
-        cache.layer_class_to_replicate = lambda: PreallocatedLayer(capacity)
+        # Typed as a class, but transformers only calls it to make each new layer: a factory works.
+        cache.layer_class_to_replicate = lambda: PreallocatedLayer(capacity)  # type: ignore[assignment]
     return cache

@@ -46,14 +46,15 @@ def padded_layout(prompt_ids, completion_ids, group_size, sel, T) -> Layout:
     """Returns one right-padded row prompt + completion[:-1] per selected non-empty completion."""
     items = [(i, r) for i, r in enumerate(sel) if len(completion_ids[r]) > 0]
     width = max(len(prompt_ids[r // group_size]) + len(completion_ids[r]) - 1 for _, r in items)
-    lay = Layout([], [], [], [], [], attention_mask=[])
+    attention_mask: list[list[int]] = []
+    lay = Layout([], [], [], [], [], attention_mask=attention_mask)
     for row, (i, r) in enumerate(items):
         prompt, comp = prompt_ids[r // group_size], completion_ids[r]
         seq = [*prompt, *comp[:-1]]
         pad = width - len(seq)
         lay.input_ids.append(seq + [seq[-1]] * pad)
         lay.position_ids.append(list(range(width)))
-        lay.attention_mask.append([1] * len(seq) + [0] * pad)
+        attention_mask.append([1] * len(seq) + [0] * pad)
         # Position p-1+t (the last prompt token, then each completion token) predicts token t.
         start = row * width + len(prompt) - 1
         lay.source.extend(range(start, start + len(comp)))
@@ -83,15 +84,25 @@ def grouped_layout(
             {g: [(m, len(completion_ids[m[1]]) - 1) for m in members] for g, members in groups.items()},
             pair_cost,
         )
-    lay = Layout([], [], [], [], [], group=[], segment=[], is_prompt=[], prompt_pos=[], body_pos=[])
+    grp_rows: list[list[int]] = []
+    seg_rows: list[list[int]] = []
+    isp_rows: list[list[bool]] = []
+    prompt_pos: list[list[int]] = []
+    body_pos: list[tuple[int, list[int]]] = []
+    lay = Layout([], [], [], [], [], group=grp_rows, segment=seg_rows, is_prompt=isp_rows)
+    lay.prompt_pos, lay.body_pos = prompt_pos, body_pos
     for row, pieces in enumerate(bins):
-        ids, pos, grp, seg, isp = [], [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        grp: list[int] = []
+        seg: list[int] = []
+        isp: list[bool] = []
         for g, members in pieces:
             prompt = prompt_ids[g]
             p = len(prompt)
             last_prompt = row * width + len(ids) + p - 1
             piece_id = len(ids)  # unique within the row: a piece's tokens see only their own prompt copy
-            lay.prompt_pos.append(list(range(row * width + len(ids), row * width + len(ids) + p)))
+            prompt_pos.append(list(range(row * width + len(ids), row * width + len(ids) + p)))
             ids.extend(prompt)
             pos.extend(range(p))
             grp.extend([piece_id] * p)
@@ -107,7 +118,7 @@ def grouped_layout(
                 lay.dest.extend(range(i * T, i * T + len(comp)))
                 seg_id = len(ids)
                 if body:
-                    lay.body_pos.append((len(lay.prompt_pos) - 1, list(range(start, start + len(body)))))
+                    body_pos.append((len(prompt_pos) - 1, list(range(start, start + len(body)))))
                 ids.extend(body)
                 pos.extend(range(p, p + len(body)))
                 grp.extend([piece_id] * len(body))
@@ -116,9 +127,9 @@ def grouped_layout(
         pad = width - len(ids)
         lay.input_ids.append(ids + [ids[-1]] * pad)
         lay.position_ids.append(pos + [0] * pad)
-        lay.group.append(grp + [-1] * pad)
-        lay.segment.append(seg + [-1] * pad)
-        lay.is_prompt.append(isp + [False] * pad)
+        grp_rows.append(grp + [-1] * pad)
+        seg_rows.append(seg + [-1] * pad)
+        isp_rows.append(isp + [False] * pad)
     return lay
 
 
@@ -167,6 +178,7 @@ def plan_rows(prompt_len: dict, bodies: dict, pair_cost: float):
         cost = len(rows) * width * (1.0 + pair_cost * width)
         if best is None or cost < best[0]:
             best = (cost, width, rows)
+    assert best is not None  # the widest candidate is never skipped
     return best[1], best[2]
 
 

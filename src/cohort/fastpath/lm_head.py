@@ -10,6 +10,8 @@ model's own logits is checked once per model (`cohort.fastpath.probes`, check "h
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -83,7 +85,7 @@ class _HeadThenTransform(torch.nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """Returns the head's weight [V, H]."""
-        return self.head.weight
+        return cast(torch.Tensor, self.head.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Returns the transformed logits [..., V] float32."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import torch
 
@@ -50,7 +51,7 @@ def packing_unavailable(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _eligible(module: torch.nn.Module, min_elements: int) -> bool:
+def _eligible(module: torch.nn.Module, min_elements: int) -> TypeGuard[torch.nn.Linear]:
     """Returns whether `module` is a plain nn.Linear with a float32 CPU weight of at least min_elements
     elements (subclasses may change the maths)."""
     w = getattr(module, "weight", None)
@@ -91,7 +92,10 @@ def packed_linears(model: torch.nn.Module, batch_hint: int = 8, min_elements: in
                 with torch.no_grad():
                     for module in model.modules():
                         if _eligible(module, min_elements):
-                            module.forward = _packed_forward(module, _reorder(module.weight, batch_hint))
+                            # An instance attribute shadowing Linear.forward until _restore deletes it:
+                            module.forward = _packed_forward(  # type: ignore[method-assign]
+                                module, _reorder(module.weight, batch_hint)
+                            )
                             swapped.append(module)
             except (RuntimeError, MemoryError) as err:
                 # Packing only speeds decoding up: if it fails (out of memory, say), decode without it.

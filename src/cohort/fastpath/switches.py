@@ -130,7 +130,8 @@ class FastConfig:
     @classmethod
     def all(cls, value: str) -> FastConfig:
         """Returns a FastConfig with every switch set to `value` ("off": the plain reference paths)."""
-        return cls(**{name: value for name in SWITCHES}).validate()
+        switches: dict[str, Any] = {name: value for name in SWITCHES}
+        return cls(**switches).validate()
 
 
 SWITCHES: tuple[str, ...] = tuple(

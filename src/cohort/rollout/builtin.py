@@ -208,7 +208,8 @@ class BuiltinEngine(RolloutEngine):
             return "its chunked or linear attention layers see no full prompt"
         if span is not None and span_needed > span:
             return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
-        vocab = model.get_input_embeddings().weight.shape[0]
+        # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
+        vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
         prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
         params = SamplingParams(max_completion_length=4, greedy=True)
         # An EOS id outside the vocabulary: every step is decoded, whatever the model prefers.

@@ -50,14 +50,16 @@ class HFEngine(RolloutEngine):
         if not params.greedy:
             # top_k must be explicit: transformers fills a missing top_k with 50.
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-        hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # get_base_model (peft) and generate (transformers) are methods that nn.Module's __getattr__ types as
+        # Tensor | Module, hence the two ignores.
+        hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
         with (
             torch.inference_mode(),
             eval_mode(model),
             _plain_generation_config(hf_model),
             _seeded_from(generator, device),
         ):
-            sequences = model.generate(
+            sequences = model.generate(  # type: ignore[operator]
                 input_ids=input_ids,
                 attention_mask=attn,
                 logits_processor=LogitsProcessorList([recorder]),
@@ -112,7 +114,8 @@ def _plain_generation_config(hf_model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     saved = hf_model.generation_config
-    hf_model.generation_config = GenerationConfig()
+    # nn.Module.__setattr__ is typed for Tensor | Module values, but any attribute may be set:
+    hf_model.generation_config = GenerationConfig()  # type: ignore[assignment]
     try:
         yield
     finally:

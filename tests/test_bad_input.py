@@ -1,0 +1,312 @@
+"""Hostile input and faults: no silent failure, nothing lost, every user error one clear line.
+
+Grouped by the five families of the reliability issue: training that goes wrong without a word, resume
+that is not exact, checkpoints that can be lost, two runs in one folder, errors that do not name the
+problem. (Kill -9 at random moments is tests/test_resume.py.)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from test_trainer import _cfg
+
+from cohort.checkpoint import list_checkpoints, readable_checkpoints
+from cohort.config import ConfigError, load_config
+from cohort.data import DataError, load_rows, validate_rows
+from cohort.errors import TrainingError
+from cohort.rewards import score
+from cohort.rundir import RunLock, RunLockedError, trim_logs
+from cohort.trainer import GRPOTrainer
+
+
+def _finite(path) -> bool:
+    from safetensors.torch import load_file
+
+    return all(torch.isfinite(t).all() for t in load_file(str(path / "model.safetensors")).values())
+
+
+# ------------------------------------------------------------------ 1. training that goes wrong without a word
+
+
+def test_a_learning_rate_that_saturates_the_policy_is_reported(tiny_model_dir, tmp_path):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "lr", steps=6, **{"optim.lr": 1e3, "optim.max_grad_norm": 0}))
+    with pytest.warns(UserWarning, match=r"step \d+: the gradient is exactly 0 .*optim.lr=1000"):
+        t.train()
+
+
+def test_non_finite_logits_stop_the_run_before_the_weights_or_a_checkpoint_go_bad(tiny_model_dir, tmp_path):
+    from cohort.models import load_model, load_tokenizer
+
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight[5].fill_(3e38)  # finite weights whose logits overflow to inf
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "inf", steps=3, save_every=1), model=model, tokenizer=load_tokenizer(tiny_model_dir))
+    with pytest.raises(TrainingError, match=r"step 1: .*non-finite"):
+        t.train()
+    assert all(torch.equal(p, before[n]) for n, p in t.model.named_parameters())  # nothing applied
+    assert not list_checkpoints(tmp_path / "inf")  # and nothing saved
+
+
+def test_a_model_with_nan_weights_is_refused(tiny_model_dir, tmp_path):
+    from cohort.models import load_model, load_tokenizer
+
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        model.lm_head.weight[3, 5] = float("nan")
+    with pytest.raises(TrainingError, match="non-finite weights: 1 NaN/inf values in 1 tensors .*lm_head.weight"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "nan"), model=model, tokenizer=load_tokenizer(tiny_model_dir))
+
+
+def _none_reward(completions, **kwargs):
+    return [None] * len(completions)
+
+
+@pytest.mark.parametrize(
+    ("over", "rewards", "fragment"),
+    [
+        ({}, [_none_reward], "every reward function returned None"),
+        ({"algo.mask_truncated": True, "rollout.max_completion_length": 1}, None, "every completion was left out of the loss"),
+    ],
+)
+def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rewards, fragment):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "w", steps=2, **over), reward_funcs=rewards)
+    with pytest.warns(UserWarning, match=fragment) as record:
+        t.step()
+        t.step()
+    assert sum(fragment in str(w.message) for w in record) == 1
+
+
+@pytest.mark.parametrize(
+    ("over", "fragment"),
+    [
+        ({"rollout.temperature": 0}, "rollout.temperature=0 decodes greedily"),
+        ({"algo.eps_low": 1.5}, "algo.eps_low=1.5 must be in [0, 1)"),
+        ({"algo.delta": 1.1}, "algo.delta=1.1 must be > 1 + eps_high"),
+        ({"save_every": -1}, "save_every=-1 must be >= 0"),
+        ({"keep_checkpoints": 0}, "keep_checkpoints=0 must be >= 1"),
+        ({"optim.lr": float("nan")}, "optim.lr=nan: must be a finite number"),
+        ({"optim.adam_beta2": 1.0}, "optim.adam_beta2=1.0 must be in [0, 1)"),
+        ({"reward_weights": [float("nan")]}, "reward_weights"),
+        ({"data.max_prompt_length": 0}, "data.max_prompt_length=0 must be >= 1"),
+        ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
+    ],
+)
+def test_options_are_checked_before_the_model_loads(tmp_path, over, fragment):
+    with pytest.raises(ConfigError) as e:
+        GRPOTrainer(_cfg("no-model-needed", tmp_path / "o", **over))
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_cli_rejects_k_zero_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "eval", "--model", "m", "--task", "addition", "--k", "0"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and "argument --k: 0 must be an integer >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_prompts_longer_than_the_context_are_refused_and_dropped_prompts_counted(tmp_path, capsys):
+    from cohort.models import build_tiny_model
+
+    small = build_tiny_model(tmp_path / "ctx", hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=16)
+    rows = [{"prompt": "1+1=" * k, "answer": "2"} for k in (1, 2, 3, 5)]  # 4 to 20 tokens
+    with pytest.raises(TrainingError, match=r"2 training prompts \(the longest 20 tokens\) do not leave room .*max_prompt_length=8"):
+        GRPOTrainer(_cfg(small, tmp_path / "c1", **{"rollout.max_completion_length": 8}), train_rows=rows, eval_rows=[])
+    t = GRPOTrainer(
+        _cfg(small, tmp_path / "c2", **{"rollout.max_completion_length": 8, "data.max_prompt_length": 8}),
+        train_rows=rows, eval_rows=[],
+    )
+    assert t.dropped_prompts == 2 and len(t.train_rows) == 2
+    assert "2 of 4 training prompts are longer" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ([{"prompt": [{"role": "wizard", "content": "hi"}]}], "unknown chat role 'wizard'"),
+        ([{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}], "row 1 has a chat-message prompt but row 0"),
+    ],
+)
+def test_data_that_would_be_changed_quietly_is_refused(rows, fragment):
+    with pytest.raises(DataError, match=fragment):
+        validate_rows(rows)
+
+
+def test_a_reward_function_cannot_corrupt_the_data_it_receives():
+    prompts = [[{"role": "user", "content": "1+1="}]] * 2
+    answer = [["2"], ["2"]]
+
+    def vandal(prompts, completions, answer, **kwargs):
+        prompts[0][0]["content"] = "garbage"
+        answer[0].append("x")
+        completions[0][0]["content"] = "garbage"
+        return [0.0, 0.0]
+
+    def reader(prompts, completions, answer, **kwargs):
+        return [float(p[0]["content"] == "1+1=" and a == ["2"] and c[0]["content"] == "2") for p, c, a in zip(prompts, completions, answer)]
+
+    completions = [[{"role": "assistant", "content": "2"}]] * 2
+    out = score([vandal, reader], prompts=prompts, completions=completions, columns={"answer": answer})
+    assert out[:, 1].tolist() == [1.0, 1.0]
+    assert prompts[0][0]["content"] == "1+1=" and answer[0] == ["2"] and completions[0][0]["content"] == "2"
+
+
+# ------------------------------------------------------------------ 2. resume that is not exact
+
+
+def test_logs_are_cut_back_to_the_checkpoint_and_a_torn_line_is_repaired(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo')
+    (tmp_path / "evals.jsonl").write_text('{"step": 0, "accuracy": 0.1}\n{"step": 4, "accuracy": 0.2}\n')
+    removed = trim_logs(tmp_path, 3)
+    assert removed == {"metrics": 2, "evals": 1}
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert (tmp_path / "metrics.jsonl").read_text().endswith("\n")
+
+
+def test_a_run_directory_that_holds_a_run_is_not_restarted_silently(tiny_model_dir, tmp_path):
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", steps=1)).train()
+    with pytest.raises(ConfigError, match="already holds a run .*pass resume=auto"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", steps=2))
+
+
+def test_resume_auto_without_a_checkpoint_keeps_the_old_logs_aside(tiny_model_dir, tmp_path):
+    run = tmp_path / "nock"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    t = GRPOTrainer(_cfg(tiny_model_dir, run, steps=1, resume="auto"))
+    assert t.step_idx == 0
+    t.train()
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert (run / "metrics.jsonl.before-restart").read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_resume_with_a_changed_config_says_what_differs(tiny_model_dir, tmp_path):
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=1)).train()
+    with pytest.raises(ConfigError, match=r"rollout.group_size: 4 -> 2.*allow_config_change=true"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=2, resume="auto", **{"rollout.group_size": 2}))
+    # steps, logging and fast-path keys may change; allow_config_change accepts the rest
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", **{"fast.segments": "off"}))
+    assert t.step_idx == 1
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", allow_config_change=True, **{"optim.lr": 1e-4}))
+    assert t.step_idx == 1
+
+
+def test_resume_into_a_different_model_is_one_line(tiny_model_dir, tmp_path):
+    from cohort.models import build_tiny_model
+
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "dm", steps=1)).train()
+    other = build_tiny_model(tmp_path / "other", hidden_size=48, num_layers=2, num_heads=4)
+    with pytest.raises(TrainingError, match="holds a different model") as e:
+        GRPOTrainer(_cfg(other, tmp_path / "dm", steps=2, resume="auto", allow_config_change=True))
+    assert "\n" not in str(e.value)
+
+
+def test_the_reference_after_a_refresh_is_saved_and_restored(tiny_model_dir, tmp_path):
+    over = {"algo.beta": 0.05, "algo.ref_update_every": 2, "optim.lr": 1e-2}
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "ref", steps=3, save_every=3, **over))
+    t.train()
+    resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "ref", steps=4, resume="auto", **over))
+    for (n, a), b in zip(t.ref_model.state_dict().items(), resumed.ref_model.state_dict().values()):
+        assert torch.equal(a, b), n
+    assert any(not torch.equal(a, b) for a, b in zip(resumed.ref_model.parameters(), resumed.model.parameters()))
+
+
+# ------------------------------------------------------------------ 3. checkpoints that can be lost
+
+
+def test_saving_a_step_again_never_leaves_it_missing(tiny_model_dir, tmp_path):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "twice", steps=1))
+    first = t.save()
+    root = first.parent
+    # A kill between moving the old copy aside and renaming the new one in: the old copy is recovered.
+    first.rename(root / ".old-step-0")
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == ["step-0"]
+    t.save()
+    assert [p.name for p in list_checkpoints(tmp_path / "twice")] == ["step-0"]
+    assert not list(root.glob(".old-*")) and not list(root.glob(".tmp-*"))
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tiny_model_dir, tmp_path):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "bad", steps=2, save_every=1))
+    t.train()
+    newest = list_checkpoints(tmp_path / "bad")[-1]
+    (newest / "trainer_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="step-2.* is unreadable"):
+        assert [p.name for p, _ in readable_checkpoints(tmp_path / "bad")] == ["step-1"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "bad", steps=3, resume="auto"))
+    assert resumed.step_idx == 1
+
+
+def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "full", steps=1))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="no space left on device while writing the checkpoint of step 0"):
+        t.save()
+    assert not list((tmp_path / "full" / "checkpoints").iterdir())
+
+
+# ------------------------------------------------------------------ 4. two runs, one folder
+
+
+def test_a_second_run_in_the_same_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
+    (tmp_path / ".lock").write_text('{"pid": 999999, "host": "gone", "since": 0}')  # left by a crash
+    with RunLock(tmp_path):
+        with pytest.raises(RunLockedError, match=r"in use by another cohort run \(pid \d+ on "):
+            RunLock(tmp_path).acquire()
+    RunLock(tmp_path).acquire().release()  # released at the end of the block
+
+
+def test_a_second_training_process_refuses_to_share_the_folder(tiny_model_dir, tmp_path):
+    run = tmp_path / "shared"
+    holder = RunLock(run).acquire()  # stands in for a live run
+    try:
+        t = GRPOTrainer(_cfg(tiny_model_dir, run, steps=1))
+        with pytest.raises(RunLockedError):
+            t.train()
+    finally:
+        holder.release()
+    assert not (run / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------ 5. errors that name the problem
+
+
+def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        load_rows(path)
+
+
+def test_cli_training_errors_are_one_line(tiny_model_dir, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "train", f"model.name_or_path={tiny_model_dir}", "data.task=addition",
+         "algo.eps_low=2", f"out_dir={tmp_path / 'x'}"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: algo.eps_low=2.0 must be in [0, 1)")
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_load_config_rejects_nan_in_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: {name_or_path: m}\ndata: {task: addition}\noptim: {lr: .nan}\n")
+    with pytest.raises(ConfigError, match="optim.lr=nan"):
+        load_config(f).validate()
+    assert math.isnan(load_config(f).optim.lr)

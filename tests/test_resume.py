@@ -1,0 +1,114 @@
+"""Kill the training process at random moments (kill -9 and SIGTERM), resume, and get the uninterrupted run.
+
+Each attempt is a real `cohort train` process; the kills land wherever the clock says (rollout, scoring,
+update, checkpoint write, log write), so over the attempts every phase gets hit. The resumed run must end
+with the same parameters as a run that was never interrupted, and every log must hold each step once with
+the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+STEPS = 20
+TIMING = ("step_time", "time/generate", "time/score", "time/update")
+
+
+def _command(model_dir: Path, out: Path) -> list[str]:
+    overrides = {
+        "model.name_or_path": str(model_dir),
+        "data.task": "addition",
+        "data.n_train": 64,
+        "data.n_eval": 8,
+        "rollout.group_size": 4,
+        "rollout.batch_size": 16,
+        "rollout.max_completion_length": 6,
+        "optim.lr": 3e-3,
+        "algo.beta": 0.02,
+        "algo.ref_update_every": 3,
+        "steps": STEPS,
+        "save_every": 1,
+        "eval_every": 6,
+        "eval_limit": 8,
+        "progress": False,
+        "threads": 1,
+        "out_dir": str(out),
+        "resume": "auto",
+    }
+    return [sys.executable, "-m", "cohort.cli", "train", *[f"{k}={v}" for k, v in overrides.items()]]
+
+
+def _run(model_dir: Path, out: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(_command(model_dir, out), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "checkpoints" / f"step-{STEPS}" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    done = _run(tiny_model_dir, ref_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    rng = random.Random(1234)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    kills = []
+    for attempt in range(12):
+        proc = subprocess.Popen(_command(tiny_model_dir, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # Wait until this attempt has trained at least one more step than the last, then kill it a random
+        # moment later: every attempt makes progress, and the kill falls in any phase of a step.
+        start = len(_rows(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            n = len(_rows(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
+            if n > start:
+                break
+            time.sleep(0.02)
+        if proc.poll() is not None:
+            break
+        time.sleep(rng.uniform(0.0, 0.08))
+        how = signal.SIGKILL if attempt % 3 else signal.SIGTERM
+        proc.send_signal(how)
+        out, err = proc.communicate(timeout=120)
+        kills.append((how.name, proc.returncode))
+        if how == signal.SIGTERM:
+            assert proc.returncode in (0, 130), err.decode()[-2000:]  # saved and exited (or had just finished)
+        if proc.returncode == 0:
+            break
+    final = _run(tiny_model_dir, run_dir)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert len(kills) >= 3, kills
+
+    a, b = _final_weights(ref_dir), _final_weights(run_dir)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    for name in ("metrics", "evals", "samples"):
+        ref_rows, got_rows = _rows(ref_dir / f"{name}.jsonl"), _rows(run_dir / f"{name}.jsonl")
+        assert [r["step"] for r in got_rows] == [r["step"] for r in ref_rows], (name, kills)
+        for x, y in zip(ref_rows, got_rows):
+            for key in x:
+                if key in TIMING or key == "seconds":
+                    continue
+                if isinstance(x[key], float):
+                    assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (name, x["step"], key)
+                else:
+                    assert y[key] == x[key], (name, x["step"], key)
