@@ -89,7 +89,9 @@ def build_models(workdir: Path, names: set[str], seed: int) -> dict[str, dict]:
 
     for size, shape in TINY_SIZES.items():
         if size in MODEL_SHAPES and MODEL_SHAPES[size] != shape:
-            raise RuntimeError(f"MODEL_SHAPES[{size!r}] differs from cohort.models.TINY_SIZES[{size!r}]; update it")
+            raise RuntimeError(
+                f"MODEL_SHAPES[{size!r}] differs from cohort.models.TINY_SIZES[{size!r}]; update it"
+            )
     hf_logging.disable_progress_bar()
     prompts = bench_tasks.gsm8k_like_rows(16, seed=seed + 99)  # not the benchmark's own prompts
     out = {}

@@ -24,7 +24,9 @@ def tiny_model_dir(tmp_path_factory):
     """Return the folder of a ~40 k-parameter Qwen2 model + char tokenizer saved with save_pretrained."""
     from cohort.models import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=2, num_heads=4, seed=0)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=2, num_heads=4, seed=0
+    )
 
 
 @pytest.fixture(scope="module")

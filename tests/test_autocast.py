@@ -33,7 +33,9 @@ def model():
 
 def _completions(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, 40, (int(k),), generator=g).tolist() for k in torch.randint(1, 12, (n,), generator=g)]
+    return [
+        torch.randint(2, 40, (int(k),), generator=g).tolist() for k in torch.randint(1, 12, (n,), generator=g)
+    ]
 
 
 @pytest.mark.parametrize("segments", [True, False], ids=["segments", "dense-mask"])

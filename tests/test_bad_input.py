@@ -37,7 +37,9 @@ def _finite(path) -> bool:
 
 
 def test_a_learning_rate_that_saturates_the_policy_is_reported(tiny_model_dir, tmp_path):
-    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "lr", steps=6, **{"optim.lr": 1e3, "optim.max_grad_norm": 0}))
+    t = GRPOTrainer(
+        _cfg(tiny_model_dir, tmp_path / "lr", steps=6, **{"optim.lr": 1e3, "optim.max_grad_norm": 0})
+    )
     with pytest.warns(UserWarning, match=r"step \d+: the gradient is exactly 0 .*optim.lr=1000"):
         t.train()
 
@@ -49,7 +51,11 @@ def test_non_finite_logits_stop_the_run_before_the_weights_or_a_checkpoint_go_ba
     with torch.no_grad():
         model.lm_head.weight[5].fill_(3e38)  # finite weights whose logits overflow to inf
     before = {n: p.clone() for n, p in model.named_parameters()}
-    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "inf", steps=3, save_every=1), model=model, tokenizer=load_tokenizer(tiny_model_dir))
+    t = GRPOTrainer(
+        _cfg(tiny_model_dir, tmp_path / "inf", steps=3, save_every=1),
+        model=model,
+        tokenizer=load_tokenizer(tiny_model_dir),
+    )
     with pytest.raises(TrainingError, match=r"step 1: .*non-finite"):
         t.train()
     assert all(torch.equal(p, before[n]) for n, p in t.model.named_parameters())  # nothing applied
@@ -62,8 +68,12 @@ def test_a_model_with_nan_weights_is_refused(tiny_model_dir, tmp_path):
     model = load_model(tiny_model_dir)
     with torch.no_grad():
         model.lm_head.weight[3, 5] = float("nan")
-    with pytest.raises(TrainingError, match="non-finite weights: 1 NaN/inf values in 1 tensors .*lm_head.weight"):
-        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "nan"), model=model, tokenizer=load_tokenizer(tiny_model_dir))
+    with pytest.raises(
+        TrainingError, match="non-finite weights: 1 NaN/inf values in 1 tensors .*lm_head.weight"
+    ):
+        GRPOTrainer(
+            _cfg(tiny_model_dir, tmp_path / "nan"), model=model, tokenizer=load_tokenizer(tiny_model_dir)
+        )
 
 
 def _none_reward(completions, **kwargs):
@@ -74,7 +84,11 @@ def _none_reward(completions, **kwargs):
     ("over", "rewards", "fragment"),
     [
         ({}, [_none_reward], "every reward function returned None"),
-        ({"algo.mask_truncated": True, "rollout.max_completion_length": 1}, None, "every completion was left out of the loss"),
+        (
+            {"algo.mask_truncated": True, "rollout.max_completion_length": 1},
+            None,
+            "every completion was left out of the loss",
+        ),
     ],
 )
 def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rewards, fragment):
@@ -109,7 +123,8 @@ def test_options_are_checked_before_the_model_loads(tmp_path, over, fragment):
 def test_cli_rejects_k_zero_in_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "cohort.cli", "eval", "--model", "m", "--task", "addition", "--k", "0"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and "argument --k: 0 must be an integer >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -118,13 +133,23 @@ def test_cli_rejects_k_zero_in_one_line(tmp_path):
 def test_prompts_longer_than_the_context_are_refused_and_dropped_prompts_counted(tmp_path, capsys):
     from cohort.models import build_tiny_model
 
-    small = build_tiny_model(tmp_path / "ctx", hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=16)
+    small = build_tiny_model(
+        tmp_path / "ctx", hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=16
+    )
     rows = [{"prompt": "1+1=" * k, "answer": "2"} for k in (1, 2, 3, 5)]  # 4 to 20 tokens
-    with pytest.raises(TrainingError, match=r"2 training prompts \(the longest 20 tokens\) do not leave room .*max_prompt_length=8"):
-        GRPOTrainer(_cfg(small, tmp_path / "c1", **{"rollout.max_completion_length": 8}), train_rows=rows, eval_rows=[])
+    with pytest.raises(
+        TrainingError,
+        match=r"2 training prompts \(the longest 20 tokens\) do not leave room .*max_prompt_length=8",
+    ):
+        GRPOTrainer(
+            _cfg(small, tmp_path / "c1", **{"rollout.max_completion_length": 8}),
+            train_rows=rows,
+            eval_rows=[],
+        )
     t = GRPOTrainer(
         _cfg(small, tmp_path / "c2", **{"rollout.max_completion_length": 8, "data.max_prompt_length": 8}),
-        train_rows=rows, eval_rows=[],
+        train_rows=rows,
+        eval_rows=[],
     )
     assert t.dropped_prompts == 2 and len(t.train_rows) == 2
     assert "2 of 4 training prompts are longer" in capsys.readouterr().out
@@ -134,7 +159,10 @@ def test_prompts_longer_than_the_context_are_refused_and_dropped_prompts_counted
     ("rows", "fragment"),
     [
         ([{"prompt": [{"role": "wizard", "content": "hi"}]}], "unknown chat role 'wizard'"),
-        ([{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}], "row 1 has a chat-message prompt but row 0"),
+        (
+            [{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}],
+            "row 1 has a chat-message prompt but row 0",
+        ),
     ],
 )
 def test_data_that_would_be_changed_quietly_is_refused(rows, fragment):
@@ -153,7 +181,10 @@ def test_a_reward_function_cannot_corrupt_the_data_it_receives():
         return [0.0, 0.0]
 
     def reader(prompts, completions, answer, **kwargs):
-        return [float(p[0]["content"] == "1+1=" and a == ["2"] and c[0]["content"] == "2") for p, c, a in zip(prompts, completions, answer)]
+        return [
+            float(p[0]["content"] == "1+1=" and a == ["2"] and c[0]["content"] == "2")
+            for p, c, a in zip(prompts, completions, answer)
+        ]
 
     completions = [[{"role": "assistant", "content": "2"}]] * 2
     out = score([vandal, reader], prompts=prompts, completions=completions, columns={"answer": answer})
@@ -165,7 +196,9 @@ def test_a_reward_function_cannot_corrupt_the_data_it_receives():
 
 
 def test_logs_are_cut_back_to_the_checkpoint_and_a_torn_line_is_repaired(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo')
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo'
+    )
     (tmp_path / "evals.jsonl").write_text('{"step": 0, "accuracy": 0.1}\n{"step": 4, "accuracy": 0.2}\n')
     removed = trim_logs(tmp_path, 3)
     assert removed == {"metrics": 2, "evals": 1}
@@ -193,11 +226,22 @@ def test_resume_auto_without_a_checkpoint_keeps_the_old_logs_aside(tiny_model_di
 def test_resume_with_a_changed_config_says_what_differs(tiny_model_dir, tmp_path):
     GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=1)).train()
     with pytest.raises(ConfigError, match=r"rollout.group_size: 4 -> 2.*allow_config_change=true"):
-        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=2, resume="auto", **{"rollout.group_size": 2}))
+        GRPOTrainer(
+            _cfg(tiny_model_dir, tmp_path / "cc", steps=2, resume="auto", **{"rollout.group_size": 2})
+        )
     # steps, logging and fast-path keys may change; allow_config_change accepts the rest
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", **{"fast.segments": "off"}))
     assert t.step_idx == 1
-    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", allow_config_change=True, **{"optim.lr": 1e-4}))
+    t = GRPOTrainer(
+        _cfg(
+            tiny_model_dir,
+            tmp_path / "cc",
+            steps=3,
+            resume="auto",
+            allow_config_change=True,
+            **{"optim.lr": 1e-4},
+        )
+    )
     assert t.step_idx == 1
 
 
@@ -218,7 +262,9 @@ def test_the_reference_after_a_refresh_is_saved_and_restored(tiny_model_dir, tmp
     resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "ref", steps=4, resume="auto", **over))
     for (n, a), b in zip(t.ref_model.state_dict().items(), resumed.ref_model.state_dict().values()):
         assert torch.equal(a, b), n
-    assert any(not torch.equal(a, b) for a, b in zip(resumed.ref_model.parameters(), resumed.model.parameters()))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(resumed.ref_model.parameters(), resumed.model.parameters())
+    )
 
 
 # ------------------------------------------------------------------ 3. checkpoints that can be lost
@@ -249,7 +295,9 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tiny_mod
     assert resumed.step_idx == 1
 
 
-def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_checkpoint(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "full", steps=1))
 
     def full(*args, **kwargs):
@@ -296,11 +344,22 @@ def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):
 
 def test_cli_training_errors_are_one_line(tiny_model_dir, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "cohort.cli", "train", f"model.name_or_path={tiny_model_dir}", "data.task=addition",
-         "algo.eps_low=2", f"out_dir={tmp_path / 'x'}"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "cohort.cli",
+            "train",
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=addition",
+            "algo.eps_low=2",
+            f"out_dir={tmp_path / 'x'}",
+        ],
+        capture_output=True,
+        text=True,
     )
-    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: algo.eps_low=2.0 must be in [0, 1)")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
+        "error: algo.eps_low=2.0 must be in [0, 1)"
+    )
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -13,14 +13,34 @@ from safetensors.torch import load_file
 
 REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 REQUIRED = [
-    "step", "reward", "reward_std", "rewards/digit_fraction/mean", "rewards/digit_fraction/std", "kl",
-    "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean", "completions/mean_length",
-    "completions/clipped_ratio", "num_tokens", "frac_reward_zero_std", "entropy", "step_time", "loss", "grad_norm",
+    "step",
+    "reward",
+    "reward_std",
+    "rewards/digit_fraction/mean",
+    "rewards/digit_fraction/std",
+    "kl",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "num_tokens",
+    "frac_reward_zero_std",
+    "entropy",
+    "step_time",
+    "loss",
+    "grad_norm",
 ]
 
 
 def _cohort(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "cohort.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "cohort.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -56,7 +76,9 @@ def test_train_cli_learns_an_easy_reward(tiny_model_dir, tmp_path):
 
 
 def test_cli_errors_are_clear(tmp_path, tiny_model_dir):
-    proc = _cohort("train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "rollout.group_size=1")
+    proc = _cohort(
+        "train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "rollout.group_size=1"
+    )
     assert proc.returncode == 2 and "group_size" in proc.stderr and "at least 2" in proc.stderr
     proc = _cohort("train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "algo.bogus=1")
     assert proc.returncode == 2 and "valid keys" in proc.stderr
@@ -69,14 +91,59 @@ def test_cli_errors_are_clear(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
     sft_out = tmp_path / "sft"
-    proc = _cohort("sft", "--model", tiny_model_dir, "--task", "addition", "--n", 64, "--steps", 5, "--lr", "1e-3", "--out", sft_out)
+    proc = _cohort(
+        "sft",
+        "--model",
+        tiny_model_dir,
+        "--task",
+        "addition",
+        "--n",
+        64,
+        "--steps",
+        5,
+        "--lr",
+        "1e-3",
+        "--out",
+        sft_out,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = _cohort("eval", "--model", sft_out, "--task", "addition", "--split", "test", "--n", 16, "--k", 4, "--max-completion-length", 6)
+    proc = _cohort(
+        "eval",
+        "--model",
+        sft_out,
+        "--task",
+        "addition",
+        "--split",
+        "test",
+        "--n",
+        16,
+        "--k",
+        4,
+        "--max-completion-length",
+        6,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert {"accuracy", "pass@4", "maj@4", "n"} <= set(result) and 0 <= result["pass@4"] <= 1
-    proc = _cohort("sample", "--model", sft_out, "--task", "addition", "--n", 8, "--k", 2, "--max-completion-length", 4,
-                   "--reward", REWARD, "--threshold", "0.0", "--out", tmp_path / "s.jsonl")
+    proc = _cohort(
+        "sample",
+        "--model",
+        sft_out,
+        "--task",
+        "addition",
+        "--n",
+        8,
+        "--k",
+        2,
+        "--max-completion-length",
+        4,
+        "--reward",
+        REWARD,
+        "--threshold",
+        "0.0",
+        "--out",
+        tmp_path / "s.jsonl",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert len(lines) == 8 and "completion" in json.loads(lines[0])

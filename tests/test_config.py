@@ -14,7 +14,9 @@ def _valid(**over):
 
 def test_yaml_then_overrides_win(tmp_path):
     f = tmp_path / "c.yaml"
-    f.write_text("model:\n  name_or_path: m\nalgo:\n  beta: 0.1\nrollout.group_size: 4\ndata: {task: addition}\n")
+    f.write_text(
+        "model:\n  name_or_path: m\nalgo:\n  beta: 0.1\nrollout.group_size: 4\ndata: {task: addition}\n"
+    )
     cfg = load_config(f, ["algo.beta=0.02", "rollout.batch_size=16"])
     assert cfg.algo.beta == 0.02
     assert cfg.rollout.group_size == 4
@@ -91,7 +93,15 @@ def test_every_field_has_a_docstring():
 
     from cohort import config as c
 
-    for cls in (c.TrainConfig, c.ModelConfig, c.DataConfig, c.RolloutConfig, c.AlgoConfig, c.OptimConfig, c.LoraConfig):
+    for cls in (
+        c.TrainConfig,
+        c.ModelConfig,
+        c.DataConfig,
+        c.RolloutConfig,
+        c.AlgoConfig,
+        c.OptimConfig,
+        c.LoraConfig,
+    ):
         docs = field_docs(cls)
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in docs]
         assert not missing, f"{cls.__name__} fields without docstring: {missing}"
@@ -180,17 +190,35 @@ def test_fast_switches_from_yaml_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("over", "fragment"),
     [
-        ({"fast.segments": "sometimes"}, "fast.segments='sometimes' is not valid; choose one of: auto, on, off"),
+        (
+            {"fast.segments": "sometimes"},
+            "fast.segments='sometimes' is not valid; choose one of: auto, on, off",
+        ),
         ({"fast.segments_min_tokens": -1}, "fast.segments_min_tokens=-1 must be an integer >= 0"),
         ({"fast.head_chunk_mib": 0}, "fast.head_chunk_mib=0 must be an integer >= 1"),
         ({"fast.drop_ended_fraction": 1.5}, "fast.drop_ended_fraction=1.5 must be in (0, 1]"),
         ({"fast.attention_slowdown": -1}, "fast.attention_slowdown=-1.0 must be >= 0"),
         ({"fast.segments": "on", "fast.grouped": "off"}, "fast.segments=on needs the grouped layout"),
-        ({"fast.skip_zero_advantage": "on", "algo.beta": 0.04}, "fast.skip_zero_advantage=on with algo.beta=0.04"),
-        ({"fast.segments": "on", "model.attn_implementation": "eager"}, "fast.segments=on needs model.attn_implementation=sdpa"),
-        ({"fast.grouped": "on", "model.attn_implementation": "flash_attention_2"}, "fast.grouped=on needs a custom attention mask"),
-        ({"fast.packed_weights": "on", "model.dtype": "bfloat16"}, "fast.packed_weights=on needs the builtin engine"),
-        ({"fast.packed_weights": "on", "rollout.engine": "hf"}, "fast.packed_weights=on needs the builtin engine"),
+        (
+            {"fast.skip_zero_advantage": "on", "algo.beta": 0.04},
+            "fast.skip_zero_advantage=on with algo.beta=0.04",
+        ),
+        (
+            {"fast.segments": "on", "model.attn_implementation": "eager"},
+            "fast.segments=on needs model.attn_implementation=sdpa",
+        ),
+        (
+            {"fast.grouped": "on", "model.attn_implementation": "flash_attention_2"},
+            "fast.grouped=on needs a custom attention mask",
+        ),
+        (
+            {"fast.packed_weights": "on", "model.dtype": "bfloat16"},
+            "fast.packed_weights=on needs the builtin engine",
+        ),
+        (
+            {"fast.packed_weights": "on", "rollout.engine": "hf"},
+            "fast.packed_weights=on needs the builtin engine",
+        ),
     ],
 )
 def test_fast_switch_errors_name_the_key_and_the_fix(over, fragment):
@@ -202,7 +230,10 @@ def test_fast_switch_errors_name_the_key_and_the_fix(over, fragment):
 
 @pytest.mark.parametrize(
     ("old", "new"),
-    [("rollout.packed_weights=false", "fast.packed_weights"), ("malloc_mmap_threshold_mib=8", "fast.heap_mmap_threshold_mib")],
+    [
+        ("rollout.packed_weights=false", "fast.packed_weights"),
+        ("malloc_mmap_threshold_mib=8", "fast.heap_mmap_threshold_mib"),
+    ],
 )
 def test_moved_keys_point_at_their_new_place(old, new):
     with pytest.raises(ConfigError, match=f"moved to '{new}'"):

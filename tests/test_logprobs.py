@@ -308,13 +308,17 @@ def test_split_groups_give_the_same_values_and_gradients(model):
     comps = ragged_completions(2 * group, seed=6, max_len=8, empties=False)
     ref_value = completion_logprobs(model, prompts, comps, group, fast=dense).logp
     w = torch.randn(ref_value.shape, generator=torch.Generator().manual_seed(2))
-    ref = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group, fast=dense).logp * w).sum())
+    ref = grads_of(
+        model, lambda: (completion_logprobs(model, prompts, comps, group, fast=dense).logp * w).sum()
+    )
     split = dense.replace(attention_slowdown=1e4)  # attention dominates: split the groups
     lay = layouts.grouped_layout(prompts, comps, group, range(len(comps)), 8, layouts.pair_cost(model, 1e4))
     pieces = {(r, g) for r, row in enumerate(lay.group) for g in row if g >= 0}
     assert len(pieces) > len(prompts)
     got_value = completion_logprobs(model, prompts, comps, group, fast=split).logp
-    got = grads_of(model, lambda: (completion_logprobs(model, prompts, comps, group, fast=split).logp * w).sum())
+    got = grads_of(
+        model, lambda: (completion_logprobs(model, prompts, comps, group, fast=split).logp * w).sum()
+    )
     torch.testing.assert_close(got_value, ref_value, rtol=0, atol=1e-5)
     assert_grads_close(got, ref)
 
@@ -415,7 +419,9 @@ def test_segments_only_for_groups_long_enough_to_gain(data):
     seen = []
     # Only 4-D masks: the once-per-model checks also run the decoder, with plain 2-D padding masks.
     hook = model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append(m) if (m := kwargs.get("attention_mask")) is not None and m.dim() == 4 else None,
+        lambda mod, args, kwargs: (
+            seen.append(m) if (m := kwargs.get("attention_mask")) is not None and m.dim() == 4 else None
+        ),
         with_kwargs=True,
     )
     try:

@@ -105,7 +105,9 @@ def test_tiny_model_loads_back_and_generates(tiny_dir, tok, tmp_path):
     model = load_model(tiny_dir)
     assert model.config.model_type == "qwen2" and not model.config.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
-    tied = load_model(build_tiny_model(tmp_path / "tied", hidden_size=16, num_layers=1, tie_word_embeddings=True))
+    tied = load_model(
+        build_tiny_model(tmp_path / "tied", hidden_size=16, num_layers=1, tie_word_embeddings=True)
+    )
     assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
     assert model.config._attn_implementation == "sdpa"
     assert model.config.vocab_size == len(tok) == 258
@@ -206,9 +208,9 @@ def test_lora_on_gpt2_style_conv1d_layers(tmp_path):
     pytest.importorskip("peft")
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=64)).save_pretrained(
-        tmp_path / "gpt2"
-    )
+    GPT2LMHeadModel(
+        GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=64)
+    ).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ValueError, match=r"named \['c_attn', 'c_fc', 'c_proj', 'lm_head'\]"):
         load_model(tmp_path / "gpt2", lora=LoraConfig())
     model = load_model(tmp_path / "gpt2", lora=LoraConfig(r=2, target_modules=["c_attn", "c_proj"]))

@@ -28,7 +28,11 @@ def test_schedules_warm_up_then_decay(schedule):
         opt.step()
         sched.step()
     assert lrs[:3] == [0.5, 1.0, 1.0]
-    want = {"constant": [1.0, 1.0, 1.0], "linear": [0.75, 0.5, 0.25], "cosine": [0.5 + 0.5 * math.cos(math.pi * k / 4) for k in (1, 2, 3)]}
+    want = {
+        "constant": [1.0, 1.0, 1.0],
+        "linear": [0.75, 0.5, 0.25],
+        "cosine": [0.5 + 0.5 * math.cos(math.pi * k / 4) for k in (1, 2, 3)],
+    }
     assert lrs[3:] == pytest.approx(want[schedule])
 
 

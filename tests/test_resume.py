@@ -72,7 +72,9 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     kills = []
     for attempt in range(12):
-        proc = subprocess.Popen(_command(tiny_model_dir, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            _command(tiny_model_dir, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         # Wait until this attempt has trained at least one more step than the last, then kill it a random
         # moment later: every attempt makes progress, and the kill falls in any phase of a step.
         start = len(_rows(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
@@ -90,7 +92,9 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
         out, err = proc.communicate(timeout=120)
         kills.append((how.name, proc.returncode))
         if how == signal.SIGTERM:
-            assert proc.returncode in (0, 130), err.decode()[-2000:]  # saved and exited (or had just finished)
+            assert proc.returncode in (0, 130), err.decode()[
+                -2000:
+            ]  # saved and exited (or had just finished)
         if proc.returncode == 0:
             break
     final = _run(tiny_model_dir, run_dir)

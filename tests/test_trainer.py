@@ -62,7 +62,9 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path):
     a, b = _params(full.model), _params(resumed.model)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2, 3, 4]
 
 
@@ -173,11 +175,15 @@ def test_reward_weights_are_checked_against_the_functions_passed(tmp_path, monke
 
     monkeypatch.setattr(trainer_mod, "load_tokenizer", loading)
     cfg = _cfg("unused-model", tmp_path / "w", reward_weights=[1.0, 0.5])  # the config names one reward
-    with pytest.raises(ConfigError, match=r"2 values but there are 1 reward functions \['.*digit_fraction'\]"):
+    with pytest.raises(
+        ConfigError, match=r"2 values but there are 1 reward functions \['.*digit_fraction'\]"
+    ):
         GRPOTrainer(cfg)
     with pytest.raises(Loading):  # two functions passed: the weights fit, so the model would load next
         GRPOTrainer(cfg, reward_funcs=[DIGITS, "accuracy"])
-    with pytest.raises(ConfigError, match=r"there are 3 reward functions \['accuracy', 'format', 'accuracy'\]"):
+    with pytest.raises(
+        ConfigError, match=r"there are 3 reward functions \['accuracy', 'format', 'accuracy'\]"
+    ):
         GRPOTrainer(cfg, reward_funcs=["accuracy", "format", "accuracy"])
 
 
@@ -197,7 +203,11 @@ def test_every_fast_path_trains_like_the_plain_paths(tiny_model_dir, tmp_path):
         t.train()
         runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))
     plain, fast = runs
-    assert fast["fast/segments"] == 1.0 and fast["fast/shared_prefix"] == 1.0 and fast["fast/packed_weights"] == 1.0
+    assert (
+        fast["fast/segments"] == 1.0
+        and fast["fast/shared_prefix"] == 1.0
+        and fast["fast/packed_weights"] == 1.0
+    )
     assert fast["fast/chunked_head"] == 1.0
     assert plain["fast/segments"] == 0.0 and plain["fast/dense_mask"] == 1.0  # grouped stays auto
     assert plain["fast/shared_prefix"] == 0.0 and plain["fast/packed_weights"] == 0.0

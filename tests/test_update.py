@@ -33,14 +33,24 @@ def _combinations() -> list[FastConfig]:
     for grouped, segments, head, skip in itertools.product(("on", "off"), repeat=4):
         if grouped == "off" and segments == "on":
             continue
-        out.append(FastConfig(grouped=grouped, segments=segments, chunked_head=head, skip_zero_advantage=skip))
+        out.append(
+            FastConfig(grouped=grouped, segments=segments, chunked_head=head, skip_zero_advantage=skip)
+        )
     return out
 
 
 def gpt2_64(seed: int = 0, eos_bias: float = 0.0) -> torch.nn.Module:
     """Returns a tiny float64 GPT-2 (every computation in float64) over the tests' 40-token vocabulary."""
-    config = tf.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=EOS,
-                           eos_token_id=EOS, pad_token_id=PAD)
+    config = tf.GPT2Config(
+        vocab_size=40,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
     torch.manual_seed(seed)
     model = tf.GPT2LMHeadModel(config).double().eval()
     with torch.no_grad():  # peaked distributions, so sampling is not decided by rounding
@@ -59,7 +69,10 @@ def batch():
     """Three groups: one with all-equal rewards (zero advantages), one with a row out of the loss, ragged lengths."""
     prompts = random_prompts(3, seed=31, min_len=2, max_len=9)
     g = torch.Generator().manual_seed(32)
-    comps = [torch.randint(2, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 14, (3 * G,), generator=g)]
+    comps = [
+        torch.randint(2, 40, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 14, (3 * G,), generator=g)
+    ]
     adv = torch.randn(3 * G, generator=g, dtype=torch.float64).float()
     adv[:G] = 0.0  # an all-equal group
     in_loss = torch.ones(3 * G, dtype=torch.bool)
@@ -115,7 +128,9 @@ def test_every_fast_path_combination_and_split_gives_the_same_gradient(model64, 
             got, stats = _gradient(model64, batch, loss_type, fast, tokens)
             _assert_same(got, ref, (fast, tokens))
             # The path switched on is the path reported.
-            expected = "padded" if fast.grouped == "off" else ("segments" if fast.segments == "on" else "dense_mask")
+            expected = (
+                "padded" if fast.grouped == "off" else ("segments" if fast.segments == "on" else "dense_mask")
+            )
             assert stats.paths[expected] == 1.0, (fast, stats.paths)
             assert stats.paths["chunked_head"] == (1.0 if fast.chunked_head == "on" else 0.0)
             skipped = fast.skip_zero_advantage == "on"
@@ -184,7 +199,9 @@ def test_sampled_completions_do_not_depend_on_the_decoding_paths():
     assert len(lengths) > 2  # rows ended at different steps
     for shared, prealloc in itertools.product(("on", "off"), repeat=2):
         got = run(model64, shared_prefix=shared, preallocated_kv=prealloc, packed_weights="off")
-        assert got.paths["shared_prefix"] == (shared == "on") and got.paths["preallocated_kv"] == (prealloc == "on")
+        assert got.paths["shared_prefix"] == (shared == "on") and got.paths["preallocated_kv"] == (
+            prealloc == "on"
+        )
         assert got.completion_ids == base.completion_ids, (shared, prealloc)
         for a, b in zip(got.sampling_logprobs, base.sampling_logprobs):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # float32 log-probs of a float64 model

@@ -65,7 +65,8 @@ def _measure(family, prompts, comps, G, params, rounds):
     model = FAMILIES[family]()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     engines = {
-        name: BuiltinEngine(eos_token_ids=[VOCAB + 1], pad_token_id=0, fast=fast) for name, fast in SETTINGS.items()
+        name: BuiltinEngine(eos_token_ids=[VOCAB + 1], pad_token_id=0, fast=fast)
+        for name, fast in SETTINGS.items()
     }
     taken: dict[str, dict] = {name: {} for name in SETTINGS}
 
@@ -111,9 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(0)
     G = 8
     prompts = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(100, 150))] for _ in range(4)]
-    comps = [[rng.randrange(2, VOCAB) for _ in range(min(128, max(1, int(rng.expovariate(1 / 60)))))] for _ in range(4 * G)]
+    comps = [
+        [rng.randrange(2, VOCAB) for _ in range(min(128, max(1, int(rng.expovariate(1 / 60)))))]
+        for _ in range(4 * G)
+    ]
     params = SamplingParams(max_completion_length=args.max_new)
-    print(f"{'family':12s} {'phase':10s} {'auto s':>7s} {'off s':>7s} {'off/auto':>8s}  paths taken (auto | off); checks")
+    print(
+        f"{'family':12s} {'phase':10s} {'auto s':>7s} {'off s':>7s} {'off/auto':>8s}  paths taken (auto | off); checks"
+    )
     for family in args.families.split(","):
         times, taken, verdicts = _measure(family, prompts, comps, G, params, args.rounds)
         paths = f"{_describe(taken['auto'])} | {_describe(taken['off'])}; {verdicts}"

@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=150, help="prompt lengths are in [2/3, 1] x this")
     ap.add_argument("--group", type=int, default=8, help="G samples per prompt")
     ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--setting", choices=["auto", "on"], default="auto", help="fast.packed_weights against off")
+    ap.add_argument(
+        "--setting", choices=["auto", "on"], default="auto", help="fast.packed_weights against off"
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -71,7 +73,10 @@ def main(argv: list[str] | None = None) -> None:
     eos = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 1
     rng = random.Random(0)
     prompts = [
-        [rng.randrange(3, min(vocab, 5000)) for _ in range(rng.randint(args.prompt_len * 2 // 3, args.prompt_len))]
+        [
+            rng.randrange(3, min(vocab, 5000))
+            for _ in range(rng.randint(args.prompt_len * 2 // 3, args.prompt_len))
+        ]
         for _ in range(args.prompts)
     ]
     params = SamplingParams(max_completion_length=args.max_new)
@@ -86,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
         outs = {}
         for setting, engine in engines.items():
             start = time.perf_counter()
-            outs[setting] = engine.generate(model, prompts, args.group, params, torch.Generator().manual_seed(rnd))
+            outs[setting] = engine.generate(
+                model, prompts, args.group, params, torch.Generator().manual_seed(rnd)
+            )
             if rnd:
                 times[setting].append(time.perf_counter() - start)
             packed[setting] = outs[setting].paths.get("packed_weights", False)

@@ -55,11 +55,15 @@ def main(argv: list[str] | None = None) -> None:
         outs = {}
         for setting, engine in engines.items():
             start = time.perf_counter()
-            outs[setting] = engine.generate(model, prompts, args.group, params, torch.Generator().manual_seed(rnd))
+            outs[setting] = engine.generate(
+                model, prompts, args.group, params, torch.Generator().manual_seed(rnd)
+            )
             if rnd:
                 times[setting].append(time.perf_counter() - start)
             shared[setting] = outs[setting].paths["shared_prefix"]
-        assert outs["on"].completion_ids == outs["off"].completion_ids, "the two paths sampled different tokens"
+        assert outs["on"].completion_ids == outs["off"].completion_ids, (
+            "the two paths sampled different tokens"
+        )
     med = {k: statistics.median(v) for k, v in times.items()}
     print(
         f"prompts {args.prompts} x G {args.group}, prompt <= {args.prompt_len} tokens, {args.max_new} new tokens: "

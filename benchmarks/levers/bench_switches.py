@@ -73,19 +73,30 @@ PARTS = {
 def parse_args(argv=None) -> argparse.Namespace:
     """Returns the command-line options (--quick fills in the small settings it implies)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke test (< 1 min): 0.5 M model, 32 tokens, 1 repeat")
-    p.add_argument("--model", choices=["0.5m", "14m"], default=None, help="bench model (default 14m; quick 0.5m)")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke test (< 1 min): 0.5 M model, 32 tokens, 1 repeat"
+    )
+    p.add_argument(
+        "--model", choices=["0.5m", "14m"], default=None, help="bench model (default 14m; quick 0.5m)"
+    )
     p.add_argument("--switches", default=",".join(MEASURED), help=f"comma list of {', '.join(MEASURED)}")
     p.add_argument("--prompts", type=int, default=4, help="prompts per batch (workload (b): 4)")
     p.add_argument("--group-size", type=int, default=8, help="G (workload (b): 8)")
     p.add_argument("--max-len", type=int, default=None, help="max completion tokens (default 128; quick 32)")
-    p.add_argument("--repeats", type=int, default=None, help="measured alternations per switch (default 5; quick 1)")
     p.add_argument(
-        "--zero-groups", type=float, default=0.5, help="share of groups at zero advantage for skip_zero_advantage"
+        "--repeats", type=int, default=None, help="measured alternations per switch (default 5; quick 1)"
+    )
+    p.add_argument(
+        "--zero-groups",
+        type=float,
+        default=0.5,
+        help="share of groups at zero advantage for skip_zero_advantage",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default="runs/bench", help="bench models (shared with benchmarks/vs_trl/run.py)")
+    p.add_argument(
+        "--workdir", default="runs/bench", help="bench models (shared with benchmarks/vs_trl/run.py)"
+    )
     p.add_argument("--out", default="benchmark-results-switches.json", help="results JSON path")
     args = p.parse_args(argv)
     args.model = args.model or ("0.5m" if args.quick else "14m")
@@ -157,7 +168,9 @@ class Bench:
         from cohort.rollout import BuiltinEngine
 
         engine = BuiltinEngine(eos_token_ids=self.eos, pad_token_id=self.pad, fast=fast)
-        return engine.generate(self.model, self.prompts, self.G, self.params, torch.Generator().manual_seed(1))
+        return engine.generate(
+            self.model, self.prompts, self.G, self.params, torch.Generator().manual_seed(1)
+        )
 
     def update(self, fast, batch: str):
         """Returns the UpdateStats of one policy update of the fixed rollout under `fast`."""

@@ -44,7 +44,9 @@ class Phases:
     def __init__(self) -> None:
         self.clock: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
-        self.peak: dict[str, float] = defaultdict(float)  # MiB: highest RSS seen while the phase was innermost
+        self.peak: dict[str, float] = defaultdict(
+            float
+        )  # MiB: highest RSS seen while the phase was innermost
         self.stack: list[tuple[str | None, float]] = [("other", 0.0)]
         self.segments: list[list] = []  # [phase, RSS when entered, max RSS inside] while recording
         self.recording = threading.Event()
@@ -132,7 +134,10 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument(
-        "--override", action="append", default=[], metavar="KEY=VALUE",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="cohort config override (repeatable), e.g. fast.segments=off",
     )
     p.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
@@ -192,20 +197,30 @@ def main(argv=None) -> None:
         return "generate: prefill" if ids is not None and ids.shape[1] > 1 else "generate: decode steps"
 
     handles = hook_module(model, phases, model_label)
-    handles += hook_module(model.get_decoder(), phases, lambda grad, kw: "update: decoder forward" if grad else None)
+    handles += hook_module(
+        model.get_decoder(), phases, lambda grad, kw: "update: decoder forward" if grad else None
+    )
     head = model.get_output_embeddings()
     if head is not None:
-        handles += hook_module(head, phases, lambda grad, kw: "update: LM head (chunks, recompute too)" if grad else None)
-    handles.append(trainer.optimizer.register_step_pre_hook(lambda *a: phases.enter("update: optimizer step")))
+        handles += hook_module(
+            head, phases, lambda grad, kw: "update: LM head (chunks, recompute too)" if grad else None
+        )
+    handles.append(
+        trainer.optimizer.register_step_pre_hook(lambda *a: phases.enter("update: optimizer step"))
+    )
     handles.append(trainer.optimizer.register_step_post_hook(lambda *a: phases.leave()))
 
     with contextlib.ExitStack() as scope:
         scope.enter_context(timed_torch_function(torch.Tensor, "backward", phases, "update: backward"))
-        scope.enter_context(timed_torch_function(torch.nn.utils, "clip_grad_norm_", phases, "update: clip_grad_norm"))
+        scope.enter_context(
+            timed_torch_function(torch.nn.utils, "clip_grad_norm_", phases, "update: clip_grad_norm")
+        )
         phases.recording.set()
         trainer.step()  # warm-up (the first step of a fresh process: where the peak RSS is set)
         phases.recording.clear()
-        print("RSS over the first step (MiB): phase, at entry -> max inside, for phases that grew it by > 8 MiB")
+        print(
+            "RSS over the first step (MiB): phase, at entry -> max inside, for phases that grew it by > 8 MiB"
+        )
         for label, entry, top in phases.segments:
             if top - entry > 8:
                 print(f"  {label:45} {entry:7.0f} -> {top:7.0f}  (+{top - entry:.0f})")
@@ -281,11 +296,15 @@ def print_operator_tables(trainer, G: int, rows: int) -> None:
 
     rollout = profiled(
         "one rollout",
-        lambda: trainer.engine.generate(trainer.model, prompts, G, trainer.sampling_params(), trainer.generator),
+        lambda: trainer.engine.generate(
+            trainer.model, prompts, G, trainer.sampling_params(), trainer.generator
+        ),
     )
     reward = torch.tensor(token_parity(None, rollout.completion_ids), dtype=torch.float32)
     adv = group_advantages(reward, G, scale=cfg.algo.scale, std=cfg.algo.std, eps=cfg.algo.adv_eps)
-    batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool))
+    batch = PolicyBatch(
+        rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
+    )
     profiled("one policy update", lambda: trainer.updater.update(batch))
 
 

@@ -276,7 +276,9 @@ def summarise(results: list[dict], warmup: int, meta: dict, rate: dict, spec: di
     fast = [s["fast_paths"] for s in steps if s.get("fast_paths")]
     if fast:
         # cohort's fast paths taken (its `fast/*` metrics): the share of measured steps or computations.
-        out["fast_paths"] = {k: statistics.mean(f.get(k, 0.0) for f in fast) for k in sorted(set().union(*fast))}
+        out["fast_paths"] = {
+            k: statistics.mean(f.get(k, 0.0) for f in fast) for k in sorted(set().union(*fast))
+        }
     return out
 
 

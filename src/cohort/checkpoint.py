@@ -109,7 +109,7 @@ def save_checkpoint(
 
 
 def _prune(root: Path, keep: int) -> None:
-    steps = sorted(list_checkpoints(root.parent), key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    steps = list_checkpoints(root.parent)  # oldest first
     for old in steps[: max(0, len(steps) - max(keep, 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -121,11 +121,15 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     for old in root.glob(".old-step-*"):
         # A kill between moving a checkpoint aside and renaming its replacement into place: restore it.
-        final = root / old.name[len(".old-"):]
+        final = root / old.name[len(".old-") :]
         if not final.exists() and (old / "trainer_state.pt").is_file():
             old.rename(final)
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "trainer_state.pt").is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / "trainer_state.pt").is_file()
+    ]
+    return [p for _, p in sorted(found)]
 
 
 def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
@@ -159,7 +163,10 @@ def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]
             if not isinstance(state, dict) or "step" not in state:
                 raise ValueError("no step recorded")
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped, never fatal
-            warnings.warn(f"checkpoint {ckpt} is unreadable ({type(e).__name__}: {e}); trying the one before", stacklevel=2)
+            warnings.warn(
+                f"checkpoint {ckpt} is unreadable ({type(e).__name__}: {e}); trying the one before",
+                stacklevel=2,
+            )
             continue
         out.append((ckpt, state))
     return out

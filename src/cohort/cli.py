@@ -95,10 +95,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     engine = _engine(args, model, tokenizer)
 
     result = evaluate(
-        model, tokenizer, rows, reward,
+        model,
+        tokenizer,
+        rows,
+        reward,
         prompt_ids=encode_prompts(tokenizer, [r[args.prompt_column] for r in rows]),
-        engine=engine, max_completion_length=args.max_completion_length, prompt_column=args.prompt_column,
-        k=args.k, temperature=args.temperature, generator=torch.Generator().manual_seed(args.seed),
+        engine=engine,
+        max_completion_length=args.max_completion_length,
+        prompt_column=args.prompt_column,
+        k=args.k,
+        temperature=args.temperature,
+        generator=torch.Generator().manual_seed(args.seed),
     )
     print(json.dumps(result, indent=2))
     return 0
@@ -123,17 +130,25 @@ def _cmd_sample(args: argparse.Namespace) -> int:
             chunk = rows[start : start + 32]
             batch = engine.generate(model, prompt_ids[start : start + 32], args.k, params, gen)
             texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-            cols = {c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column}
-            rewards = score([reward], prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
-                            completions=as_completions(texts, chunk[0][args.prompt_column]),
-                            completion_ids=batch.completion_ids, columns=cols)[:, 0]
+            cols = {
+                c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column
+            }
+            rewards = score(
+                [reward],
+                prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
+                completions=as_completions(texts, chunk[0][args.prompt_column]),
+                completion_ids=batch.completion_ids,
+                columns=cols,
+            )[:, 0]
             for j, row in enumerate(chunk):
                 for i in range(j * args.k, (j + 1) * args.k):
                     if float(rewards[i]) >= args.threshold:
                         f.write(json.dumps({**row, "completion": texts[i]}) + "\n")
                         kept += 1
                         break  # one accepted completion per prompt
-    print(f"kept {kept} of {len(rows)} prompts with a completion scoring >= {args.threshold}; wrote {args.out}")
+    print(
+        f"kept {kept} of {len(rows)} prompts with a completion scoring >= {args.threshold}; wrote {args.out}"
+    )
     return 0
 
 
@@ -158,7 +173,9 @@ def _finite_float(minimum: float, strict: bool):
     def parse(text: str) -> float:
         value = float(text)
         if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}")
+            raise argparse.ArgumentTypeError(
+                f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}"
+            )
         return value
 
     parse.__name__ = "number"
@@ -169,9 +186,13 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or hub name")
     p.add_argument("--task", help="built-in task: addition or multistep")
     p.add_argument("--data", help="JSONL file or `datasets` name with a prompt column")
-    p.add_argument("--split", default="train", help="dataset split (or 'test' for a built-in task's held-out set)")
+    p.add_argument(
+        "--split", default="train", help="dataset split (or 'test' for a built-in task's held-out set)"
+    )
     p.add_argument("--prompt-column", default="prompt")
-    p.add_argument("--n", type=_positive_int, default=200, help="rows to use (built-in tasks generate this many)")
+    p.add_argument(
+        "--n", type=_positive_int, default=200, help="rows to use (built-in tasks generate this many)"
+    )
     p.add_argument("--task-seed", type=int, default=1234)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")
@@ -180,18 +201,26 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the `cohort` command."""
-    parser = argparse.ArgumentParser(prog="cohort", description="GRPO-family training for Hugging Face causal LMs.")
+    parser = argparse.ArgumentParser(
+        prog="cohort", description="GRPO-family training for Hugging Face causal LMs."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="build a tiny model, warm-start it, GRPO-train it on CPU, report before/after")
+    p = sub.add_parser(
+        "demo", help="build a tiny model, warm-start it, GRPO-train it on CPU, report before/after"
+    )
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="GRPO steps (default: the tuned recipe's)")
+    p.add_argument(
+        "--steps", type=_positive_int, default=None, help="GRPO steps (default: the tuned recipe's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar or step lines")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("train", help="GRPO training from a YAML config plus key=value overrides")
-    p.add_argument("config", nargs="?", help="YAML config file (optional when every key is given as override)")
+    p.add_argument(
+        "config", nargs="?", help="YAML config file (optional when every key is given as override)"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.beta=0.04 rollout.group_size=16")
     p.set_defaults(func=_cmd_train)
 
@@ -206,12 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext, func in (
         ("eval", "greedy accuracy, pass@k and maj@k on held-out prompts", _cmd_eval),
-        ("sample", "rejection sampling: keep completions that pass a reward, as SFT data (JSONL)", _cmd_sample),
+        (
+            "sample",
+            "rejection sampling: keep completions that pass a reward, as SFT data (JSONL)",
+            _cmd_sample,
+        ),
     ):
         p = sub.add_parser(name, help=helptext)
         _data_args(p)
         p.add_argument("--reward", default="accuracy", help="reward function deciding correctness")
-        p.add_argument("--k", type=_positive_int, default=1 if name == "eval" else 4, help="samples per prompt")
+        p.add_argument(
+            "--k", type=_positive_int, default=1 if name == "eval" else 4, help="samples per prompt"
+        )
         p.add_argument("--temperature", type=_finite_float(0.0, strict=False), default=1.0)
         p.add_argument("--max-completion-length", type=_positive_int, default=256)
         p.add_argument("--engine", default="builtin")

@@ -348,16 +348,24 @@ class TrainConfig:
                 "identical, every advantage 0 and nothing learned; set rollout.temperature > 0 (1.0 is usual)"
             )
         if not 0 <= a.eps_low < 1:
-            raise ConfigError(f"algo.eps_low={a.eps_low} must be in [0, 1) (the ratio is clipped at 1 - eps_low; 0.2 is usual)")
+            raise ConfigError(
+                f"algo.eps_low={a.eps_low} must be in [0, 1) (the ratio is clipped at 1 - eps_low; 0.2 is usual)"
+            )
         if a.eps_high is not None and a.eps_high < 0:
             raise ConfigError(f"algo.eps_high={a.eps_high} must be >= 0 (DAPO's clip-higher uses 0.28)")
         high = a.eps_low if a.eps_high is None else a.eps_high
         if a.delta is not None and not a.delta > 1 + high:
-            raise ConfigError(f"algo.delta={a.delta} must be > 1 + eps_high = {1 + high} (e.g. 4.0), or null to disable it")
+            raise ConfigError(
+                f"algo.delta={a.delta} must be > 1 + eps_high = {1 + high} (e.g. 4.0), or null to disable it"
+            )
         if not a.adv_eps > 0:
-            raise ConfigError(f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)")
+            raise ConfigError(
+                f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)"
+            )
         if a.ref_update_every < 0:
-            raise ConfigError(f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)")
+            raise ConfigError(
+                f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
+            )
         checks = [
             ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
             ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
@@ -371,18 +379,28 @@ class TrainConfig:
             ("eval_every", self.eval_every, self.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
             ("eval_limit", self.eval_limit, self.eval_limit >= 1, ">= 1"),
             ("num_samples_logged", self.num_samples_logged, self.num_samples_logged >= 0, ">= 0"),
-            ("threads", self.threads, self.threads is None or self.threads >= 1, ">= 1, or null for torch's default"),
+            (
+                "threads",
+                self.threads,
+                self.threads is None or self.threads >= 1,
+                ">= 1, or null for torch's default",
+            ),
             ("data.n_train", self.data.n_train, self.data.n_train >= 1, ">= 1"),
             ("data.n_eval", self.data.n_eval, self.data.n_eval >= 0, ">= 0"),
-            ("data.max_prompt_length", self.data.max_prompt_length,
-             self.data.max_prompt_length is None or self.data.max_prompt_length >= 1, ">= 1, or null to keep every prompt"),
+            (
+                "data.max_prompt_length",
+                self.data.max_prompt_length,
+                self.data.max_prompt_length is None or self.data.max_prompt_length >= 1,
+                ">= 1, or null to keep every prompt",
+            ),
         ]
         for key, value, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{key}={value} must be {rule}")
         if self.resume not in (None, "auto") and not str(self.resume).strip():
-            raise ConfigError("resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset")
-
+            raise ConfigError(
+                "resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset"
+            )
 
     def _validate_fast(self) -> None:
         """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
@@ -407,8 +425,9 @@ class TrainConfig:
                 f"{m.attn_implementation!r}; set fast.grouped=auto"
             )
         float32 = DTYPES.get(str(m.dtype).lower()) in (torch.float32, "auto")
-        if f.packed_weights == "on" and (self.rollout.engine != "builtin" or not float32
-                                          or m.device.startswith("cuda")):
+        if f.packed_weights == "on" and (
+            self.rollout.engine != "builtin" or not float32 or m.device.startswith("cuda")
+        ):
             raise ConfigError(
                 "fast.packed_weights=on needs the builtin engine decoding float32 weights on a CPU "
                 f"(rollout.engine={self.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
@@ -470,7 +489,7 @@ def _valid_keys(cls: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
-        if dataclasses.is_dataclass(t):
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
             keys += _valid_keys(t, f"{prefix}{f.name}.")
         else:
             keys.append(prefix + f.name)
@@ -558,7 +577,9 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
         tp = hints[k]
         if dataclasses.is_dataclass(tp):
             if not isinstance(v, dict):
-                raise ConfigError(f"{key} is a section; give its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=...")
+                raise ConfigError(
+                    f"{key} is a section; give its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=..."
+                )
             _apply(getattr(obj, k), v, key + ".")
         else:
             setattr(obj, k, _coerce(v, tp, key))

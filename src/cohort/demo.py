@@ -56,7 +56,9 @@ def demo_config(out_dir: str | Path, model_path: str | Path, *, steps: int | Non
     return load_config(None, overrides)
 
 
-def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+def run_demo(
+    out_dir: str | Path = "runs/demo", *, steps: int | None = None, seed: int = 0, progress: bool = True
+) -> dict[str, Any]:
     """Return the demo's summary after building, warm-starting, evaluating and GRPO-training a tiny model."""
     from cohort.trainer import GRPOTrainer, seed_everything
 
@@ -65,7 +67,11 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, see
     out.mkdir(parents=True, exist_ok=True)
     say = print
     # The demo rebuilds everything from its seed: an earlier demo's run in the same folder is replaced.
-    earlier = [out / n for n in ("metrics.jsonl", "samples.jsonl", "evals.jsonl", "checkpoints") if (out / n).exists()]
+    earlier = [
+        out / n
+        for n in ("metrics.jsonl", "samples.jsonl", "evals.jsonl", "checkpoints")
+        if (out / n).exists()
+    ]
     if earlier:
         say(f"replacing the earlier demo run in {out}")
         for path in earlier:
@@ -79,11 +85,15 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, see
     say(f"[1/4] built a {n_params / 1e6:.2f} M-parameter Qwen2 model with a character tokenizer in {base}")
     # 2. Cold-start SFT on the task's worked answers.
     cfg = demo_config(out, base, steps=steps, seed=seed)
-    train_rows, _ = make_task(DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed)
+    train_rows, _ = make_task(
+        DEMO_TASK, n_train=cfg.data.n_train, n_eval=cfg.data.n_eval, seed=cfg.data.task_seed
+    )
     # Validation: 200 of the training problems (never held-out ones).
     val_rows, sft_rows = train_rows[:200], train_rows
     pairs = encode_pairs(
-        tokenizer, encode_prompts(tokenizer, [r["prompt"] for r in sft_rows]), [sft_completion(DEMO_TASK, r) for r in sft_rows]
+        tokenizer,
+        encode_prompts(tokenizer, [r["prompt"] for r in sft_rows]),
+        [sft_completion(DEMO_TASK, r) for r in sft_rows],
     )
     sft_cfg = SFTConfig(**{**DEMO_SFT.__dict__, "seed": seed})
     val_ids = encode_prompts(tokenizer, [r["prompt"] for r in val_rows])
@@ -93,7 +103,12 @@ def run_demo(out_dir: str | Path = "runs/demo", *, steps: int | None = None, see
 
     def reached_target(step: int) -> bool:
         val_acc[step] = evaluate(
-            model, tokenizer, val_rows, accuracy_reward, prompt_ids=val_ids, engine=engine,
+            model,
+            tokenizer,
+            val_rows,
+            accuracy_reward,
+            prompt_ids=val_ids,
+            engine=engine,
             max_completion_length=cfg.rollout.max_completion_length,
         )["accuracy"]
         return val_acc[step] >= DEMO_SFT_TARGET

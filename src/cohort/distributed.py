@@ -82,7 +82,11 @@ def broadcast_model(model: torch.nn.Module) -> None:
 
 
 def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
 
 
 def assert_in_sync(model: torch.nn.Module) -> None:
@@ -96,4 +100,6 @@ def assert_in_sync(model: torch.nn.Module) -> None:
     tdist.all_gather(gathered, t)
     values = [float(g) for g in gathered]
     if max(values) - min(values) > 1e-6 * max(1.0, abs(values[0])):
-        raise RuntimeError(f"processes hold different parameters after training (checksums {values}); this is a bug")
+        raise RuntimeError(
+            f"processes hold different parameters after training (checksums {values}); this is a bug"
+        )

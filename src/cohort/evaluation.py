@@ -41,15 +41,33 @@ def evaluate(
     model.eval()
     out: dict[str, float] = {"n": float(len(rows))}
     greedy = _generate_and_score(
-        model, tokenizer, rows, reward_func, prompt_ids, engine, prompt_column, batch_prompts, 1,
-        SamplingParams(max_completion_length=max_completion_length, greedy=True), generator,
+        model,
+        tokenizer,
+        rows,
+        reward_func,
+        prompt_ids,
+        engine,
+        prompt_column,
+        batch_prompts,
+        1,
+        SamplingParams(max_completion_length=max_completion_length, greedy=True),
+        generator,
     )
     out["accuracy"] = sum(r[0] >= threshold for r, _, _ in greedy) / len(rows)
     out["mean_length"] = sum(lengths[0] for _, _, lengths in greedy) / len(rows)
     if k > 1:
         sampled = _generate_and_score(
-            model, tokenizer, rows, reward_func, prompt_ids, engine, prompt_column, batch_prompts, k,
-            SamplingParams(max_completion_length=max_completion_length, temperature=temperature), generator,
+            model,
+            tokenizer,
+            rows,
+            reward_func,
+            prompt_ids,
+            engine,
+            prompt_column,
+            batch_prompts,
+            k,
+            SamplingParams(max_completion_length=max_completion_length, temperature=temperature),
+            generator,
         )
         out[f"pass@{k}"] = sum(any(x >= threshold for x in r) for r, _, _ in sampled) / len(rows)
         maj = 0
@@ -65,7 +83,19 @@ def evaluate(
 
 
 @torch.inference_mode()
-def _generate_and_score(model, tokenizer, rows, reward_func, prompt_ids, engine, prompt_column, batch_prompts, k, params, generator):
+def _generate_and_score(
+    model,
+    tokenizer,
+    rows,
+    reward_func,
+    prompt_ids,
+    engine,
+    prompt_column,
+    batch_prompts,
+    k,
+    params,
+    generator,
+):
     """Return per prompt (rewards of its k completions, their texts, their lengths)."""
     results = []
     for start in range(0, len(rows), batch_prompts):

@@ -73,8 +73,17 @@ def completion_logprobs(
     path = choose_path(model, prompt_ids, completion_ids, group_size, sel, fast)
     chunked = choose(fast.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
     return compute_logprobs(
-        model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, path,
-        chunked=chunked, fast=fast,
+        model,
+        prompt_ids,
+        completion_ids,
+        group_size,
+        sel,
+        temperature,
+        with_entropy,
+        chunk_size,
+        path,
+        chunked=chunked,
+        fast=fast,
     )
 
 
@@ -89,8 +98,17 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
         longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
         window = span if longest > span else None
     if fast.grouped != "off":
-        wide = window is not None or widest_group(prompt_ids, completion_ids, group_size, sel) >= fast.segments_min_tokens
-        if choose(fast.segments, "segments", model, worth=wide, unavailable=lambda: _segments_unavailable(model, impl, window)):
+        wide = (
+            window is not None
+            or widest_group(prompt_ids, completion_ids, group_size, sel) >= fast.segments_min_tokens
+        )
+        if choose(
+            fast.segments,
+            "segments",
+            model,
+            worth=wide,
+            unavailable=lambda: _segments_unavailable(model, impl, window),
+        ):
             return "segments"
 
     def dense_unavailable() -> str | None:
@@ -107,8 +125,18 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
 
 
 def compute_logprobs(
-    model, prompt_ids, completion_ids, group_size, sel, temperature, with_entropy, chunk_size, path,
-    *, chunked: bool = True, fast: FastConfig | None = None,
+    model,
+    prompt_ids,
+    completion_ids,
+    group_size,
+    sel,
+    temperature,
+    with_entropy,
+    chunk_size,
+    path,
+    *,
+    chunked: bool = True,
+    fast: FastConfig | None = None,
 ) -> LogProbs:
     """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked`."""
     fast = FastConfig() if fast is None else fast
@@ -146,7 +174,11 @@ def compute_logprobs(
         hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
     picked = hidden_or_logits.reshape(-1, hidden_or_logits.shape[-1]).index_select(0, source)  # [M, H or V]
     head = parts[1] if parts is not None else None
-    vocab = cast(torch.Tensor, head.weight).shape[0] if head is not None and hasattr(head, "weight") else picked.shape[-1]
+    vocab = (
+        cast(torch.Tensor, head.weight).shape[0]
+        if head is not None and hasattr(head, "weight")
+        else picked.shape[-1]
+    )
     chunk_mib = fast.head_chunk_mib if picked.device.type == "cpu" else fast.head_chunk_mib_accelerator
     rows_per_chunk = chunk_rows(vocab, picked.device, chunk_size, chunk_mib)
     logp, entropy = chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
@@ -181,7 +213,11 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     if impl != "sdpa":
         return f"attention implementation {impl!r} (segment attention replaces 'sdpa')"
     inner = unwrap(model)
-    flag = "is_activation_checkpointing" if hasattr(type(inner), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(type(inner), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     if getattr(inner, flag, False):
         return "gradient checkpointing is on (its recomputation would run plain attention)"
     # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:

@@ -271,8 +271,10 @@ def write_report(run_dir: str | Path, *, title: str | None = None, max_samples: 
             parts.append(f"<img alt='{html.escape(plot_title)}' src='data:image/png;base64,{png}'>")
     parts.append("</div>")
     if samples:
-        parts.append("<h2>Sample completions</h2><table><tr><th>step</th><th>prompt</th>"
-                     "<th>completion</th><th>reward</th></tr>")
+        parts.append(
+            "<h2>Sample completions</h2><table><tr><th>step</th><th>prompt</th>"
+            "<th>completion</th><th>reward</th></tr>"
+        )
         stride = max(1, len(samples) // max_samples)
         shown = samples[::stride][-max_samples:]
         for s in shown:

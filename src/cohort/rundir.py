@@ -49,7 +49,9 @@ class RunLock:
                 "to finish, stop it, or choose another out_dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
+        os.write(
+            fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
+        )
         self._fd = fd
         return self
 

@@ -70,9 +70,14 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     d = cfg.data
     if d.path:
         train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column)
-        held = load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column) if d.eval_path else []
+        held = (
+            load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column) if d.eval_path else []
+        )
     else:
-        train, held = make_task(d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed, **d.task_options)
+        assert d.task is not None  # validate() requires data.path or data.task
+        train, held = make_task(
+            d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed, **d.task_options
+        )
     return train, held[: cfg.eval_limit] if held else held
 
 
@@ -89,7 +94,7 @@ class PromptSampler:
 
     def take(self, k: int) -> list[int]:
         """Return the next k indices (an epoch boundary reshuffles)."""
-        out = []
+        out: list[int] = []
         while len(out) < k:
             if self.pos == self.n:
                 self.epoch, self.pos = self.epoch + 1, 0
@@ -152,9 +157,16 @@ class GRPOTrainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         f = cfg.fast
-        choose(f.heap_bound, "heap_bound", None, unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib))
+        choose(
+            f.heap_bound,
+            "heap_bound",
+            None,
+            unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib),
+        )
         self.device = resolve_device(cfg.model.device)
-        self.tokenizer = tokenizer or load_tokenizer(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
+        self.tokenizer = tokenizer or load_tokenizer(
+            cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
+        )
         self.model = model or load_model(
             cfg.model.name_or_path,
             dtype=cfg.model.dtype,
@@ -191,7 +203,9 @@ class GRPOTrainer:
             weight_decay=o.weight_decay,
         )
         updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
-        self.scheduler = make_scheduler(self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step)
+        self.scheduler = make_scheduler(
+            self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step
+        )
         self.updater = PolicyUpdater(
             self.model,
             self.optimizer,
@@ -266,7 +280,7 @@ class GRPOTrainer:
         if self.ref_model is not None:
             yield self.ref_model
         else:
-            with self.model.disable_adapter():
+            with self.model.disable_adapter():  # type: ignore[operator]  # peft's method, typed by torch as a Module attribute
                 yield self.model
 
     def _find_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
@@ -289,7 +303,9 @@ class GRPOTrainer:
                 )
             return None
         candidates = (
-            readable_checkpoints(self.run_dir) if cfg.resume == "auto" else [(p, load_trainer_state(p)) for p in [find_resume_dir(cfg.resume, self.run_dir)] if p]
+            readable_checkpoints(self.run_dir)
+            if cfg.resume == "auto"
+            else [(p, load_trainer_state(p)) for p in [find_resume_dir(cfg.resume, self.run_dir)] if p]
         )
         if not candidates:
             if logged_steps(self.run_dir):
@@ -324,7 +340,9 @@ class GRPOTrainer:
             try:
                 load_model_weights(self.model, ckpt)
                 if self.ref_model is not None and (ckpt / "reference.pt").is_file():
-                    self.ref_model.load_state_dict(torch.load(ckpt / "reference.pt", map_location=self.device))
+                    self.ref_model.load_state_dict(
+                        torch.load(ckpt / "reference.pt", map_location=self.device)
+                    )
             except (RuntimeError, OSError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
@@ -332,7 +350,9 @@ class GRPOTrainer:
                         f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({first}); "
                         "resume with the model it was trained from, or start a new out_dir"
                     ) from None
-                warnings.warn(f"checkpoint {ckpt} cannot be loaded ({first}); trying the one before", stacklevel=2)
+                warnings.warn(
+                    f"checkpoint {ckpt} cannot be loaded ({first}); trying the one before", stacklevel=2
+                )
                 continue
             _check_finite_weights(self.model, f"checkpoint {ckpt}")
             self.optimizer.load_state_dict(state["optimizer"])
@@ -394,7 +414,11 @@ class GRPOTrainer:
         with self.autocast():
             try:
                 rollout = self.engine.generate(
-                    self.model, [self.train_prompt_ids[i] for i in idx], G, self.sampling_params(), self.generator
+                    self.model,
+                    [self.train_prompt_ids[i] for i in idx],
+                    G,
+                    self.sampling_params(),
+                    self.generator,
                 )
             except RuntimeError as e:
                 if "inf" in str(e) and "nan" in str(e):
@@ -411,7 +435,9 @@ class GRPOTrainer:
         reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")  # [N], logged
         # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
         if a.reward_mode == "decoupled":
-            adv = combine_rewards(per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps)
+            adv = combine_rewards(
+                per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
+            )
         else:
             adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)  # [N]
         in_loss = torch.ones_like(adv, dtype=torch.bool)
@@ -432,7 +458,8 @@ class GRPOTrainer:
             t_update = time.perf_counter()
             if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
                 self._warn_once(
-                    "zero-gradient", "the gradient is exactly 0 although some advantages are not: the policy's "
+                    "zero-gradient",
+                    "the gradient is exactly 0 although some advantages are not: the policy's "
                     f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
                     "the run cannot learn from here",
                 )
@@ -450,7 +477,11 @@ class GRPOTrainer:
             }
         )
         samples = [
-            {"prompt": self._as_text(rows[i // G][cfg.data.prompt_column]), "completion": self._as_text(completions[i]), "reward": float(reward[i])}
+            {
+                "prompt": self._as_text(rows[i // G][cfg.data.prompt_column]),
+                "completion": self._as_text(completions[i]),
+                "reward": float(reward[i]),
+            }
             for i in range(0, len(completions), max(1, len(completions) // max(1, cfg.num_samples_logged)))
         ][: cfg.num_samples_logged]
         return StepResult(metrics, samples)
@@ -462,17 +493,20 @@ class GRPOTrainer:
         """Warns (once per kind) when this step's batch cannot move the policy."""
         if bool(torch.isnan(per_func).all()):
             self._warn_once(
-                "no-reward", "every reward function returned None for every completion: nothing to learn from; "
+                "no-reward",
+                "every reward function returned None for every completion: nothing to learn from; "
                 "check that the reward functions apply to this dataset",
             )
         elif not bool(in_loss.any()):
             self._warn_once(
-                "no-rows", "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
+                "no-rows",
+                "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
                 "the loss is exactly 0; raise rollout.max_completion_length or relax the filters",
             )
         elif not bool((adv[in_loss] != 0).any()) and self.cfg.algo.beta == 0:
             self._warn_once(
-                "no-advantage", "every group's completions got equal rewards: every advantage is 0 and the step "
+                "no-advantage",
+                "every group's completions got equal rewards: every advantage is 0 and the step "
                 "changes nothing (too easy or too hard prompts, or a reward that cannot tell completions apart)",
             )
 
@@ -579,7 +613,7 @@ class GRPOTrainer:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
         out = Path(folder) if folder else self.run_dir / "final"
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out, safe_serialization=True)
+        self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
         self.tokenizer.save_pretrained(out)
         return out
 
@@ -608,10 +642,15 @@ class GRPOTrainer:
             if self.step_idx > 0:
                 removed = trim_logs(self.run_dir, self.step_idx)  # rows of the attempt after the checkpoint
                 if any(removed.values()):
-                    print(f"resume at step {self.step_idx}: removed rows logged after it {removed}", flush=True)
+                    print(
+                        f"resume at step {self.step_idx}: removed rows logged after it {removed}", flush=True
+                    )
             save_config(cfg, self.run_dir / "config.yaml")
             logger = MetricsLogger(
-                self.run_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, wandb_project=cfg.wandb_project,
+                self.run_dir,
+                tensorboard=cfg.tensorboard,
+                wandb=cfg.wandb,
+                wandb_project=cfg.wandb_project,
                 config=to_dict(cfg),
             )
         progress = Progress(cfg.steps, start=self.step_idx, enabled=cfg.progress and main)
@@ -640,7 +679,11 @@ class GRPOTrainer:
                             logger.log(result.metrics)
                             logger.log_samples(self.step_idx, result.samples)
                         progress.update(self.step_idx, result.metrics)
-                        if cfg.eval_every and self.step_idx % cfg.eval_every == 0 and self.step_idx < cfg.steps:
+                        if (
+                            cfg.eval_every
+                            and self.step_idx % cfg.eval_every == 0
+                            and self.step_idx < cfg.steps
+                        ):
                             ev = self.evaluate()
                             if logger:
                                 logger.log_eval(self.step_idx, ev)
@@ -661,19 +704,28 @@ class GRPOTrainer:
             elif main and self._saved_step == self.step_idx:
                 summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
             # A run resumed after its last step (killed before it could finish) may have logged this already.
-            finished_before = summary["start_step"] == self.step_idx and _logged_eval(self.run_dir, self.step_idx)
+            finished_before = summary["start_step"] == self.step_idx and _logged_eval(
+                self.run_dir, self.step_idx
+            )
             if not interrupted and cfg.eval_at_ends and self.eval_rows and not finished_before:
                 after = self.evaluate()
                 summary["accuracy_after"] = after.get("accuracy")
                 if logger:
                     logger.log_eval(self.step_idx, after)
-            summary.update({"steps": self.step_idx, "seconds_train": time.perf_counter() - t_start, "interrupted": interrupted})
+            summary.update(
+                {
+                    "steps": self.step_idx,
+                    "seconds_train": time.perf_counter() - t_start,
+                    "interrupted": interrupted,
+                }
+            )
             if logger:
                 logger.close()
                 write_report(self.run_dir)
         if interrupted:
             where = (
-                f"checkpoint saved in {summary.get('checkpoint')}" if not signals.torn
+                f"checkpoint saved in {summary.get('checkpoint')}"
+                if not signals.torn
                 else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
             )
             raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
@@ -681,20 +733,37 @@ class GRPOTrainer:
 
 
 RESUMABLE_CHANGES = (
-    "steps", "resume", "allow_config_change", "progress", "save_every", "keep_checkpoints", "eval_every",
-    "eval_at_ends", "eval_limit", "num_samples_logged", "tensorboard", "wandb", "wandb_project", "threads",
-    "out_dir", "fast.",
+    "steps",
+    "resume",
+    "allow_config_change",
+    "progress",
+    "save_every",
+    "keep_checkpoints",
+    "eval_every",
+    "eval_at_ends",
+    "eval_limit",
+    "num_samples_logged",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "threads",
+    "out_dir",
+    "fast.",
 )
 """Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
 how a run is watched, saved or sped up, not what it computes."""
 
 
-def config_changes(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+def config_changes(
+    saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
     """Returns (dotted key, saved value, current value) for every key outside RESUMABLE_CHANGES that differs."""
     out: list[tuple[str, Any, Any]] = []
     for key in sorted(set(saved) | set(current)):
         name = prefix + key
-        if name in RESUMABLE_CHANGES or any(p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES):
+        if name in RESUMABLE_CHANGES or any(
+            p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES
+        ):
             continue
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
@@ -720,7 +789,11 @@ def _logged_eval(run_dir: Path, step: int) -> bool:
 
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
     """Raises TrainingError when a parameter of `model` holds NaN or inf."""
-    bad = [(n, int((~torch.isfinite(p)).sum())) for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    bad = [
+        (n, int((~torch.isfinite(p)).sum()))
+        for n, p in model.named_parameters()
+        if not torch.isfinite(p).all()
+    ]
     if bad:
         raise TrainingError(
             f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "

@@ -117,8 +117,13 @@ class UpdateStats:
 
     def metrics(self) -> dict[str, float | None]:
         """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
-        out: dict[str, float | None] = {"loss": self.loss, "grad_norm": self.grad_norm, "lr": self.lr,
-                                        "kl": self.kl, "entropy": self.entropy}
+        out: dict[str, float | None] = {
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "kl": self.kl,
+            "entropy": self.entropy,
+        }
         for name in ("region_mean", "low_mean", "high_mean"):
             out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
         out["ratio/mean"] = self.ratio_mean
@@ -187,14 +192,25 @@ class PolicyUpdater:
                 p.grad = torch.zeros_like(p)
 
     # ------------------------------------------------------------------ helpers
-    def _logprobs(self, model, batch: PolicyBatch, rows: list[int], paths: _Means | None = None, *, with_entropy=False):
+    def _logprobs(
+        self, model, batch: PolicyBatch, rows: list[int], paths: _Means | None = None, *, with_entropy=False
+    ):
         f = self.fast
         path = choose_path(model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, f)
         chunked = choose(f.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
         with self.autocast():
             lp = compute_logprobs(
-                model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, self.temperature,
-                with_entropy, 1024, path, chunked=chunked, fast=f,
+                model,
+                batch.prompt_ids,
+                batch.completion_ids,
+                batch.group_size,
+                rows,
+                self.temperature,
+                with_entropy,
+                1024,
+                path,
+                chunked=chunked,
+                fast=f,
             )
         if paths is not None:
             for name in ("segments", "dense_mask", "padded"):
@@ -228,7 +244,11 @@ class PolicyUpdater:
 
     def _minibatches(self, batch: PolicyBatch, generator: torch.Generator | None) -> Iterator[list[int]]:
         groups = len(batch.prompt_ids)
-        order = torch.randperm(groups, generator=generator).tolist() if self.algo.num_minibatches > 1 else list(range(groups))
+        order = (
+            torch.randperm(groups, generator=generator).tolist()
+            if self.algo.num_minibatches > 1
+            else list(range(groups))
+        )
         per = groups // self.algo.num_minibatches
         for m in range(self.algo.num_minibatches):
             chosen = order[m * per : (m + 1) * per]
@@ -254,7 +274,9 @@ class PolicyUpdater:
         for it in range(a.num_iterations):
             for mb_rows in self._minibatches(batch, generator):
                 rows = [r for r in mb_rows if in_loss[r]]
-                num_items, num_seq = loss_normalisers(a.loss_type, [lengths[r] for r in rows], dist.all_sum_int)
+                num_items, num_seq = loss_normalisers(
+                    a.loss_type, [lengths[r] for r in rows], dist.all_sum_int
+                )
                 skip = set(zero_advantage_rows(adv, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
@@ -284,13 +306,17 @@ class PolicyUpdater:
                     for k, v in metrics.items():
                         means.add(k, float(v), ntok)
                     if lp.entropy is not None:
-                        means.add("entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok)
+                        means.add(
+                            "entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok
+                        )
                 dist.all_sum_grads(self.model)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
                     gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
                 else:
-                    gn = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                    gn = torch.linalg.vector_norm(
+                        torch.stack([p.grad.norm() for p in params if p.grad is not None])
+                    )
                 # Both numbers are already on the host: checking them costs no extra synchronisation.
                 if not (math.isfinite(total_loss) and math.isfinite(float(gn))):
                     self.optimizer.zero_grad(set_to_none=False)
@@ -315,7 +341,9 @@ class PolicyUpdater:
             lr=self.optimizer.param_groups[0]["lr"],
             kl=means.get("kl"),
             entropy=means.get("entropy"),
-            clip_ratio={k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")},
+            clip_ratio={
+                k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")
+            },
             ratio_mean=means.get("ratio/mean"),
             rows_computed_frac=means.get("rows_computed_frac", 1.0),
             paths=taken,

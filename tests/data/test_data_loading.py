@@ -23,7 +23,10 @@ def test_jsonl_rows_keep_every_column(tmp_path):
         [{"prompt": chat[:1], "answer": "2", "level": 1}, "", {"prompt": chat, "answer": 4, "level": 2}],
     )
     rows = load_rows(path)
-    assert rows == [{"prompt": chat[:1], "answer": "2", "level": 1}, {"prompt": chat, "answer": 4, "level": 2}]
+    assert rows == [
+        {"prompt": chat[:1], "answer": "2", "level": 1},
+        {"prompt": chat, "answer": 4, "level": 2},
+    ]
     assert load_rows(str(path)) == rows
 
 

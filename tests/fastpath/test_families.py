@@ -94,7 +94,9 @@ def _check_exact(model, max_new: int = 10) -> dict:
     assert any(len(c) > 1 for c in hf.completion_ids)
     taken = {}
     for fast in (EAGER, FastConfig(shared_prefix="off")):
-        ours = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=fast).generate(model, prompts, G, params)
+        ours = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=fast).generate(
+            model, prompts, G, params
+        )
         assert ours.completion_ids == hf.completion_ids, fast
         taken.setdefault("shared_prefix", ours.paths["shared_prefix"])
     ref = _alone(model, prompts, hf.completion_ids)
@@ -144,7 +146,9 @@ def test_logit_transforms_are_folded_into_the_chunked_head(family):
 def test_full_attention_span_reads_the_config():
     assert full_attention_span(_build("llama")) is None
     assert full_attention_span(_build("mistral", None)) is None
-    qwen2 = tf.Qwen2ForCausalLM(tf.Qwen2Config(**_DECODER, **_TOKENS, use_sliding_window=False, sliding_window=16))
+    qwen2 = tf.Qwen2ForCausalLM(
+        tf.Qwen2Config(**_DECODER, **_TOKENS, use_sliding_window=False, sliding_window=16)
+    )
     assert full_attention_span(qwen2) is None
     mixed = tf.Qwen2Config(**_DECODER, **_TOKENS, layer_types=["full_attention", "linear_attention"])
     assert full_attention_span(tf.Qwen2ForCausalLM(mixed)) == 0

@@ -37,7 +37,9 @@ def test_row_planner_places_every_member_once_and_never_costs_more_than_no_split
     for _ in range(30):
         groups = rng.randint(1, 6)
         prompt_len = {g: rng.randint(1, 150) for g in range(groups)}
-        bodies = {g: [((g, m), rng.randint(0, 128)) for m in range(rng.randint(1, 16))] for g in range(groups)}
+        bodies = {
+            g: [((g, m), rng.randint(0, 128)) for m in range(rng.randint(1, 16))] for g in range(groups)
+        }
         width, rows = layouts.plan_rows(prompt_len, bodies, pair_cost)
         placed = sorted(m for row in rows for _, members in row for m in members)
         assert placed == sorted(m for g in bodies for m, _ in bodies[g])
@@ -45,6 +47,8 @@ def test_row_planner_places_every_member_once_and_never_costs_more_than_no_split
         for row in rows:
             assert sum(prompt_len[g] + sum(sizes[m] for m in members) for g, members in row) <= width
         widest = max(prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies)
-        unsplit_rows = len(layouts._pack([prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies], widest))
+        unsplit_rows = len(
+            layouts._pack([prompt_len[g] + sum(n for _, n in bodies[g]) for g in bodies], widest)
+        )
         cost = len(rows) * width * (1 + pair_cost * width)
         assert cost <= unsplit_rows * widest * (1 + pair_cost * widest) + 1e-9

@@ -56,7 +56,9 @@ def test_size_threshold_and_dtype_decide_what_is_packed():
         assert n == 0  # oneDNN packing here is for float32 weights only
     assert "no float32 nn.Linear weight" in pl.packing_unavailable(model)
     with pytest.raises(FastPathError, match="packed_weights=on, but Qwen2ForCausalLM cannot take it"):
-        make_test_engine("builtin").generate(model, random_prompts(2, seed=1), 2, SamplingParams(max_completion_length=3))
+        make_test_engine("builtin").generate(
+            model, random_prompts(2, seed=1), 2, SamplingParams(max_completion_length=3)
+        )
 
 
 def test_restored_after_an_exception_and_nested_blocks_pack_once():
@@ -148,9 +150,13 @@ def test_lora_base_layers_are_packed_and_the_adapter_still_applies(tmp_path):
 def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, max_len, packs):
     """auto: only a rollout still going after pack_after_steps decode steps, with room for more than
     pack_min_remaining tokens, packs."""
-    fast = ALL_FAST.replace(packed_weights="auto", pack_after_steps=3, pack_min_remaining=2, pack_min_elements=0)
+    fast = ALL_FAST.replace(
+        packed_weights="auto", pack_after_steps=3, pack_min_remaining=2, pack_min_elements=0
+    )
     engine = make_test_engine("builtin", fast=fast)
-    batch = engine.generate(peaky_model, random_prompts(2, seed=1), 3, SamplingParams(max_completion_length=max_len))
+    batch = engine.generate(
+        peaky_model, random_prompts(2, seed=1), 3, SamplingParams(max_completion_length=max_len)
+    )
     assert all(len(c) == max_len for c in batch.completion_ids)  # EOS is never sampled by this model
     # Token 0 comes from the prefill and token t from decode step t: step 3 packs when max_len - 3 > 2.
     assert batch.paths["packed_weights"] is packs

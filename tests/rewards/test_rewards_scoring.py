@@ -134,10 +134,14 @@ def test_reward_weights_are_one_finite_number_per_function():
     got = reward_weights([2, 0.5], both)
     assert got.dtype == torch.float32 and got.tolist() == [2.0, 0.5]
     assert reward_weights(np.array([1.0]), ["accuracy"]).tolist() == [1.0]  # specs stand for their functions
-    with pytest.raises(ValueError, match=r"1 values but there are 2 reward functions \['accuracy_reward', 'format_reward'\]"):
+    with pytest.raises(
+        ValueError, match=r"1 values but there are 2 reward functions \['accuracy_reward', 'format_reward'\]"
+    ):
         reward_weights([1.0], both)
     for bad in (math.nan, math.inf, -math.inf):
-        with pytest.raises(ValueError, match=rf"reward_weights\[1\]={bad} \(for 'format_reward'\) is not finite"):
+        with pytest.raises(
+            ValueError, match=rf"reward_weights\[1\]={bad} \(for 'format_reward'\) is not finite"
+        ):
             reward_weights([1.0, bad], both)
     with pytest.raises(ValueError, match=r"reward_weights\[0\]='2' \(for 'accuracy'\) is not a number"):
         reward_weights(["2"], ["accuracy"])

@@ -13,4 +13,3 @@ from _tiny import tiny_model
 def eos_model():
     """A model whose greedy rows end with EOS at various steps (some never within 20 tokens)."""
     return tiny_model(eos_bias=0.7, logit_scale=4.0)
-

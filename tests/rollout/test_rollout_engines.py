@@ -51,7 +51,9 @@ def test_make_engine_names_and_errors():
     with pytest.raises(ValueError, match="eos_token_ids"):
         make_engine("builtin", eos_token_ids=[], pad_token_id=PAD)
     with pytest.raises(ValueError, match="drop_ended_fraction"):
-        make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=FastConfig(drop_ended_fraction=0.0))
+        make_engine(
+            "builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=FastConfig(drop_ended_fraction=0.0)
+        )
     with pytest.raises(TypeError, match="FastConfig"):
         make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast={"shared_prefix": "on"})
 
@@ -250,7 +252,9 @@ def test_shared_prefix_decoding_matches_the_repeated_cache(greedy):
     with torch.inference_mode():
         for shared in (True, False):
             gen = torch.Generator().manual_seed(7)
-            runs.append(engine("builtin")._decode(model, prompts, 4, params, gen, torch.device("cpu"), shared=shared))
+            runs.append(
+                engine("builtin")._decode(model, prompts, 4, params, gen, torch.device("cpu"), shared=shared)
+            )
     (tok_a, len_a, end_a, lp_a), (tok_b, len_b, end_b, lp_b) = runs
     assert torch.equal(tok_a, tok_b) and torch.equal(len_a, len_b) and torch.equal(end_a, end_b)
     assert len_a.min() < len_a.max()  # rows ended at different steps, so rows were dropped mid-way
@@ -266,7 +270,9 @@ def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkey
     real = attention_module._prefix_decode
     monkeypatch.setattr(attention_module, "_prefix_decode", lambda *a: real(*a) * 0.5)
     with pytest.warns(UserWarning, match="shared-prefix decoding does not reproduce"):
-        got = engine("builtin", shared_prefix="auto", shared_prefix_min_elements=0).generate(model, prompts, 3, params)
+        got = engine("builtin", shared_prefix="auto", shared_prefix_min_elements=0).generate(
+            model, prompts, 3, params
+        )
     assert got.completion_ids == ref.completion_ids and got.paths["shared_prefix"] is False
     assert probes.results(model)["shared_prefix"] is False
     with pytest.raises(FastPathError, match="shared-prefix decoding does not reproduce"):
@@ -302,5 +308,7 @@ def test_shared_prefix_decoding_only_where_the_copies_it_avoids_are_large(n_prom
     model = tiny_model()
     prompts = [[2 + (i + t) % 30 for t in range(width)] for i in range(n_prompts)]
     params = SamplingParams(max_completion_length=2, greedy=True)
-    batch = engine("builtin", shared_prefix="auto", packed_weights="off").generate(model, prompts, group, params)
+    batch = engine("builtin", shared_prefix="auto", packed_weights="off").generate(
+        model, prompts, group, params
+    )
     assert batch.paths["shared_prefix"] is shares

@@ -106,7 +106,12 @@ def _aggregate_dr_grpo(
 
 LOSS_TYPES = tuple(LOSS_AGGREGATIONS)
 
-TOKEN_COUNT_SCOPE: dict[str, str | None] = {"grpo": None, "bnpo": "process", "dapo": "global", "dr_grpo": None}
+TOKEN_COUNT_SCOPE: dict[str, str | None] = {
+    "grpo": None,
+    "bnpo": "process",
+    "dapo": "global",
+    "dr_grpo": None,
+}
 """Which token count each loss type divides by: this process's minibatch ("process", BNPO), the minibatch
 summed over every process ("global", DAPO: every token of the batch weighs the same), or none (the grpo
 and dr_grpo normalisers count sequences). On one process bnpo and dapo are the same loss."""

@@ -47,8 +47,10 @@ def prompt_text(tokenizer: Any, prompt: Prompt, *, chat_template: bool | None = 
                 "chat_template=False but the prompt is a list of messages; set chat_template to None "
                 "(auto) or True, or give plain-text prompts"
             )
+        assert isinstance(prompt, str)
         return prompt
     if not conversational and chat_template is None:
+        assert isinstance(prompt, str)
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(

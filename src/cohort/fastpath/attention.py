@@ -256,7 +256,9 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
     p_prompt = (
         p_prompt.view(B, plan.width, kv_heads, rep, P).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, P)
     )
-    shared = (p_prompt @ vp).view(B, kv_heads, plan.width, rep, dim).transpose(1, 2)  # [B, width, Hkv, rep, D]
+    shared = (
+        (p_prompt @ vp).view(B, kv_heads, plan.width, rep, dim).transpose(1, 2)
+    )  # [B, width, Hkv, rep, D]
     shared = shared.reshape(B * plan.width, kv_heads, rep, dim).index_select(0, plan.slot)  # [n, Hkv, rep, D]
     return (shared + own).reshape(n, 1, heads, dim)
 

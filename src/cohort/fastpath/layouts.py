@@ -220,7 +220,6 @@ def block_mask(lay: Layout, device, additive: bool, dtype: torch.dtype) -> torch
     return torch.where(allowed, zero, torch.finfo(dtype).min)  # [R, 1, L, L]
 
 
-
 def widest_group(prompt_ids, completion_ids, group_size, sel) -> int:
     """Returns the most tokens any group lays out in the grouped layout: its prompt + its selected bodies."""
     sizes: dict[int, int] = {}
@@ -228,7 +227,6 @@ def widest_group(prompt_ids, completion_ids, group_size, sel) -> int:
         g = r // group_size
         sizes[g] = sizes.get(g, len(prompt_ids[g])) + max(len(completion_ids[r]) - 1, 0)
     return max(sizes.values(), default=0)
-
 
 
 def pair_cost(model: torch.nn.Module, attention_slowdown: float) -> float:
@@ -246,4 +244,3 @@ def pair_cost(model: torch.nn.Module, attention_slowdown: float) -> float:
     per_token = 2 * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter)
     per_pair = 4 * heads * head_dim
     return attention_slowdown * per_pair / per_token
-

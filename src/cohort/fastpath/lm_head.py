@@ -45,7 +45,9 @@ def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size
 
 def _scaled_logits(head, h, temperature):
     z = head(h) if head is not None else h
-    logits = z.to(torch.promote_types(z.dtype, torch.float32))  # [m, V]: float32, or float64 for a float64 model
+    logits = z.to(
+        torch.promote_types(z.dtype, torch.float32)
+    )  # [m, V]: float32, or float64 for a float64 model
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -66,7 +68,6 @@ def _logp_entropy(head, h, target, temperature):
         z = logits.detach()
         entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
     return logp, entropy
-
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

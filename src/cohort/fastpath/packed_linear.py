@@ -35,7 +35,9 @@ def _packing_works() -> bool:
     w, b, x = (torch.randn(*s, generator=gen) for s in ((96, 64), (96,), (3, 64)))
 
     def packed():
-        return torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 3), b, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(
+            x, torch.ops.mkldnn._reorder_linear_weight(w, 3), b, "none", [], ""
+        )
 
     return probes.probe(None, "packed_linear", packed, lambda: torch.nn.functional.linear(x, w, b))
 
@@ -100,7 +102,9 @@ def packed_linears(model: torch.nn.Module, batch_hint: int = 8, min_elements: in
             except (RuntimeError, MemoryError) as err:
                 # Packing only speeds decoding up: if it fails (out of memory, say), decode without it.
                 _restore(swapped)
-                warnings.warn(f"packing weights for CPU decoding failed ({err}); using plain matmuls", stacklevel=3)
+                warnings.warn(
+                    f"packing weights for CPU decoding failed ({err}); using plain matmuls", stacklevel=3
+                )
         yield len(swapped)
     finally:
         _restore(swapped)

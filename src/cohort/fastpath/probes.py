@@ -34,7 +34,9 @@ def tolerance(model: torch.nn.Module) -> float:
 def allclose(fast: Any, plain: Any, tol: float) -> bool:
     """Returns whether two tensors (or equal-length tuples of tensors) agree to absolute tolerance `tol`."""
     if isinstance(fast, torch.Tensor):
-        return fast.shape == plain.shape and bool(torch.allclose(fast.float(), plain.float(), rtol=0, atol=tol))
+        return fast.shape == plain.shape and bool(
+            torch.allclose(fast.float(), plain.float(), rtol=0, atol=tol)
+        )
     return len(fast) == len(plain) and all(allclose(a, b, tol) for a, b in zip(fast, plain))
 
 

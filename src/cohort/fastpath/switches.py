@@ -100,8 +100,13 @@ class FastConfig:
             setattr(self, name, value)
             if value not in SWITCH_VALUES:
                 raise ValueError(f"{prefix}{name}={value!r} is not valid; choose one of: auto, on, off")
-        for name in ("segments_min_tokens", "shared_prefix_min_elements", "pack_min_elements",
-                     "pack_after_steps", "pack_min_remaining"):
+        for name in (
+            "segments_min_tokens",
+            "shared_prefix_min_elements",
+            "pack_min_elements",
+            "pack_after_steps",
+            "pack_min_remaining",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{prefix}{name}={value!r} must be an integer >= 0")
@@ -110,7 +115,9 @@ class FastConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{prefix}{name}={value!r} must be an integer >= 1 (MiB)")
         if not self.attention_slowdown >= 0:
-            raise ValueError(f"{prefix}attention_slowdown={self.attention_slowdown!r} must be >= 0 (0: never split a group)")
+            raise ValueError(
+                f"{prefix}attention_slowdown={self.attention_slowdown!r} must be >= 0 (0: never split a group)"
+            )
         if not 0.0 < self.drop_ended_fraction <= 1.0:
             raise ValueError(
                 f"{prefix}drop_ended_fraction={self.drop_ended_fraction!r} must be in (0, 1]; it is the share of "
@@ -134,9 +141,7 @@ class FastConfig:
         return cls(**switches).validate()
 
 
-SWITCHES: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(FastConfig) if f.type in ("str", str)
-)
+SWITCHES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FastConfig) if f.type in ("str", str))
 """The names of the switches (every str field of FastConfig)."""
 
 _SAID: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(path, reason)} already said
@@ -164,7 +169,9 @@ def choose(
         return True
     name = type(model).__name__ if model is not None else "this process"
     if setting == "on":
-        raise FastPathError(f"fast.{path}=on, but {name} cannot take it: {reason}. Set fast.{path}=auto or off")
+        raise FastPathError(
+            f"fast.{path}=on, but {name} cannot take it: {reason}. Set fast.{path}=auto or off"
+        )
     say_once(model, path, f"fast path {path!r} off for {name}: {reason}; using the plain path")
     return False
 

@@ -53,7 +53,9 @@ def reward_weights(weights: Sequence[float] | None, funcs: Sequence[Callable | s
     if weights is None:
         return torch.ones(len(names), dtype=torch.float32)
     if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, np.ndarray, torch.Tensor)):
-        raise ValueError(f"reward_weights={weights!r} must be a list of numbers, one per reward function {names}")
+        raise ValueError(
+            f"reward_weights={weights!r} must be a list of numbers, one per reward function {names}"
+        )
     values = list(weights.tolist() if isinstance(weights, (np.ndarray, torch.Tensor)) else weights)
     if len(values) != len(names):
         raise ValueError(
@@ -62,7 +64,9 @@ def reward_weights(weights: Sequence[float] | None, funcs: Sequence[Callable | s
         )
     for i, (w, name) in enumerate(zip(values, names)):
         if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
-            raise ValueError(f"reward_weights[{i}]={w!r} (for {name!r}) is not a number; give one float per function")
+            raise ValueError(
+                f"reward_weights[{i}]={w!r} (for {name!r}) is not a number; give one float per function"
+            )
         if not math.isfinite(w):
             raise ValueError(
                 f"reward_weights[{i}]={float(w)} (for {name!r}) is not finite; every weight must be a finite "

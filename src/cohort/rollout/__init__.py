@@ -12,7 +12,9 @@ from cohort.rollout.sampling import draw, filter_logits, sample_next
 
 ENGINES: dict[str, type[RolloutEngine]] = {"builtin": BuiltinEngine, "hf": HFEngine}
 if tuple(ENGINES) != choices.ENGINES:  # the config validates rollout.engine against the light list
-    raise ImportError(f"cohort.choices.ENGINES {choices.ENGINES} must name the registered engines {tuple(ENGINES)}")
+    raise ImportError(
+        f"cohort.choices.ENGINES {choices.ENGINES} must name the registered engines {tuple(ENGINES)}"
+    )
 
 
 def make_engine(name: str, *, eos_token_ids: Sequence[int], pad_token_id: int, **options) -> RolloutEngine:

@@ -161,5 +161,3 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: tor
         torch.tensor(ids, dtype=torch.long, device=device),  # [B, P]
         torch.tensor(mask, dtype=torch.long, device=device),  # [B, P]
     )
-
-

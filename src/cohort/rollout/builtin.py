@@ -191,7 +191,9 @@ class BuiltinEngine(RolloutEngine):
             paths.update(shared_prefix=bool(shared), preallocated_kv=prealloc, packed_weights=packed > 0)
         return tokens, lengths, ended, logps
 
-    def _sharing_unavailable(self, model: torch.nn.Module, device: torch.device, span_needed: int) -> str | None:
+    def _sharing_unavailable(
+        self, model: torch.nn.Module, device: torch.device, span_needed: int
+    ) -> str | None:
         """Returns why shared-prefix decoding cannot sample this model (None: it can).
 
         Checked once per model with a few greedy steps on two prompts of different lengths (left padding):
@@ -214,14 +216,18 @@ class BuiltinEngine(RolloutEngine):
         params = SamplingParams(max_completion_length=4, greedy=True)
         # An EOS id outside the vocabulary: every step is decoded, whatever the model prefers.
         probe = BuiltinEngine(
-            eos_token_ids=[vocab], pad_token_id=self.pad_token_id, fast=self.fast.replace(packed_weights="off")
+            eos_token_ids=[vocab],
+            pad_token_id=self.pad_token_id,
+            fast=self.fast.replace(packed_weights="off"),
         )
 
         def run(shared: bool):
             return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
 
         if not probes.probe(model, "shared_prefix", run(True), run(False), agree=_same_decoding):
-            return "shared-prefix decoding does not reproduce its tokens and log-probs (checked once per model)"
+            return (
+                "shared-prefix decoding does not reproduce its tokens and log-probs (checked once per model)"
+            )
         return None
 
 
