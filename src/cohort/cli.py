@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
     from cohort.errors import ConfigError, TrainingError
+    from cohort.fastpath import FastPathError
     from cohort.rundir import RunLockedError
 
     try:
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
     except (ConfigError, FileNotFoundError, ValueError, ImportError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except FastPathError as e:  # a fast path switched on that this model cannot take: a config choice
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (TrainingError, RunLockedError) as e:

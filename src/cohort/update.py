@@ -24,10 +24,9 @@ from cohort.algo import loss_normalisers, policy_loss
 from cohort.config import AlgoConfig
 from cohort.errors import TrainingError
 from cohort.fastpath import FastConfig
-from cohort.fastpath.lm_head import head_unavailable
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
-from cohort.logprobs import choose_path, compute_logprobs
+from cohort.logprobs import completion_logprobs
 
 
 @dataclass
@@ -195,22 +194,16 @@ class PolicyUpdater:
     def _logprobs(
         self, model, batch: PolicyBatch, rows: list[int], paths: _Means | None = None, *, with_entropy=False
     ):
-        f = self.fast
-        path = choose_path(model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, f)
-        chunked = choose(f.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
         with self.autocast():
-            lp = compute_logprobs(
+            lp = completion_logprobs(
                 model,
                 batch.prompt_ids,
                 batch.completion_ids,
                 batch.group_size,
-                rows,
-                self.temperature,
-                with_entropy,
-                1024,
-                path,
-                chunked=chunked,
-                fast=f,
+                rows=rows,
+                temperature=self.temperature,
+                with_entropy=with_entropy,
+                fast=self.fast,
             )
         if paths is not None:
             for name in ("segments", "dense_mask", "padded"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _tiny import ALL_FAST, EOS, PAD, VOCAB, make_test_engine, random_prompts, tiny_model
+from transformers import AttentionInterface
 
 from cohort.fastpath import FastConfig, FastPathError, probes
 from cohort.fastpath import attention as attention_module
@@ -267,8 +268,15 @@ def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkey
     prompts = random_prompts(3, seed=5)
     params = SamplingParams(max_completion_length=8, greedy=True)
     ref = engine("hf").generate(model, prompts, 3, params)
-    real = attention_module._prefix_decode
-    monkeypatch.setattr(attention_module, "_prefix_decode", lambda *a: real(*a) * 0.5)
+
+    def wrong(module, query, key, value, attention_mask, **kwargs):
+        out, _ = attention_module.custom_attention_forward(
+            module, query, key, value, attention_mask, **kwargs
+        )
+        return out * 0.5, None
+
+    # cohort's attention function, registered with transformers, made wrong for this model's first checks
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention_module.NAME, wrong)
     with pytest.warns(UserWarning, match="shared-prefix decoding does not reproduce"):
         got = engine("builtin", shared_prefix="auto", shared_prefix_min_elements=0).generate(
             model, prompts, 3, params
@@ -277,7 +285,7 @@ def test_shared_prefix_decoding_is_checked_once_and_falls_back_when_wrong(monkey
     assert probes.results(model)["shared_prefix"] is False
     with pytest.raises(FastPathError, match="shared-prefix decoding does not reproduce"):
         engine("builtin").generate(model, prompts, 3, params)  # `on` refuses what auto falls back from
-    monkeypatch.setattr(attention_module, "_prefix_decode", real)
+    monkeypatch.undo()
     healthy = tiny_model(seed=3, eos_bias=0.5, logit_scale=3.0)
     got = engine("builtin").generate(healthy, prompts, 3, params)
     assert got.completion_ids == ref.completion_ids and got.paths["shared_prefix"] is True

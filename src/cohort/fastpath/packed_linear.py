@@ -25,6 +25,7 @@ from typing import TypeGuard
 import torch
 
 from cohort.fastpath import probes
+from cohort.fastpath.switches import FastConfig
 
 
 def _packing_works() -> bool:
@@ -80,13 +81,17 @@ def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor):
 
 
 @contextlib.contextmanager
-def packed_linears(model: torch.nn.Module, batch_hint: int = 8, min_elements: int = 1 << 17) -> Iterator[int]:
+def packed_linears(
+    model: torch.nn.Module, batch_hint: int = 8, min_elements: int | None = None
+) -> Iterator[int]:
     """Yields how many nn.Linear layers of `model` run on oneDNN-packed weights inside the block (0: none).
 
     batch_hint: the number of rows the layers will mostly see (oneDNN picks its layout for it; every
     row count gives the same result). min_elements: smaller weights stay on MKL
-    (FastConfig.pack_min_elements says why).
+    (None: FastConfig's default `pack_min_elements`, whose docstring says why).
     """
+    if min_elements is None:
+        min_elements = FastConfig().pack_min_elements
     swapped: list[torch.nn.Module] = []
     try:
         if any(_eligible(m, min_elements) for m in model.modules()) and _packing_works():

@@ -68,9 +68,11 @@ class FastConfig:
     packed_weights: str = "auto"
     """Builtin sampler on a CPU: decode through oneDNN-packed copies of the large float32 Linear weights
     (holds one extra copy of them during a rollout)."""
-    pack_min_elements: int = 1 << 17
-    """auto: weights smaller than this stay on MKL. Measured: packing the 0.5 M model's matrices (16k-53k
-    elements) made its rollouts 1.34x slower, the 14 M model's (147k-393k) 1.18x faster."""
+    pack_min_elements: int = 1 << 19
+    """auto: weights smaller than this stay on MKL. Measured 2026-11-23 (`bench_packed_decode.py`, rollouts of
+    4 prompts x G): packing the 14 M bench model's matrices (147k-393k elements) made its rollouts 0.94x as
+    fast (G = 8, 128 new tokens), a Qwen2.5-0.5B-width model's (803k-4.4M) 1.14x faster (G = 4, 64 new
+    tokens); round 4 had measured 1.18x on the 14 M model and set 1 << 17, which no longer holds."""
     pack_after_steps: int = 8
     """auto: a rollout packs only once it has run this many decode steps ..."""
     pack_min_remaining: int = 32
