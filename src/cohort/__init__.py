@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "GRPOTrainer": "cohort.trainer",
+    "GRPOConfig": "cohort.compat",
     "TrainConfig": "cohort.config",
     "load_config": "cohort.config",
     "ConfigError": "cohort.errors",

@@ -264,7 +264,11 @@ class TrainConfig:
         return self.rollout.batch_size // self.rollout.group_size
 
     def validate(
-        self, *, need_model: bool = True, reward_funcs: Sequence[str | Callable] | None = None
+        self,
+        *,
+        need_model: bool = True,
+        need_data: bool = True,
+        reward_funcs: Sequence[str | Callable] | None = None,
     ) -> TrainConfig:
         """Return self after checking every value that can be checked before a model is loaded.
 
@@ -319,13 +323,13 @@ class TrainConfig:
             raise ConfigError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1")
         if o.lr <= 0:
             raise ConfigError(f"optim.lr={o.lr} must be > 0")
-        if not self.rewards:
+        if not self.rewards and not reward_funcs:
             raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
         try:
             reward_weights(self.reward_weights, reward_funcs or self.rewards)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if not self.data.task and not self.data.path:
+        if need_data and not self.data.task and not self.data.path:
             raise ConfigError(
                 "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
                 "task (addition, multistep)"

@@ -14,7 +14,6 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,14 @@ from cohort.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from cohort.compat import GRPOConfig, TrainerState, dataset_rows, model_name, peft_to_lora
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
 from cohort.errors import ConfigError, TrainingError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
-from cohort.models import load_model, load_tokenizer, stop_token_ids, text_config
+from cohort.models import load_model, load_tokenizer, stop_token_ids, text_config, wrap_lora
 from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, Progress, write_report
 from cohort.rewards import resolve_reward_funcs, reward_name, reward_weights, score
@@ -126,16 +126,65 @@ class GRPOTrainer:
 
     def __init__(
         self,
-        config: TrainConfig,
+        config: TrainConfig | str | os.PathLike | torch.nn.Module | None = None,
+        reward_funcs: Any = None,
+        args: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: Any = None,
+        optimizers: Any = None,
+        peft_config: Any = None,
         *,
-        reward_funcs: Sequence[str | Callable] | None = None,
         train_rows: list[dict] | None = None,
         eval_rows: list[dict] | None = None,
-        model: torch.nn.Module | None = None,
+        model: torch.nn.Module | str | os.PathLike | None = None,
         tokenizer: Any = None,
     ):
+        """cohort's form: `GRPOTrainer(config, reward_funcs=..., train_rows=..., model=..., tokenizer=...)`.
+
+        TRL's form: `GRPOTrainer(model=name_or_path | PreTrainedModel, reward_funcs=callable | str | model |
+        list, args=GRPOConfig(...), train_dataset=..., eval_dataset=..., processing_class=tokenizer,
+        reward_processing_classes=..., peft_config=peft.LoraConfig)`; `cohort.compat` maps it onto the config.
+        """
         dist.init_from_env()
-        self.cfg = cfg = config.validate(need_model=model is None, reward_funcs=reward_funcs)
+        if not isinstance(config, TrainConfig) and config is not None:
+            if model is not None:
+                raise ConfigError("pass the model once: as the first argument or as model=, not both")
+            model, config = config, None  # TRL's positional order starts with the model
+        if reward_funcs is not None and (callable(reward_funcs) or isinstance(reward_funcs, str)):
+            reward_funcs = [reward_funcs]  # one function or name, as TRL accepts
+        if callbacks or optimizers not in (None, (None, None)):
+            raise ConfigError(
+                "callbacks= and optimizers= are not implemented by cohort: it builds AdamW and the schedule from "
+                "the config (optim.*) and logs through metrics.jsonl / tensorboard / wandb"
+            )
+        if config is None:
+            config, train_rows, eval_rows, model, tokenizer = self._from_trl(
+                model,
+                args,
+                train_dataset,
+                eval_dataset,
+                processing_class,
+                peft_config,
+                train_rows,
+                eval_rows,
+                tokenizer,
+            )
+        elif args is not None or train_dataset is not None or peft_config is not None:
+            raise ConfigError(
+                "args=, train_dataset= and peft_config= belong to TRL's form GRPOTrainer(model=..., args=GRPOConfig(...)); "
+                "with a cohort TrainConfig pass train_rows= and set model.lora.* in the config"
+            )
+        assert isinstance(config, TrainConfig)
+        if isinstance(model, (str, os.PathLike)):
+            config.model.name_or_path, model = str(model), None
+        self.reward_processing_classes = reward_processing_classes
+        self.state = TrainerState(max_steps=config.steps)
+        self.cfg = cfg = config.validate(
+            need_model=model is None, need_data=train_rows is None, reward_funcs=reward_funcs
+        )
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
             list(reward_funcs) if reward_funcs else cfg.rewards,
@@ -175,6 +224,8 @@ class GRPOTrainer:
             attn_implementation=cfg.model.attn_implementation,
             lora=cfg.model.lora if cfg.model.lora.enabled else None,
         )
+        if model is not None and cfg.model.lora.enabled and not hasattr(self.model, "disable_adapter"):
+            self.model = wrap_lora(self.model, cfg.model.lora)  # a model object given with a LoRA config
         self.model.to(self.device)
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
         _check_finite_weights(self.model, "the model to train")
@@ -228,6 +279,65 @@ class GRPOTrainer:
         self._resume()
 
     # ------------------------------------------------------------------ setup helpers
+    @staticmethod
+    def _from_trl(
+        model,
+        args,
+        train_dataset,
+        eval_dataset,
+        processing_class,
+        peft_config,
+        train_rows,
+        eval_rows,
+        tokenizer,
+    ):
+        """Returns (config, train rows, eval rows, model, tokenizer) for TRL's form of the constructor."""
+        if model is None:
+            raise ConfigError(
+                "GRPOTrainer needs a model: model='Qwen/Qwen2.5-0.5B-Instruct', a local folder, or a model object"
+            )
+        args = args if args is not None else GRPOConfig()
+        if not isinstance(args, GRPOConfig):
+            raise ConfigError(
+                f"args must be a cohort.GRPOConfig (TRL's field names), got {type(args).__name__}"
+            )
+        name = str(model) if isinstance(model, (str, os.PathLike)) else model_name(model)
+        limit = None
+        if args.max_steps and args.max_steps > 0:
+            limit = args.max_steps * max(
+                1, args.per_device_train_batch_size * args.gradient_accumulation_steps
+            )
+        train = dataset_rows(train_dataset, limit=limit) if train_rows is None else train_rows
+        if train is None:
+            raise ConfigError(
+                "GRPOTrainer needs train_dataset= (a datasets.Dataset, an IterableDataset or a list of dicts)"
+            )
+        held = dataset_rows(eval_dataset, what="eval_dataset") if eval_rows is None else eval_rows
+        sized = hasattr(train_dataset, "__len__") or train_dataset is None or isinstance(train_dataset, list)
+        config = args.to_train_config(name, len(train) if sized else None)
+        for key, value in peft_to_lora(peft_config).items():
+            section, _, leaf = key.rpartition(".")
+            obj = config
+            for part in section.split("."):
+                obj = getattr(obj, part)
+            setattr(obj, leaf, value)
+        config.eval_at_ends = bool(held)
+        if processing_class is not None:
+            tokenizer = processing_class
+        if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
+            if not name:
+                raise ConfigError(
+                    "a model object without a name_or_path needs processing_class=<its tokenizer>"
+                )
+            tokenizer = load_tokenizer(name)
+        if tokenizer is not None and tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return config, train, held or [], model, tokenizer
+
+    def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
+        """Returns the folder the model and tokenizer were saved to (TRL's name for save_final; default out_dir)."""
+        return self.save_final(Path(output_dir) if output_dir is not None else self.run_dir)
+
     def _encode(self, prompts: list[Any]) -> list[list[int]]:
         return encode_prompts(self.tokenizer, prompts, chat_template=self.cfg.data.chat_template)
 
@@ -675,6 +785,9 @@ class GRPOTrainer:
                             self._rewind(snap)  # interrupted while preparing: back to the step's start
                         raise
                     with signals.committing():
+                        self.state.global_step = self.step_idx
+                        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
+                        self.state.log_history.append(result.metrics)
                         if logger:
                             logger.log(result.metrics)
                             logger.log_samples(self.step_idx, result.samples)

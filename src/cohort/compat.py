@@ -1,0 +1,391 @@
+"""TRL's `GRPOConfig` / `GRPOTrainer(model=, reward_funcs=, args=, train_dataset=, ...)` mapped onto cohort.
+
+A TRL GRPO script runs on cohort with only its import changed: `GRPOConfig` takes TRL's field names,
+and `to_train_config` turns them into cohort's config tree in this one place (`TRL_FIELDS` is the
+mapping; docs/trl.md is generated from it). A TRL field cohort does not implement is accepted only at
+TRL's default value; any other value is an error naming the nearest cohort option, so nothing a user
+asks for is silently ignored. A name that is neither (a typo) gets "did you mean".
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cohort.config import TrainConfig, _valid_keys, load_config
+from cohort.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Field:
+    """One TRL field: its default in TRL 1.16, and the cohort key it sets (None: not implemented)."""
+
+    default: Any
+    cohort: str | None
+    note: str = ""
+    """For a mapped field: how the value is translated. For an unmapped one: the nearest cohort option."""
+
+
+TRL_FIELDS: dict[str, Field] = {
+    # where the run goes and how long it lasts
+    "output_dir": Field(None, "out_dir"),
+    "max_steps": Field(-1, "steps", "-1: computed from num_train_epochs and the dataset size"),
+    "num_train_epochs": Field(
+        3.0, "steps", "steps = ceil(epochs x rows / prompts per step) when max_steps is -1"
+    ),
+    "seed": Field(42, "seed"),
+    # batch shape
+    "per_device_train_batch_size": Field(
+        8, "rollout.batch_size", "completions per step = this x gradient_accumulation_steps x processes"
+    ),
+    "gradient_accumulation_steps": Field(
+        1,
+        "rollout.batch_size",
+        "multiplies the completions per step (cohort splits micro-batches by micro_batch_tokens)",
+    ),
+    "num_generations": Field(8, "rollout.group_size"),
+    # sampling
+    "max_completion_length": Field(512, "rollout.max_completion_length"),
+    "max_prompt_length": Field(
+        None, "data.max_prompt_length", "longer prompts are left out (counted), not truncated"
+    ),
+    "temperature": Field(1.0, "rollout.temperature"),
+    "top_p": Field(1.0, "rollout.top_p"),
+    "top_k": Field(0, "rollout.top_k", "None means 0 (off)"),
+    "chat_template_kwargs": Field(
+        None, None, "not implemented yet; the tokenizer's chat template is applied as is"
+    ),
+    # the objective
+    "loss_type": Field("dapo", "algo.loss_type"),
+    "beta": Field(0.0, "algo.beta"),
+    "epsilon": Field(0.2, "algo.eps_low"),
+    "epsilon_high": Field(None, "algo.eps_high"),
+    "delta": Field(None, "algo.delta"),
+    "num_iterations": Field(1, "algo.num_iterations"),
+    "scale_rewards": Field("group", "algo.scale", "True -> group, False -> none"),
+    "importance_sampling_level": Field("token", "algo.importance"),
+    "mask_truncated_completions": Field(False, "algo.mask_truncated"),
+    "reward_weights": Field(None, "reward_weights"),
+    "sync_ref_model": Field(
+        False, "algo.ref_update_every", "True: copy the policy into the reference every ref_model_sync_steps"
+    ),
+    "ref_model_sync_steps": Field(512, "algo.ref_update_every"),
+    "ref_model_mixup_alpha": Field(
+        0.6, None, "only a full copy (alpha 1.0) is implemented: algo.ref_update_every"
+    ),
+    # optimizer
+    "learning_rate": Field(1e-6, "optim.lr"),
+    "lr_scheduler_type": Field("linear", "optim.schedule", "constant, linear or cosine"),
+    "warmup_steps": Field(0, "optim.warmup_steps"),
+    "warmup_ratio": Field(0.0, "optim.warmup_steps", "warmup_steps = round(ratio x steps)"),
+    "weight_decay": Field(0.0, "optim.weight_decay"),
+    "adam_beta1": Field(0.9, "optim.adam_beta1"),
+    "adam_beta2": Field(0.999, "optim.adam_beta2"),
+    "adam_epsilon": Field(1e-8, "optim.adam_eps"),
+    "max_grad_norm": Field(1.0, "optim.max_grad_norm"),
+    # model and precision
+    "use_cpu": Field(False, "model.device", "True -> cpu"),
+    "bf16": Field(None, "model.bf16_autocast", "bfloat16 autocast of the forward passes (CUDA)"),
+    "model_init_kwargs": Field(
+        None, "model.dtype", "only dtype / torch_dtype, trust_remote_code and attn_implementation"
+    ),
+    "trust_remote_code": Field(False, "model.trust_remote_code"),
+    "disable_dropout": Field(
+        False, None, "cohort always runs the policy in eval mode: dropout is off whatever this says"
+    ),
+    "gradient_checkpointing": Field(
+        True, None, "not implemented: micro_batch_tokens bounds activation memory"
+    ),
+    # logging and saving
+    "logging_steps": Field(
+        10, None, "cohort logs every step to metrics.jsonl (num_samples_logged for completions)"
+    ),
+    "report_to": Field("none", "tensorboard", "'tensorboard' and 'wandb' turn those sinks on"),
+    "save_strategy": Field("steps", "save_every", "'no' -> save only at the end"),
+    "save_steps": Field(500, "save_every"),
+    "save_total_limit": Field(None, "keep_checkpoints"),
+    "eval_strategy": Field("no", "eval_every", "'steps' with eval_steps -> eval_every"),
+    "eval_steps": Field(None, "eval_every"),
+    "log_completions": Field(
+        False, "num_samples_logged", "cohort logs num_samples_logged completions per step"
+    ),
+    "num_completions_to_print": Field(None, "num_samples_logged"),
+    "shuffle_dataset": Field(True, None, "cohort always shuffles (per epoch, seeded)"),
+    # generation back ends and methods cohort does not have
+    "use_vllm": Field(False, None, "rollout.engine (builtin or hf); a vLLM engine is not written yet"),
+    "generation_batch_size": Field(
+        None, None, "rollout.batch_size (one generation batch per optimizer step)"
+    ),
+    "steps_per_generation": Field(None, None, "algo.num_minibatches (optimizer steps per generation batch)"),
+    "top_entropy_quantile": Field(1.0, None, "not implemented"),
+    "entropy_coef": Field(0.0, None, "not implemented"),
+    "use_liger_loss": Field(
+        False, None, "not implemented: cohort's chunked LM head (fast.chunked_head) bounds logits memory"
+    ),
+    "repetition_penalty": Field(1.0, None, "not implemented: rollout.temperature / top_p / top_k"),
+    "min_p": Field(None, None, "not implemented: rollout.top_p / top_k"),
+    "generation_kwargs": Field(None, None, "rollout.temperature / top_p / top_k / max_completion_length"),
+    "multi_objective_aggregation": Field(
+        "sum_then_normalize",
+        "algo.reward_mode",
+        "sum_then_normalize -> sum; normalize_then_sum -> decoupled (GDPO)",
+    ),
+    "fp16": Field(False, None, "model.dtype=float16 (no loss scaling)"),
+    "torch_compile": Field(False, None, "not implemented"),
+    "push_to_hub": Field(
+        False, None, "not implemented: trainer.save_model() writes a save_pretrained folder"
+    ),
+    "remove_unused_columns": Field(False, None, "cohort passes every dataset column to the reward functions"),
+    "do_train": Field(False, None, "trainer.train()"),
+    "overwrite_output_dir": Field(
+        False, None, "resume=auto continues a run; another out_dir starts a new one"
+    ),
+    "logging_dir": Field(None, None, "out_dir/tb with report_to='tensorboard'"),
+    "run_name": Field(None, None, "not implemented (W&B names the run)"),
+    "dataloader_num_workers": Field(0, None, "not implemented: prompts are tokenized once, before training"),
+}
+"""TRL 1.16's GRPOConfig fields that cohort knows: mapped (cohort key set) or not (the note names the nearest
+cohort option). Any other name is refused with the closest names."""
+
+
+class GRPOConfig:
+    """TRL's GRPOConfig, by field name: `GRPOConfig(output_dir=..., learning_rate=..., num_generations=...)`.
+
+    Fields read as attributes, with TRL's defaults for those not given. `cohort` takes cohort's own keys
+    on top (`{"fast.segments": "off"}` or `{"micro_batch_tokens": 4096}`)."""
+
+    def __init__(self, output_dir: str | None = None, *, cohort: dict[str, Any] | None = None, **fields: Any):
+        given = {"output_dir": output_dir, **fields} if output_dir is not None else dict(fields)
+        unknown = [k for k in given if k not in TRL_FIELDS]
+        if unknown:
+            raise ConfigError("; ".join(_unknown_message(k) for k in unknown))
+        for name, value in given.items():
+            spec = TRL_FIELDS[name]
+            if (
+                spec.cohort is None
+                and value != spec.default
+                and not (name == "gradient_checkpointing" and value is False)
+            ):
+                raise ConfigError(
+                    f"GRPOConfig({name}={value!r}) is not implemented by cohort; nearest: {spec.note}. "
+                    f"Leave it out (TRL's default is {spec.default!r})"
+                )
+        self._given = given
+        self.cohort = dict(cohort or {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "cohort":
+            raise AttributeError(name)
+        if name in self._given:
+            return self._given[name]
+        if name in TRL_FIELDS:
+            return TRL_FIELDS[name].default
+        raise AttributeError(f"GRPOConfig has no field {name!r}")
+
+    def __repr__(self) -> str:
+        return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
+
+    def given(self) -> dict[str, Any]:
+        """Returns the fields set explicitly, by TRL name."""
+        return dict(self._given)
+
+    def to_train_config(self, model: str, num_rows: int | None) -> TrainConfig:
+        """Returns cohort's TrainConfig for these fields, the model `model` and a dataset of `num_rows` rows."""
+        g = self._given
+        out: dict[str, Any] = {"model.name_or_path": model, "rewards": [], "progress": True}
+        out["out_dir"] = g.get("output_dir") or "trainer_output"
+        out["seed"] = g.get("seed", 42)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_device = g.get("per_device_train_batch_size", 8)
+        accumulation = g.get("gradient_accumulation_steps", 1)
+        out["rollout.batch_size"] = per_device * accumulation * world
+        out["rollout.group_size"] = g.get("num_generations", 8)
+        for name in ("max_completion_length", "temperature", "top_p"):
+            out[f"rollout.{name}"] = getattr(self, name)
+        out["rollout.top_k"] = self.top_k or 0
+        if g.get("max_prompt_length") is not None:
+            out["data.max_prompt_length"] = g["max_prompt_length"]
+        out["algo.loss_type"] = self.loss_type
+        out["algo.beta"] = self.beta
+        out["algo.eps_low"] = self.epsilon
+        out["algo.eps_high"] = self.epsilon_high
+        out["algo.delta"] = self.delta
+        out["algo.num_iterations"] = self.num_iterations
+        scale = self.scale_rewards
+        out["algo.scale"] = (
+            {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+        )
+        out["algo.importance"] = self.importance_sampling_level
+        out["algo.mask_truncated"] = self.mask_truncated_completions
+        aggregation = self.multi_objective_aggregation
+        modes = {"sum_then_normalize": "sum", "normalize_then_sum": "decoupled"}
+        if aggregation not in modes:
+            raise ConfigError(
+                f"GRPOConfig(multi_objective_aggregation={aggregation!r}): choose one of {list(modes)}"
+            )
+        out["algo.reward_mode"] = modes[aggregation]
+        if self.sync_ref_model:
+            out["algo.ref_update_every"] = self.ref_model_sync_steps
+        if self.reward_weights is not None:
+            out["reward_weights"] = list(self.reward_weights)
+        out["optim.lr"] = self.learning_rate
+        out["optim.schedule"] = self.lr_scheduler_type
+        out["optim.weight_decay"] = self.weight_decay
+        out["optim.adam_beta1"] = self.adam_beta1
+        out["optim.adam_beta2"] = self.adam_beta2
+        out["optim.adam_eps"] = self.adam_epsilon
+        out["optim.max_grad_norm"] = self.max_grad_norm
+        if self.use_cpu:
+            out["model.device"] = "cpu"
+        if self.bf16 is not None:
+            out["model.bf16_autocast"] = bool(self.bf16)
+        out["model.trust_remote_code"] = self.trust_remote_code
+        for key, value in (self.model_init_kwargs or {}).items():
+            target = {
+                "dtype": "model.dtype",
+                "torch_dtype": "model.dtype",
+                "trust_remote_code": "model.trust_remote_code",
+                "attn_implementation": "model.attn_implementation",
+            }.get(key)
+            if target is None:
+                raise ConfigError(
+                    f"GRPOConfig(model_init_kwargs={{{key!r}: ...}}) is not implemented by cohort; it takes dtype / "
+                    "torch_dtype, trust_remote_code and attn_implementation"
+                )
+            out[target] = str(value).replace("torch.", "")
+        report = self.report_to
+        sinks = {report} if isinstance(report, str) else set(report or [])
+        bad = sinks - {"none", "tensorboard", "wandb", "all"}
+        if bad:
+            raise ConfigError(
+                f"GRPOConfig(report_to={report!r}): cohort reports to tensorboard and wandb only"
+            )
+        out["tensorboard"] = bool(sinks & {"tensorboard", "all"})
+        out["wandb"] = bool(sinks & {"wandb", "all"})
+        out["save_every"] = (
+            0 if self.save_strategy == "no" else (self.save_steps if self.save_strategy == "steps" else 0)
+        )
+        if self.save_strategy not in ("no", "steps"):
+            raise ConfigError(
+                f"GRPOConfig(save_strategy={self.save_strategy!r}): cohort saves by steps ('steps') or at the end ('no')"
+            )
+        if self.save_total_limit is not None:
+            out["keep_checkpoints"] = max(1, int(self.save_total_limit))
+        if self.eval_strategy not in ("no", "steps"):
+            raise ConfigError(
+                f"GRPOConfig(eval_strategy={self.eval_strategy!r}): cohort evaluates by steps ('steps') or not ('no')"
+            )
+        out["eval_every"] = int(self.eval_steps or 0) if self.eval_strategy == "steps" else 0
+        if self.num_completions_to_print is not None:
+            out["num_samples_logged"] = self.num_completions_to_print
+        # How long: max_steps wins; else epochs over the dataset, as TRL counts them.
+        steps = self.max_steps
+        if steps is None or steps <= 0:
+            if num_rows is None:
+                raise ConfigError(
+                    "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
+                )
+            prompts_per_step = max(1, out["rollout.batch_size"] // max(1, out["rollout.group_size"]))
+            steps = max(1, math.ceil(self.num_train_epochs * num_rows / prompts_per_step))
+        out["steps"] = int(steps)
+        warmup = self.warmup_steps or (round(self.warmup_ratio * steps) if self.warmup_ratio else 0)
+        out["optim.warmup_steps"] = int(warmup)
+        out.update(self.cohort)
+        return load_config(None, out)
+
+
+def _unknown_message(name: str) -> str:
+    """Returns the error for a GRPOConfig field name that is neither TRL's nor known to cohort."""
+    close = difflib.get_close_matches(name, list(TRL_FIELDS), n=3, cutoff=0.6)
+    cohort_close = difflib.get_close_matches(
+        name, [k.split(".")[-1] for k in _valid_keys(TrainConfig)], n=1, cutoff=0.75
+    )
+    hint = (
+        f"did you mean {', '.join(repr(c) for c in close)}?"
+        if close
+        else "it is not a TRL GRPOConfig field cohort knows"
+    )
+    if cohort_close and not close:
+        hint += f" (cohort's own keys go in GRPOConfig(cohort={{...}}), e.g. {cohort_close[0]!r})"
+    return f"unknown GRPOConfig field {name!r}: {hint}"
+
+
+def dataset_rows(
+    dataset: Any, *, limit: int | None = None, what: str = "train_dataset"
+) -> list[dict[str, Any]] | None:
+    """Returns a dataset's rows as dicts: a list of dicts, a `datasets.Dataset`, or an iterable (IterableDataset,
+    read up to `limit` rows); None for None."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, list):
+        return dataset
+    to_list = getattr(dataset, "to_list", None)
+    if callable(to_list) and hasattr(dataset, "__len__"):
+        return list(to_list())
+    if isinstance(dataset, Iterable) and not isinstance(dataset, (str, bytes, dict)):
+        rows = []
+        for row in dataset:
+            rows.append(dict(row))
+            if limit is not None and len(rows) >= limit:
+                break
+        return rows
+    raise ConfigError(
+        f"{what} must be a list of dicts, a datasets.Dataset or an IterableDataset, got {type(dataset).__name__}"
+    )
+
+
+def peft_to_lora(peft_config: Any) -> dict[str, Any]:
+    """Returns cohort `model.lora.*` overrides for a peft.LoraConfig (its other settings must be peft's defaults)."""
+    if peft_config is None:
+        return {}
+    if type(peft_config).__name__ != "LoraConfig":
+        raise ConfigError(
+            f"peft_config={type(peft_config).__name__}: cohort trains LoRA adapters only; pass a peft.LoraConfig"
+        )
+    extras = {"bias": "none", "modules_to_save": None, "use_dora": False, "use_rslora": False}
+    for name, default in extras.items():
+        if getattr(peft_config, name, default) not in (default, None if default is None else default):
+            raise ConfigError(
+                f"peft_config.{name}={getattr(peft_config, name)!r} is not implemented by cohort's LoRA (leave it at {default!r})"
+            )
+    targets = peft_config.target_modules
+    if targets is None or isinstance(targets, str):
+        targets_list = None if targets is None else [targets]
+    else:
+        targets_list = sorted(targets)
+    out = {
+        "model.lora.enabled": True,
+        "model.lora.r": peft_config.r,
+        "model.lora.alpha": peft_config.lora_alpha,
+        "model.lora.dropout": peft_config.lora_dropout,
+    }
+    if targets_list:
+        out["model.lora.target_modules"] = targets_list
+    return out
+
+
+@dataclass
+class TrainerState:
+    """The part of transformers' TrainerState a TRL script reads: the step, the planned steps, the epoch and
+    every logged row (`log_history`, one dict per step, TRL's metric names)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def model_name(model: Any) -> str:
+    """Returns the name or path a model object was loaded from ('' when unknown)."""
+    return str(
+        getattr(model, "name_or_path", "")
+        or getattr(getattr(model, "config", None), "_name_or_path", "")
+        or ""
+    )
+
+
+RewardLike = str | Callable | Any
