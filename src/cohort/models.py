@@ -361,11 +361,11 @@ def load_model(
     # transformers wraps PreTrainedModel.to with functools.wraps, whose stub mypy misreads as unbound:
     model.to(device)  # type: ignore[arg-type]
     if lora is not None:
-        model = _wrap_lora(model, lora)
+        model = wrap_lora(model, lora)
     return model
 
 
-def _wrap_lora(model, lora: LoraConfig):
+def wrap_lora(model, lora: LoraConfig):
     """Returns ``model`` wrapped in a peft LoRA model whose only trainable weights are the adapters."""
     try:
         import peft
