@@ -198,3 +198,34 @@ def test_peft_config_trains_an_adapter(tiny_model_dir, tmp_path):
         "q_proj",
         "v_proj",
     ]
+
+
+def test_the_trl_page_holds_the_generated_mapping():
+    from pathlib import Path
+
+    from cohort.compat import mapping_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
+    start = page.index("<!-- generated: cohort.compat.mapping_table() -->\n") + len(
+        "<!-- generated: cohort.compat.mapping_table() -->\n"
+    )
+    assert page[start : page.index("<!-- end generated -->")] == mapping_table(), (
+        "regenerate docs/trl.md's table"
+    )
+
+
+def test_config_keys_are_discoverable(capsys):
+    from cohort.cli import main
+    from cohort.config import describe_keys, load_config
+
+    rows = describe_keys()
+    assert len(rows) > 60 and all(doc.strip() for _, _, doc in rows), [k for k, _, d in rows if not d.strip()]
+    assert main(["config", "fast.packed"]) == 0
+    assert "fast.packed_weights = 'auto'" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="'learning_rate' is TRL's name; cohort's is 'optim.lr'"):
+        load_config(None, ["learning_rate=1e-5"])
+    with pytest.raises(ConfigError, match="did you mean 'algo.beta'"):
+        load_config(None, ["algo.betta=0.1"])
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and "cohort 0.1.0" in capsys.readouterr().out

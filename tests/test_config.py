@@ -24,12 +24,14 @@ def test_yaml_then_overrides_win(tmp_path):
     assert cfg.validate().prompts_per_step == 4
 
 
-def test_unknown_key_lists_valid_keys():
+def test_unknown_key_suggests_the_closest_keys():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["algo.betta=0.1"])
-    assert "algo.betta" in str(e.value) and "algo.beta" in str(e.value)
-    with pytest.raises(ConfigError, match="valid keys"):
+    assert "algo.betta" in str(e.value) and "did you mean 'algo.beta'" in str(e.value)
+    with pytest.raises(ConfigError, match="did you mean 'steps'"):
         load_config(None, ["stepz=3"])
+    with pytest.raises(ConfigError, match="the keys in 'rollout' are: rollout.engine, .*`cohort config` lists all"):
+        load_config(None, ["rollout.qqq=3"])
 
 
 def test_type_errors_are_named():

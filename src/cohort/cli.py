@@ -152,6 +152,20 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from cohort.config import describe_keys
+
+    rows = [row for row in describe_keys() if row[0].startswith(args.prefix)]
+    if not rows:
+        print(
+            f"error: no config key starts with {args.prefix!r}; run `cohort config` for all", file=sys.stderr
+        )
+        return 2
+    for key, default, doc in rows:
+        print(f"{key} = {default!r}\n    {' '.join(doc.split())}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from cohort.report import write_report
 
@@ -204,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cohort", description="GRPO-family training for Hugging Face causal LMs."
     )
+    from cohort import __version__
+
+    parser.add_argument("--version", action="version", version=f"cohort {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -217,7 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or step lines")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("train", help="GRPO training from a YAML config plus key=value overrides")
+    p = sub.add_parser(
+        "train",
+        help="GRPO training from a YAML config plus key=value overrides",
+        epilog="Every key, its default and what it does: `cohort config` (or `cohort config algo.` for one section).",
+    )
     p.add_argument(
         "config", nargs="?", help="YAML config file (optional when every key is given as override)"
     )
@@ -258,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="rebuild RUN_DIR/report.html from its metrics")
     p.add_argument("run_dir")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("config", help="list every config key with its default and what it does")
+    p.add_argument("prefix", nargs="?", default="", help="only keys starting with this (e.g. algo or fast.)")
+    p.set_defaults(func=_cmd_config)
     return parser
 
 

@@ -389,3 +389,12 @@ def model_name(model: Any) -> str:
 
 
 RewardLike = str | Callable | Any
+
+
+def mapping_table() -> str:
+    """Returns the markdown table of TRL_FIELDS (docs/trl.md embeds it; a test keeps the two equal)."""
+    lines = ["| TRL `GRPOConfig` field | TRL default | cohort | how / nearest option |", "|---|---|---|---|"]
+    for name, spec in TRL_FIELDS.items():
+        target = f"`{spec.cohort}`" if spec.cohort else "not implemented (accepted at TRL's default only)"
+        lines.append(f"| `{name}` | `{spec.default!r}` | {target} | {spec.note} |")
+    return "\n".join(lines) + "\n"

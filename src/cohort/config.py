@@ -9,6 +9,7 @@ loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import types
@@ -576,8 +577,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
                     f"config key {key!r} moved to {MOVED_KEYS[key]!r} (the fast-path switchboard, "
                     f"auto | on | off for switches); rename it"
                 )
-            valid = _valid_keys(type(obj), prefix)
-            raise ConfigError(f"unknown config key {key!r}; valid keys are: {', '.join(valid)}")
+            raise ConfigError(_unknown_key_message(key, _valid_keys(type(obj), prefix)))
         tp = hints[k]
         if dataclasses.is_dataclass(tp):
             if not isinstance(v, dict):
@@ -587,6 +587,43 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             _apply(getattr(obj, k), v, key + ".")
         else:
             setattr(obj, k, _coerce(v, tp, key))
+
+
+def describe_keys(cls: type = TrainConfig, prefix: str = "", obj: Any = None) -> list[tuple[str, Any, str]]:
+    """Returns (dotted key, default, docstring) for every key of the config tree, in declaration order."""
+    obj = cls() if obj is None else obj
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            out += describe_keys(t, f"{prefix}{f.name}.", getattr(obj, f.name))
+        else:
+            out.append((prefix + f.name, getattr(obj, f.name), docs.get(f.name, "")))
+    return out
+
+
+def _unknown_key_message(key: str, valid: list[str]) -> str:
+    """Returns the error for an unknown key: the closest valid keys, or the cohort twin of a TRL field name."""
+    from cohort.compat import TRL_FIELDS  # compat builds on this module: imported only for this message
+
+    leaf = key.rsplit(".", 1)[-1]
+    trl = TRL_FIELDS.get(leaf)
+    if trl is not None and trl.cohort is not None and trl.cohort != leaf:
+        return f"unknown config key {key!r}: {leaf!r} is TRL's name; cohort's is {trl.cohort!r}"
+    if trl is not None and trl.cohort is None:
+        return f"unknown config key {key!r}: TRL's {leaf!r} is not implemented by cohort; nearest: {trl.note}"
+    everything = _valid_keys(TrainConfig)
+    leaves = {v.rsplit(".", 1)[-1]: v for v in valid}  # this section's keys, by their last part
+    close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=3, cutoff=0.6)]
+    close += [m for m in difflib.get_close_matches(key, everything, n=3, cutoff=0.85) if m not in close]
+    if close:
+        return f"unknown config key {key!r}; did you mean {', '.join(repr(c) for c in close[:3])}?"
+    section = f" in {key.rsplit('.', 1)[0]!r}" if "." in key else ""
+    return (
+        f"unknown config key {key!r}; the keys{section} are: {', '.join(valid)} (`cohort config` lists all)"
+    )
 
 
 def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
