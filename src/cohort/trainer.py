@@ -178,6 +178,8 @@ class GRPOTrainer:
                 "with a cohort TrainConfig pass train_rows= and set model.lora.* in the config"
             )
         assert isinstance(config, TrainConfig)
+        train_rows = dataset_rows(train_rows, limit=None)  # a datasets.Dataset works in cohort's form too
+        eval_rows = dataset_rows(eval_rows, what="eval_rows")
         if isinstance(model, (str, os.PathLike)):
             config.model.name_or_path, model = str(model), None
         self.reward_processing_classes = reward_processing_classes
