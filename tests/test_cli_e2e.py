@@ -81,7 +81,11 @@ def test_cli_errors_are_clear(tmp_path, tiny_model_dir):
     )
     assert proc.returncode == 2 and "group_size" in proc.stderr and "at least 2" in proc.stderr
     proc = _cohort("train", f"model.name_or_path={tiny_model_dir}", "data.task=addition", "algo.bogus=1")
-    assert proc.returncode == 2 and "valid keys" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "unknown config key 'algo.bogus'" in proc.stderr
+        and "algo.loss_type" in proc.stderr
+    )
     proc = _cohort("train", "model.name_or_path=x", "data.task=addition", "preset=nope")
     assert proc.returncode == 2 and "r1, dapo, dr_grpo" in proc.stderr
     proc = _cohort("report", tmp_path / "nothing-here")
@@ -147,3 +151,47 @@ def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert len(lines) == 8 and "completion" in json.loads(lines[0])
+
+
+def test_eval_sample_and_merge_take_a_lora_adapter_folder(tmp_path, monkeypatch, capsys):
+    """The LoRA round trip on the command line (in process): an adapter folder, whose base is recorded as a
+    relative path where it was trained, evaluates and samples from elsewhere, and merges into a plain folder."""
+    pytest.importorskip("peft")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cohort.cli import main
+    from cohort.config import LoraConfig
+    from cohort.models import build_tiny_model, load_model
+
+    monkeypatch.chdir(tmp_path)
+    build_tiny_model("base", hidden_size=32, num_layers=1, num_heads=4, seed=1)
+    model = load_model("base", lora=LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.05)
+    model.save_pretrained("run/final")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    adapter = str(tmp_path / "run" / "final")
+    common = ["--task", "addition", "--n", 4, "--max-completion-length", 4]
+    assert main(["eval", "--model", adapter, "--split", "test", *map(str, common)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 4 and 0 <= result["accuracy"] <= 1
+    out = tmp_path / "s.jsonl"
+    args = ["sample", "--model", adapter, *map(str, common), "--k", "2", "--reward", REWARD]
+    assert main([*args, "--threshold", "0.0", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 4
+
+    assert main(["merge", adapter, str(tmp_path / "merged")]) == 0
+    assert "saved the merged model" in capsys.readouterr().out
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    ids = torch.tensor([[5, 6, 76, 7, 8, 84]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(SystemExit, match="not a LoRA adapter folder"):
+        main(["merge", str(tmp_path / "merged"), str(tmp_path / "again")])
+    with pytest.raises(SystemExit, match="merge it into its base model first"):
+        main(["sft", "--model", adapter, "--task", "addition", "--out", str(tmp_path / "sft")])

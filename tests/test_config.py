@@ -30,7 +30,9 @@ def test_unknown_key_suggests_the_closest_keys():
     assert "algo.betta" in str(e.value) and "did you mean 'algo.beta'" in str(e.value)
     with pytest.raises(ConfigError, match="did you mean 'steps'"):
         load_config(None, ["stepz=3"])
-    with pytest.raises(ConfigError, match="the keys in 'rollout' are: rollout.engine, .*`cohort config` lists all"):
+    with pytest.raises(
+        ConfigError, match="the keys in 'rollout' are: rollout.engine, .*`cohort config` lists all"
+    ):
         load_config(None, ["rollout.qqq=3"])
 
 

@@ -14,12 +14,16 @@ from cohort.config import ConfigError, LoraConfig
 from cohort.models import (
     CHAR_VOCAB,
     TINY_SIZES,
+    adapter_base,
     build_tiny_model,
     build_tiny_tokenizer,
     count_parameters,
+    fix_adapter_base_path,
+    is_adapter_folder,
     load_model,
     load_tokenizer,
     resolve_dtype,
+    save_merged,
     stop_token_ids,
 )
 
@@ -86,6 +90,11 @@ def test_optional_bos_token(tmp_path):
     tok = load_tokenizer(d)
     assert tok.bos_token == "<|bos|>" and tok.bos_token_id == 2
     assert tok.decode([2, 5, 1], skip_special_tokens=True) == tok.decode([5])
+    # prepended when special tokens are added, like Llama's tokenizers, by every loader
+    plain = build_tiny_tokenizer(add_bos=True)("12", add_special_tokens=False)["input_ids"]
+    for loaded in (tok, AutoTokenizer.from_pretrained(d), PreTrainedTokenizerFast.from_pretrained(d)):
+        assert loaded("12")["input_ids"] == [2, *plain]
+        assert loaded("12", add_special_tokens=False)["input_ids"] == plain
 
 
 def test_chat_template(tok):
@@ -181,6 +190,60 @@ def test_unknown_local_path_error_suggests_demo(tmp_path):
         load_model(tmp_path / "weights.bin")
 
 
+@pytest.fixture
+def no_downloads(monkeypatch):
+    """Records the sources given to from_pretrained, which then fails as an unreachable Hub would; the Hub's
+    offline switch is off, so a check that relied on it would try the network."""
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    sources: list[str] = []
+
+    def from_pretrained(source, *args, **kwargs):
+        sources.append(str(source))
+        raise OSError(f"cannot reach the Hub for {source}")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", from_pretrained)
+    return sources
+
+
+def test_local_looking_missing_paths_fail_without_the_hub(tmp_path, monkeypatch, no_downloads):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    for bad in (
+        "runs/tiny-typo",
+        "./tiny-typo",
+        "../tiny-typo",
+        str(tmp_path / "tiny-typo"),
+        "~/cohort-no-such-model",
+    ):
+        for loader in (load_model, load_tokenizer):
+            with pytest.raises(ValueError, match="neither a local model folder nor"):
+                loader(bad)
+    with pytest.raises(ValueError, match=r"no such folder; 'runs' exists and holds \['tiny'\]"):
+        load_model("runs/tiny-typo")
+    assert no_downloads == []  # decided from the filesystem alone
+    # a Hub id whose organisation is no folder here still goes to the Hub
+    with pytest.raises(ValueError, match="cannot reach the Hub"):
+        load_model("Qwen/Qwen2.5-0.5B")
+    with pytest.raises(ValueError, match="cannot reach the Hub"):
+        load_tokenizer("Qwen/Qwen2.5-0.5B")
+    assert no_downloads == ["Qwen/Qwen2.5-0.5B"] * 2
+    (tmp_path / "Qwen").mkdir()  # ... unless a folder of that name is here: then it is a path, and says so
+    with pytest.raises(ValueError, match="run from another folder"):
+        load_model("Qwen/Qwen2.5-0.5B")
+    assert len(no_downloads) == 2
+
+
+def test_local_folders_load_by_absolute_path(tmp_path, monkeypatch, tiny_dir):
+    """What records the source (config._name_or_path, peft's base_model_name_or_path) resolves from elsewhere."""
+    monkeypatch.chdir(tiny_dir.parent)
+    model = load_model(tiny_dir.name)
+    assert model.name_or_path == str(tiny_dir.resolve())
+
+
 def test_unreachable_hub_name_error(monkeypatch):
     import huggingface_hub.constants
 
@@ -246,3 +309,86 @@ def test_bound_heap_fixes_glibc_threshold_or_says_it_cannot():
         import platform
 
         assert applied is (platform.libc_ver()[0] == "glibc")
+
+
+def _randomise_adapter(model, seed: int = 0) -> None:
+    """Gives every LoRA weight a random value (B starts at zero, which would make the adapter a no-op)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def test_lora_adapter_round_trip_and_merge(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    build_tiny_model("base", hidden_size=32, num_layers=2, num_heads=4, seed=3)  # a relative folder
+    tok = load_tokenizer("base")
+    model = load_model("base", lora=LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])).eval()
+    _randomise_adapter(model)
+    model.save_pretrained("adapter")
+    tok.save_pretrained("adapter-with-tokenizer")
+    model.save_pretrained("adapter-with-tokenizer")
+    assert is_adapter_folder("adapter") and not is_adapter_folder("base")
+    assert adapter_base("adapter") == str(work / "base")  # recorded absolute, not as "base"
+    ids = torch.tensor([tok("12+34=46")["input_ids"]])
+    with torch.no_grad():
+        expected = model(ids).logits
+        assert not torch.allclose(expected, load_model("base")(ids).logits)
+
+    monkeypatch.chdir(elsewhere)
+    for folder in (work / "adapter", work / "adapter-with-tokenizer"):
+        loaded = load_model(folder)
+        assert not any(p.requires_grad for p in loaded.parameters()) and not loaded.training
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, expected)
+        assert load_tokenizer(folder)("12+34=46")["input_ids"] == ids[0].tolist()
+    with pytest.raises(ValueError, match="cannot be added on top of it"):
+        load_model(work / "adapter", lora=LoraConfig(r=2, target_modules=["q_proj"]))
+
+    merged = save_merged(model, tok, tmp_path / "merged")
+    assert not (merged / "adapter_config.json").exists() and (merged / "config.json").is_file()
+    plain = AutoModelForCausalLM.from_pretrained(merged)  # plain transformers, no peft
+    assert type(plain).__name__ == "Qwen2ForCausalLM"
+    assert AutoTokenizer.from_pretrained(merged)("12+34=46")["input_ids"] == ids[0].tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, expected, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model(ids).logits, expected)  # the training model keeps its adapter
+    assert any(p.requires_grad for p in model.parameters())
+    plain_again = save_merged(plain, None, tmp_path / "plain")  # a model without an adapter saves as it is
+    assert (plain_again / "config.json").is_file() and not (plain_again / "tokenizer_config.json").exists()
+
+
+def test_fix_adapter_base_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "base").mkdir(parents=True)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    config = adapter / "adapter_config.json"
+    config.write_text(json.dumps({"base_model_name_or_path": "runs/base", "r": 4, "peft_type": "LORA"}))
+    assert fix_adapter_base_path(adapter) == str(tmp_path / "runs" / "base")
+    saved = json.loads(config.read_text())
+    assert saved == {"base_model_name_or_path": str(tmp_path / "runs" / "base"), "r": 4, "peft_type": "LORA"}
+    assert fix_adapter_base_path(adapter) == saved["base_model_name_or_path"]  # already absolute: unchanged
+    config.write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-0.5B"}))
+    assert fix_adapter_base_path(adapter) == "Qwen/Qwen2.5-0.5B"  # a Hub name stays
+    assert fix_adapter_base_path(tmp_path / "runs") is None  # no adapter there
+    config.write_text(json.dumps({"r": 4}))
+    with pytest.raises(ValueError, match="names no base model"):
+        fix_adapter_base_path(adapter)
+
+
+def test_adapter_with_a_base_that_does_not_resolve(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "./runs/base"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"neither a local model folder.*base_model_name_or_path.*fix_adapter_base_path"
+    ):
+        load_model(adapter)

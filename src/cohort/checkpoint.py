@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cohort.models import fix_adapter_base_path
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -77,6 +79,7 @@ def save_checkpoint(
     try:
         tmp.mkdir()
         model.save_pretrained(tmp, safe_serialization=True)
+        fix_adapter_base_path(tmp)  # an adapter records a base path that resolves from anywhere
         tokenizer.save_pretrained(tmp)
         state = {"step": step, "rng": rng_state(generator), "extra": extra or {}}
         if optimizer is not None:

@@ -1,4 +1,4 @@
-"""`cohort demo | train | sft | eval | sample | report`: the command-line entry points."""
+"""`cohort demo | train | sft | eval | sample | merge | report | config`: the command-line entry points."""
 
 from __future__ import annotations
 
@@ -35,8 +35,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
     """Return (tokenizer, model, rows) for the sft / eval / sample commands, checking data first."""
     from cohort.data import load_rows, make_task, sft_completion
-    from cohort.models import load_model, load_tokenizer
+    from cohort.models import is_adapter_folder, load_model, load_tokenizer
 
+    if need_completion and is_adapter_folder(args.model):
+        raise SystemExit(
+            f"error: {args.model} is a LoRA adapter folder; merge it into its base model first "
+            "(cohort merge ADAPTER OUT) and fine-tune the merged folder"
+        )
     if args.task:
         train, held = make_task(args.task, n_train=args.n, n_eval=args.n, seed=args.task_seed)
         rows = held if getattr(args, "split", "train") in ("test", "eval", "held-out") else train
@@ -166,6 +171,19 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from cohort.models import is_adapter_folder, load_model, load_tokenizer, save_merged
+
+    if not is_adapter_folder(args.adapter):
+        raise SystemExit(
+            f"error: {args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)"
+        )
+    tokenizer = load_tokenizer(args.adapter)
+    model = load_model(args.adapter, dtype=args.dtype)
+    print(f"saved the merged model to {save_merged(model, tokenizer, args.out)}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from cohort.report import write_report
 
@@ -197,7 +215,11 @@ def _finite_float(minimum: float, strict: bool):
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="local model folder or hub name")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="local model folder, LoRA adapter folder (adapter_config.json) or hub name",
+    )
     p.add_argument("--task", help="built-in task: addition or multistep")
     p.add_argument("--data", help="JSONL file or `datasets` name with a prompt column")
     p.add_argument(
@@ -268,13 +290,21 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--k", type=_positive_int, default=1 if name == "eval" else 4, help="samples per prompt"
         )
-        p.add_argument("--temperature", type=_finite_float(0.0, strict=False), default=1.0)
+        p.add_argument("--temperature", type=_finite_float(0.0, strict=True), default=1.0)
         p.add_argument("--max-completion-length", type=_positive_int, default=256)
         p.add_argument("--engine", default="builtin")
         if name == "sample":
             p.add_argument("--threshold", type=float, default=1.0)
             p.add_argument("--out", required=True, help="JSONL file to write")
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "merge", help="merge a LoRA adapter folder into its base model: a plain save_pretrained folder"
+    )
+    p.add_argument("adapter", help="adapter folder (a LoRA checkpoint or final folder of a run)")
+    p.add_argument("out", help="folder for the merged model and tokenizer")
+    p.add_argument("--dtype", default="auto", help="dtype of the merged weights (default: the base model's)")
+    p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("report", help="rebuild RUN_DIR/report.html from its metrics")
     p.add_argument("run_dir")

@@ -56,9 +56,7 @@ TRL_FIELDS: dict[str, Field] = {
     "temperature": Field(1.0, "rollout.temperature"),
     "top_p": Field(1.0, "rollout.top_p"),
     "top_k": Field(0, "rollout.top_k", "None means 0 (off)"),
-    "chat_template_kwargs": Field(
-        None, None, "not implemented yet; the tokenizer's chat template is applied as is"
-    ),
+    "chat_template_kwargs": Field(None, "data.chat_template_kwargs"),
     # the objective
     "loss_type": Field("dapo", "algo.loss_type"),
     "beta": Field(0.0, "algo.beta"),
@@ -207,6 +205,8 @@ class GRPOConfig:
         for name in ("max_completion_length", "temperature", "top_p"):
             out[f"rollout.{name}"] = getattr(self, name)
         out["rollout.top_k"] = self.top_k or 0
+        if self.chat_template_kwargs:
+            out["data.chat_template_kwargs"] = dict(self.chat_template_kwargs)
         if g.get("max_prompt_length") is not None:
             out["data.max_prompt_length"] = g["max_prompt_length"]
         out["algo.loss_type"] = self.loss_type

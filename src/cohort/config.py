@@ -112,6 +112,12 @@ class DataConfig:
     """Number of held-out problems a built-in task generates (or the cap on eval rows read)."""
     task_seed: int = 1234
     """Seed of the built-in task's problem generator (fixes the train / held-out split)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the tokenizer's apply_chat_template, e.g. {enable_thinking: false}."""
+    subset: str | None = None
+    """Subset (configuration) of a `datasets` hub dataset, e.g. main for openai/gsm8k."""
+    eval_subset: str | None = None
+    """Subset of eval_path (None: `subset` when eval_path is path)."""
     chat_template: bool | None = None
     """Apply the tokenizer's chat template: None = only for conversational prompts."""
     max_prompt_length: int | None = None

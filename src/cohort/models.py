@@ -16,6 +16,7 @@ space on the way through. In the byte-level alphabet both loaders, ``Qwen2Tokeni
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import string
@@ -29,17 +30,23 @@ if TYPE_CHECKING:
     from cohort.config import LoraConfig
 
 __all__ = [
+    "ADAPTER_CONFIG",
     "CHAR_VOCAB",
     "DTYPES",
     "TINY_CHAT_TEMPLATE",
     "TINY_SIZES",
+    "adapter_base",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "count_parameters",
+    "fix_adapter_base_path",
+    "is_adapter_folder",
     "load_model",
     "load_tokenizer",
     "resolve_dtype",
+    "save_merged",
     "stop_token_ids",
+    "wrap_lora",
 ]
 
 CHAR_VOCAB: str = "\n " + string.digits + string.ascii_letters + string.punctuation
@@ -103,7 +110,11 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def build_tiny_tokenizer(*, add_bos: bool = False):
-    """Returns the tiny character-level ``PreTrainedTokenizerFast`` (pad id 0, eos id 1, chat template set)."""
+    """Returns the tiny character-level ``PreTrainedTokenizerFast`` (pad id 0, eos id 1, chat template set).
+
+    ``add_bos=True`` adds a ``<|bos|>`` token (id 2) that the tokenizer prepends whenever it adds
+    special tokens, as Llama-family tokenizers do; the chat template does not write it.
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -124,6 +135,9 @@ def build_tiny_tokenizer(*, add_bos: bool = False):
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         bos_token=BOS_TOKEN if add_bos else None,
+        # like Llama's tokenizers: encoding with add_special_tokens=True prepends the BOS (a post-processor,
+        # saved in tokenizer.json, so every loader keeps it)
+        add_bos_token=add_bos,
         # WordPiece-style cleanup turns "a , b" into "a, b" on decode; 5.23 skips it for BPE, older 5.x don't
         clean_up_tokenization_spaces=False,
     )
@@ -236,18 +250,49 @@ def _not_found(name_or_path: str, reason: str) -> ValueError:
 
 
 def _looks_like_path(name: str) -> bool:
-    """Returns True when ``name`` can only be a filesystem path, never a Hub repo id ("org/name")."""
+    """Returns True when ``name`` can only be a filesystem path, never a Hub repo id ("org/name").
+
+    Besides names that no Hub id can have (``./x``, ``../x``, ``/x``, ``~/x``, two or more slashes),
+    an ``org/name`` whose ``org`` is a folder in the working directory counts as a path into that folder
+    (``runs/tiny-typo``). Only the local filesystem is consulted, never the network.
+    """
     return (
         name.startswith((".", "/", "~"))
         or "\\" in name
         or name.count("/") > 1
         or name.endswith("/")
         or (os.name == "nt" and len(name) > 1 and name[1] == ":")
+        or (name.count("/") == 1 and Path(name.split("/", 1)[0]).is_dir())
     )
 
 
+def _missing_reason(name: str) -> str:
+    """Returns why the local path ``name`` is not a folder: its deepest existing parent and what that holds."""
+    path = Path(name).expanduser()
+    parent = next((p for p in path.parents if p.is_dir()), None)
+    if parent is None or parent == Path("."):
+        return "no such folder"
+    try:
+        entries = sorted(p.name for p in parent.iterdir() if not p.name.startswith("."))
+    except OSError:
+        entries = []
+    shown = f"{entries[:10]}{' ...' if len(entries) > 10 else ''}"
+    reason = f"no such folder; {str(parent)!r} exists and holds {shown}"
+    if not name.startswith((".", "/", "~")) and name.count("/") == 1:
+        reason += (
+            f"; a name 'org/model' whose org is a folder here ({str(parent)!r}) is read as a local path, "
+            "so to download a Hub model of that name run from another folder"
+        )
+    return reason
+
+
 def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
-    """Returns the source as a string after rejecting local paths that cannot be a saved model."""
+    """Returns the source as a string (the absolute path of a local folder) after rejecting local paths
+    that cannot be a saved model.
+
+    A local folder is returned absolute so that what records it (``config._name_or_path``, and through
+    it the ``base_model_name_or_path`` of a LoRA adapter saved by peft) still resolves from elsewhere.
+    """
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name:
         raise ValueError(f"model name or path {name_or_path!r} must be a non-empty string or path")
@@ -263,28 +308,84 @@ def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
                 f"folder {name!r} exists but holds no {needed}; pass a folder written by save_pretrained "
                 f"(found: {sorted(p.name for p in path.iterdir())[:10]})"
             )
-        return str(path)
+        return os.path.abspath(path)
     if _looks_like_path(name):
-        raise _not_found(name, "no such folder")
+        raise _not_found(name, _missing_reason(name))
     return name
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that marks a folder as a peft adapter (written by ``PeftModel.save_pretrained``)."""
+
+
+def is_adapter_folder(name_or_path: str | os.PathLike) -> bool:
+    """Returns True when ``name_or_path`` is a local folder holding a peft adapter (an adapter_config.json)."""
+    try:
+        return (Path(os.fspath(name_or_path)).expanduser() / ADAPTER_CONFIG).is_file()
+    except (TypeError, ValueError, OSError):
+        return False
+
+
+def adapter_base(folder: str | os.PathLike) -> str:
+    """Returns the base model (Hub name or folder) of a LoRA adapter folder: its adapter_config.json's
+    ``base_model_name_or_path``."""
+    path = Path(os.fspath(folder)).expanduser() / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read the adapter config {str(path)!r}: {exc}") from exc
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        raise ValueError(
+            f"{str(path)!r} names no base model (base_model_name_or_path is {base!r}); set it to the folder "
+            "or Hub name of the model the adapter was trained on"
+        )
+    return base
+
+
+def fix_adapter_base_path(folder: str | os.PathLike) -> str | None:
+    """Returns the base model recorded in ``folder``'s adapter_config.json (None when the folder holds no
+    adapter), after rewriting a relative local folder there as an absolute path.
+
+    peft records the base as it was given to ``from_pretrained``; a relative path (``runs/base``) only
+    resolves from the working directory training ran in. It is resolved against the current working
+    directory, so call this right after ``save_pretrained``, from the folder the base was loaded in.
+    """
+    path = Path(os.fspath(folder)).expanduser() / ADAPTER_CONFIG
+    if not path.is_file():
+        return None
+    base = adapter_base(folder)
+    local = Path(base).expanduser()
+    if local.is_absolute() or not local.is_dir():
+        return base  # already absolute, or a Hub name
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = absolute = os.path.abspath(local)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return absolute
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
     """Returns the ``AutoTokenizer`` for a folder or Hub name, with a pad token (eos if none) and left padding.
 
-    Left padding because cohort only pads prompts, for batched generation.
+    Left padding because cohort only pads prompts, for batched generation. A LoRA adapter folder without
+    tokenizer files gives its base model's tokenizer.
     """
     from transformers import AutoTokenizer
 
-    source = _check_source(name_or_path, "tokenizer_config.json")
+    name = os.fspath(name_or_path)
+    if is_adapter_folder(name) and not (Path(name).expanduser() / "tokenizer_config.json").exists():
+        name = adapter_base(name)  # an adapter saved without tokenizer files: its base model's tokenizer
+    source = _check_source(name, "tokenizer_config.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as exc:
-        raise _not_found(source, str(exc).splitlines()[0]) from exc
+        raise _not_found(name, str(exc).splitlines()[0]) from exc
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise ValueError(
-                f"tokenizer of {source!r} has neither a pad nor an eos token; set one with "
+                f"tokenizer of {name!r} has neither a pad nor an eos token; set one with "
                 "tokenizer.add_special_tokens({'pad_token': ...}) and save it"
             )
         tokenizer.pad_token = tokenizer.eos_token
@@ -336,6 +437,10 @@ def load_model(
     ``enabled`` flag is the run config's switch, read by the trainer before it passes the section here).
     With it only the adapter weights require grad (peft freezes the base model); the base model stays
     reachable for a reference pass through ``model.disable_adapter()``.
+
+    A LoRA adapter folder (one with an adapter_config.json, as ``PeftModel.save_pretrained`` and cohort's
+    LoRA checkpoints write) loads its base model (``base_model_name_or_path``) with these settings, then
+    the adapter on top, frozen, for inference; use :func:`save_merged` to turn it into a plain model.
     """
     from transformers import AutoModelForCausalLM
 
@@ -348,6 +453,16 @@ def load_model(
         raise ValueError(
             f"device={device!r} is not a valid torch device; use 'cpu', 'cuda' or 'cuda:0'"
         ) from exc
+    if is_adapter_folder(name_or_path):
+        return _load_adapter(
+            os.fspath(name_or_path),
+            lora=lora,
+            dtype=torch_dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            **from_pretrained_kwargs,
+        )
     source = _check_source(name_or_path, "config.json")
     kwargs = dict(from_pretrained_kwargs)
     if attn_implementation is not None:
@@ -357,12 +472,66 @@ def load_model(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code, **kwargs
         )
     except OSError as exc:
-        raise _not_found(source, str(exc).splitlines()[0]) from exc
+        raise _not_found(os.fspath(name_or_path), str(exc).splitlines()[0]) from exc
     # transformers wraps PreTrainedModel.to with functools.wraps, whose stub mypy misreads as unbound:
     model.to(device)  # type: ignore[arg-type]
     if lora is not None:
         model = wrap_lora(model, lora)
     return model
+
+
+def _load_adapter(folder: str, *, lora: LoraConfig | None, device: torch.device, **base_kwargs: Any):
+    """Returns the peft model of a LoRA adapter folder on its base model, frozen, on ``device``."""
+    if lora is not None:
+        raise ValueError(
+            f"{folder!r} is a LoRA adapter folder (it holds {ADAPTER_CONFIG}), and a new LoRA adapter cannot be "
+            "added on top of it; to train further, merge it first (cohort.models.save_merged or `cohort merge`) "
+            "and train the merged folder, or drop the lora settings to load the adapter as it is"
+        )
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError(
+            f"{folder!r} is a LoRA adapter folder, and loading it needs the optional dependency peft, which is "
+            "not installed: pip install 'cohort[peft]'"
+        ) from exc
+    base = adapter_base(folder)
+    if is_adapter_folder(base):
+        raise ValueError(
+            f"the LoRA adapter {folder!r} names another adapter folder {base!r} as its base model; merge that "
+            "one first (cohort.models.save_merged) and point base_model_name_or_path at the merged folder"
+        )
+    hint = (
+        f" (the base model of the LoRA adapter {folder!r}, base_model_name_or_path in its {ADAPTER_CONFIG}: "
+        "a relative folder there is read from the working directory; make it absolute, e.g. with "
+        "cohort.models.fix_adapter_base_path run where training ran)"
+    )
+    try:
+        model = load_model(base, device=device, **base_kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{exc}{hint}") from exc
+    model = peft.PeftModel.from_pretrained(model, folder, is_trainable=False)
+    model.to(device)
+    return model.eval()
+
+
+def save_merged(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike) -> Path:
+    """Returns ``folder`` after saving there the model with its LoRA adapter merged into the base weights
+    (a plain ``save_pretrained`` folder that ``AutoModelForCausalLM`` loads without peft) and the tokenizer.
+
+    The merge (peft's ``merge_and_unload``) runs on a copy, so ``model`` keeps its adapter and can go on
+    training; the copy needs memory for a second model while it is saved. A model without an adapter is
+    saved as it is. ``tokenizer=None`` saves the model only.
+    """
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    to_save: Any = model
+    if callable(getattr(model, "merge_and_unload", None)):  # a peft model
+        to_save = copy.deepcopy(to_save).merge_and_unload()
+    to_save.save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
 
 
 def wrap_lora(model, lora: LoraConfig):

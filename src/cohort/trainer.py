@@ -40,10 +40,24 @@ from cohort.errors import ConfigError, TrainingError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
-from cohort.models import load_model, load_tokenizer, stop_token_ids, text_config, wrap_lora
+from cohort.models import (
+    fix_adapter_base_path,
+    load_model,
+    load_tokenizer,
+    stop_token_ids,
+    text_config,
+    wrap_lora,
+)
 from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, Progress, write_report
-from cohort.rewards import resolve_reward_funcs, reward_name, reward_weights, score
+from cohort.rewards import (
+    RewardLogs,
+    check_reward_columns,
+    resolve_reward_funcs,
+    reward_name,
+    reward_weights,
+    score,
+)
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine
 from cohort.rundir import RunLock, StopSignals, logged_steps, trim_logs
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
@@ -69,9 +83,14 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     """Return (train rows, held-out rows) for the config's built-in task or dataset."""
     d = cfg.data
     if d.path:
-        train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column)
+        train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column, subset=d.subset)
+        eval_subset = (
+            d.eval_subset if d.eval_subset is not None else (d.subset if d.eval_path == d.path else None)
+        )
         held = (
-            load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column) if d.eval_path else []
+            load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column, subset=eval_subset)
+            if d.eval_path
+            else []
         )
     else:
         assert d.task is not None  # validate() requires data.path or data.task
@@ -189,17 +208,24 @@ class GRPOTrainer:
         )
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
-            list(reward_funcs) if reward_funcs else cfg.rewards,
+            reward_funcs if reward_funcs else cfg.rewards,
             max_completion_length=cfg.rollout.max_completion_length,
+            reward_processing_classes=self.reward_processing_classes,
         )
+        for func in self.reward_funcs:  # reward models score on the policy's device
+            if callable(getattr(func, "to", None)):
+                func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
         self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
         if train_rows is None:
             train_rows, loaded_eval = load_prompt_rows(cfg)
             eval_rows = loaded_eval if eval_rows is None else eval_rows
         validate_rows(train_rows, cfg.data.prompt_column, where="the training data")
+        check_reward_columns(self.reward_funcs, [c for c in train_rows[0] if c != cfg.data.prompt_column])
         if eval_rows:
             validate_rows(eval_rows, cfg.data.prompt_column, where="the held-out data")
+            held_out = [c for c in eval_rows[0] if c != cfg.data.prompt_column]
+            check_reward_columns(self.reward_funcs[:1], held_out, where="the held-out data")  # evaluate()'s
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
         self.run_dir = Path(cfg.out_dir)
         self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
@@ -341,7 +367,13 @@ class GRPOTrainer:
         return self.save_final(Path(output_dir) if output_dir is not None else self.run_dir)
 
     def _encode(self, prompts: list[Any]) -> list[list[int]]:
-        return encode_prompts(self.tokenizer, prompts, chat_template=self.cfg.data.chat_template)
+        d = self.cfg.data
+        return encode_prompts(
+            self.tokenizer,
+            prompts,
+            chat_template=d.chat_template,
+            chat_template_kwargs=d.chat_template_kwargs or None,
+        )
 
     def _drop_long_prompts(self) -> None:
         limit = self.cfg.data.max_prompt_length
@@ -580,6 +612,7 @@ class GRPOTrainer:
             if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
                 self.ref_model.load_state_dict(self.model.state_dict())
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
+        metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
         metrics.update(
             {
                 "step_time": t_update - t0,
@@ -593,6 +626,7 @@ class GRPOTrainer:
                 "prompt": self._as_text(rows[i // G][cfg.data.prompt_column]),
                 "completion": self._as_text(completions[i]),
                 "reward": float(reward[i]),
+                **self.reward_logs.extras_at(i),  # columns from log_extra
             }
             for i in range(0, len(completions), max(1, len(completions) // max(1, cfg.num_samples_logged)))
         ][: cfg.num_samples_logged]
@@ -635,12 +669,18 @@ class GRPOTrainer:
     def _score(self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]) -> torch.Tensor:
         G, pc = rollout.group_size, self.cfg.data.prompt_column
         columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
+        # Reward functions get the live state, as in TRL, brought to the step being scored.
+        self.state.global_step = self.step_idx
+        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
+        self.reward_logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
         return score(
             self.reward_funcs,
             prompts=[r[pc] for r in rows for _ in range(G)],
             completions=completions,
             completion_ids=rollout.completion_ids,
             columns=columns,
+            trainer_state=self.state,
+            logs=self.reward_logs,
         )  # [N, R]
 
     def _metrics(self, rollout, per_func, reward, zero_std, stats: UpdateStats) -> dict[str, Any]:
@@ -726,6 +766,7 @@ class GRPOTrainer:
         out = Path(folder) if folder else self.run_dir / "final"
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
+        fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
         self.tokenizer.save_pretrained(out)
         return out
 

@@ -67,17 +67,18 @@ def test_accuracy_accepts_numbers_none_and_conversations():
         accuracy_reward(completions=completions, answer=["1", "2"])
 
 
-def test_accuracy_uses_math_verify_only_for_non_numeric_answers(monkeypatch):
+def test_accuracy_asks_math_verify_only_when_the_exact_match_fails(monkeypatch):
     calls = []
     fake = types.SimpleNamespace(
-        parse=lambda text: text,
-        verify=lambda gold, pred: calls.append((gold, pred)) or pred.endswith("(x+1)^2"),
+        LatexExtractionConfig=lambda **options: options,
+        parse=lambda text, **options: text,
+        verify=lambda gold, pred: calls.append((gold, pred)) or pred.endswith("(x+1)^2$"),
     )
     monkeypatch.setitem(sys.modules, "math_verify", fake)
-    assert accuracy_reward(completions=["= (x+1)^2"], answer=["x^2+2x+1"]) == [1.0]
-    assert calls == [("$x^2+2x+1$", "= (x+1)^2")]
+    assert accuracy_reward(completions=["so $(x+1)^2$"], answer=["x^2+2x+1"]) == [1.0]
+    assert calls == [("$x^2+2x+1$", "so $(x+1)^2$")]
     assert accuracy_reward(completions=["46"], answer=["46"]) == [1.0]
-    assert len(calls) == 1  # numeric answers never reach math_verify
+    assert len(calls) == 1  # an exact match needs no second opinion
 
 
 def test_extract_and_parse_helpers():

@@ -1,4 +1,4 @@
-"""resolve_reward_funcs: built-in names, factories, module and file specs, and their errors."""
+"""resolve_reward_funcs: built-in names, factories, module and file specs, one spec alone, and their errors."""
 
 from __future__ import annotations
 
@@ -37,8 +37,61 @@ def test_unknown_name_lists_builtins():
         resolve_reward_funcs(["acuracy"])
     with pytest.raises(ValueError, match="no reward functions given"):
         resolve_reward_funcs([])
-    with pytest.raises(TypeError, match="must be a string or a callable"):
+    with pytest.raises(TypeError, match="must be a string, a callable or a reward model, got int"):
         resolve_reward_funcs([3])
+
+
+def test_one_spec_alone_is_a_list_of_one():
+    def mine(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    assert resolve_reward_funcs(mine) == [mine]
+    assert resolve_reward_funcs("accuracy") == [accuracy_reward]  # not iterated letter by letter
+    assert resolve_reward_funcs("cohort.rewards.builtin:format_reward") == [format_reward]
+    (overlong,) = resolve_reward_funcs("overlong(max_length=10)")
+    assert overlong.max_length == 10
+
+
+def test_paths_and_hub_ids_are_told_apart_from_functions(tmp_path, monkeypatch):
+    """Strings that are not built-ins or module:function read as reward models only when they look like one."""
+    loaded = []
+
+    class FakeRewardModel:  # no download: records what would be loaded
+        def __init__(self, name, tokenizer=None):
+            if name.startswith("offline/"):
+                raise OSError("We couldn't connect to 'https://huggingface.co'")
+            loaded.append(name)
+
+    monkeypatch.setattr("cohort.rewards.registry.RewardModel", FakeRewardModel)
+    (model,) = resolve_reward_funcs("some-org/reward-model-7b")
+    assert isinstance(model, FakeRewardModel) and loaded == ["some-org/reward-model-7b"]
+    with pytest.raises(
+        ValueError, match=r"reads as a Hugging Face hub model id \(org/name\), which could not be loaded"
+    ):
+        resolve_reward_funcs("offline/model")
+    with pytest.raises(ValueError, match="is a folder without config.json"):
+        resolve_reward_funcs(str(tmp_path))
+    with pytest.raises(ValueError, match="looks like a path, but no such folder exists"):
+        resolve_reward_funcs(str(tmp_path / "missing" / "model"))
+    with pytest.raises(ValueError, match=r"name the function in the file, e.g. 'rewards.py:my_reward'"):
+        resolve_reward_funcs("rewards.py")
+    with pytest.raises(ValueError, match="unknown reward 'cohort.rewards.builtin'"):
+        resolve_reward_funcs("cohort.rewards.builtin")  # a module without ':function' is not a model
+
+
+def test_reward_processing_classes_align_with_the_specs():
+    with pytest.raises(ValueError, match="reward_processing_classes has 2 entries for 1 reward functions"):
+        resolve_reward_funcs(["accuracy"], reward_processing_classes=[None, None])
+    # entries of plain functions are ignored, as in TRL
+    assert resolve_reward_funcs(["accuracy"], reward_processing_classes=[object()]) == [accuracy_reward]
+
+
+def test_functions_that_cannot_take_keyword_arguments_are_refused_at_resolve_time():
+    def positional(completions, /):
+        return [0.0] * len(completions)
+
+    with pytest.raises(TypeError, match="'positional' takes 'completions' as a positional-only argument"):
+        resolve_reward_funcs(positional)
 
 
 def test_module_spec():

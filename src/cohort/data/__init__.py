@@ -1,6 +1,6 @@
-"""Datasets for cohort: built-in synthetic tasks, JSONL / `datasets` loading, prompt encoding."""
+"""Datasets for cohort: built-in synthetic tasks, JSONL / JSON / `datasets` loading, prompt encoding."""
 
-from cohort.data.loading import RESERVED_COLUMNS, DataError, load_jsonl, load_rows, validate_rows
+from cohort.data.loading import RESERVED_COLUMNS, DataError, load_json, load_jsonl, load_rows, validate_rows
 from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
 
@@ -15,6 +15,7 @@ __all__ = [
     "encode_prompts",
     "get_task",
     "is_conversational",
+    "load_json",
     "load_jsonl",
     "load_rows",
     "make_task",

@@ -1,4 +1,4 @@
-"""Load prompt datasets (JSONL files, `datasets` folders or Hub names) as lists of row dicts, and validate them.
+"""Load prompt datasets (JSONL / JSON files, `datasets` folders or Hub names) as lists of row dicts, and validate them.
 
 A row is ``{prompt_column: str | list[{"role", "content"}], other columns...}``. Every column other than
 the prompt reaches the reward functions as a keyword argument (TRL's convention), so all rows must
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESERVED_COLUMNS", "DataError", "load_jsonl", "load_rows", "validate_rows"]
+__all__ = ["RESERVED_COLUMNS", "DataError", "load_json", "load_jsonl", "load_rows", "validate_rows"]
 
 RESERVED_COLUMNS = frozenset({"prompts", "completions", "completion_ids"})
 """Column names that would clash with the arguments every reward function receives."""
@@ -46,6 +46,8 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
                     f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
                     "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that line"
                 ) from None
+            if lineno == 1:
+                line = line.lstrip("\ufeff")  # a byte-order mark some editors write
             if not line.strip():
                 continue
             try:
@@ -67,6 +69,73 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+def _utf8_text(path: Path, data: bytes) -> str:
+    """Returns ``data`` decoded as UTF-8, or raises a DataError naming the line of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(
+            f"{path}:{lineno}: not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); "
+            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix that line"
+        ) from None
+
+
+def _single_object(path: Path) -> dict[str, Any] | None:
+    """Returns the content of a file that is one (multi-line) JSON object, else None."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def load_json(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Returns the rows of a .json file: a JSON array of objects, or one JSON object per line (as JSONL).
+
+    The array is read with Python's json module rather than `datasets`, which would fill a column a row
+    lacks with None and hide the inconsistent rows that this check (the same as :func:`load_jsonl`'s) names.
+    """
+    path = Path(path)
+    if not path.is_file():
+        hint = "it is a folder; pass a .json file" if path.is_dir() else "check the path"
+        raise DataError(f"dataset file {str(path)!r} not found ({hint})")
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"["):
+        try:
+            return load_jsonl(path)  # JSON Lines under a .json name (what `datasets`' to_json writes)
+        except DataError:
+            whole = _single_object(path)
+            if whole is None:
+                raise
+            raise DataError(
+                f"{path} holds one JSON object (keys {sorted(whole)[:10]}), not rows; write the rows as a JSON "
+                "array of objects, [{...}, {...}], or as one JSON object per line"
+            ) from None
+    text = _utf8_text(path, path.read_bytes())
+    try:
+        rows = json.loads(text.lstrip("\ufeff"))
+    except json.JSONDecodeError as exc:
+        raise DataError(
+            f"{path}:{exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno}); the file must be one JSON "
+            "array of objects, [{...}, {...}], or hold one JSON object per line"
+        ) from exc
+    first_keys: list[str] | None = None
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(
+                f'{path}: row {i} of the array: expected a JSON object like {{"prompt": ...}}, '
+                f"got {type(row).__name__}: {str(row)[:80]}"
+            )
+        if first_keys is None:
+            first_keys = sorted(row)
+        elif sorted(row) != first_keys:
+            raise DataError(f"{path}: row {i} of the array: {_column_mismatch(row, first_keys)}")
+    return rows
+
+
 def _column_mismatch(row: dict[str, Any], expected: Sequence[str]) -> str:
     """Returns a sentence saying how a row's columns differ from the first row's."""
     missing = sorted(set(expected) - set(row))
@@ -78,12 +147,14 @@ def _column_mismatch(row: dict[str, Any], expected: Sequence[str]) -> str:
 
 
 def _looks_like_file(source: str) -> bool:
-    """Returns True when ``source`` names a local file or folder rather than a Hub dataset id."""
+    """Returns True when ``source`` names a local file or folder rather than a Hub dataset id: a file name,
+    a path no Hub id can be, or an ``org/name`` whose ``org`` is a folder here (``data/trian``)."""
     return (
         source.endswith((".jsonl", ".json", *_DATASETS_FILE_BUILDERS))
         or source.startswith((".", "/", "~"))
         or "\\" in source
         or source.count("/") > 1
+        or (source.count("/") == 1 and Path(source.split("/", 1)[0]).is_dir())
     )
 
 
@@ -99,12 +170,21 @@ def _import_datasets(source: str):
     return datasets
 
 
-def _from_datasets(source: str, split: str) -> list[dict[str, Any]]:
+def _from_datasets(source: str, split: str, subset: str | None = None) -> list[dict[str, Any]]:
     """Returns the rows of a `datasets` folder (save_to_disk or data files), data file or Hub dataset."""
     datasets = _import_datasets(source)
     path = Path(source).expanduser()
+    saved = path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists())
+    if subset is not None and (saved or path.is_file()):
+        raise DataError(
+            f"subset={subset!r} (data.subset) names a configuration of a Hub dataset or of a dataset folder "
+            f"with several configurations, but {source!r} is a "
+            f"{'folder written by save_to_disk' if saved else 'single data file'}, which has none; "
+            "drop the subset"
+        )
+    where = f"dataset {source!r} ({'' if subset is None else f'subset {subset!r}, '}split {split!r})"
     try:
-        if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        if saved:
             ds = datasets.load_from_disk(str(path))
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
@@ -115,34 +195,49 @@ def _from_datasets(source: str, split: str) -> list[dict[str, Any]]:
                 _DATASETS_FILE_BUILDERS[path.suffix], data_files=str(path), split="train"
             )
         else:
-            ds = datasets.load_dataset(str(path) if path.is_dir() else source, split=split)
+            ds = datasets.load_dataset(str(path) if path.is_dir() else source, name=subset, split=split)
     except DataError:
         raise
     except Exception as exc:  # datasets raises many types; add what we tried, keep the cause
         raise DataError(
-            f"could not load dataset {source!r} (split {split!r}) with `datasets`: {type(exc).__name__}: {exc}. "
-            "Pass a JSONL file, a folder written by Dataset.save_to_disk, or a Hub dataset name reachable "
-            "from this machine"
+            f"could not load {where} with `datasets`: {type(exc).__name__}: {exc}. "
+            "Pass a JSONL or JSON file, a folder written by Dataset.save_to_disk, or a Hub dataset name reachable "
+            "from this machine (with subset= / data.subset naming its configuration when it has several)"
         ) from exc
     return ds.to_list()
 
 
 def load_rows(
-    source: str | os.PathLike, *, split: str = "train", prompt_column: str = "prompt"
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    prompt_column: str = "prompt",
+    subset: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Returns the validated rows of a JSONL file, a `datasets` folder / file, or a Hub dataset name."""
+    """Returns the validated rows of a JSONL / JSON file, a `datasets` folder / file, or a Hub dataset name.
+
+    ``subset`` is the configuration of a dataset that has several (``load_rows("openai/gsm8k",
+    subset="main")``, passed to ``datasets.load_dataset`` as its ``name``); plain files have none.
+    """
     name = os.fspath(source)
+    if subset is not None and (not isinstance(subset, str) or not subset):
+        raise DataError(f"subset={subset!r} must be a non-empty configuration name (or None)")
     path = Path(name).expanduser()
     if path.is_file() and path.suffix not in _DATASETS_FILE_BUILDERS:
-        rows = load_jsonl(path)
+        if subset is not None:
+            raise DataError(
+                f"subset={subset!r} (data.subset) names a configuration of a Hub dataset or dataset folder, "
+                f"but {name!r} is a single file, which has none; drop the subset"
+            )
+        rows = load_json(path) if path.suffix == ".json" else load_jsonl(path)
     elif path.exists():
-        rows = _from_datasets(name, split)
+        rows = _from_datasets(name, split, subset)
     elif _looks_like_file(name):
         raise DataError(
-            f"dataset file {name!r} not found; pass an existing .jsonl file, a dataset folder or a Hub name"
+            f"dataset file {name!r} not found; pass an existing .jsonl or .json file, a dataset folder or a Hub name"
         )
     else:
-        rows = _from_datasets(name, split)
+        rows = _from_datasets(name, split, subset)
     return validate_rows(rows, prompt_column, where=repr(name))
 
 

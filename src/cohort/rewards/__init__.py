@@ -1,4 +1,5 @@
-"""Reward functions (TRL calling convention), built-ins, spec resolution and scoring into [N, R] tensors."""
+"""Reward functions (TRL calling convention), built-ins, reward models, spec resolution and scoring into [N, R]
+tensors."""
 
 from cohort.rewards.answers import answers_match, extract_answer, extract_boxed, last_number, parse_number
 from cohort.rewards.builtin import (
@@ -8,15 +9,34 @@ from cohort.rewards.builtin import (
     make_length_reward,
     make_overlong_reward,
 )
+from cohort.rewards.models import RewardModel
 from cohort.rewards.registry import BUILTIN_REWARDS, REWARD_FACTORIES, resolve_reward_funcs
-from cohort.rewards.scoring import RewardFunctionError, reward_name, reward_weights, score
+from cohort.rewards.scoring import (
+    EXTRA_ARGUMENTS,
+    REWARD_ARGUMENTS,
+    RewardFunctionError,
+    RewardLogs,
+    RewardSignature,
+    check_reward_columns,
+    reward_name,
+    reward_signature,
+    reward_weights,
+    run_awaitables,
+    score,
+)
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "EXTRA_ARGUMENTS",
+    "REWARD_ARGUMENTS",
     "REWARD_FACTORIES",
     "RewardFunctionError",
+    "RewardLogs",
+    "RewardModel",
+    "RewardSignature",
     "accuracy_reward",
     "answers_match",
+    "check_reward_columns",
     "completion_text",
     "extract_answer",
     "extract_boxed",
@@ -27,6 +47,8 @@ __all__ = [
     "parse_number",
     "resolve_reward_funcs",
     "reward_name",
+    "reward_signature",
     "reward_weights",
+    "run_awaitables",
     "score",
 ]

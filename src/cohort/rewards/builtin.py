@@ -41,22 +41,37 @@ def completion_text(completion: Any) -> str:
     )
 
 
-def accuracy_reward(completions: Sequence[Any], answer: Sequence[Any], **kwargs: Any) -> list[float | None]:
+def accuracy_reward(
+    completions: Sequence[Any],
+    answer: Sequence[Any] | None = None,
+    solution: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
     """Returns 1.0 where the completion's final answer (last ``\\boxed{}``, else last number) equals
-    the ``answer`` column, else 0.0; None where the row's answer is None.
+    the reference, else 0.0; None where the row's reference is None.
 
-    Numbers compare exactly (``46`` = ``46.0``, ``3/4`` = ``0.75``, ``1,000`` = ``1000``, ``-7``);
-    non-numeric answers use ``math_verify`` when installed, else string equality.
+    The reference is the ``answer`` column, or TRL's ``solution`` column when there is no ``answer``.
+    Numbers compare exactly (``46`` = ``46.0``, ``3/4`` = ``0.75``, ``1,000`` = ``1{,}000`` = ``1000``,
+    ``-7``), other answers as text; what that rejects goes through ``math_verify`` when installed.
     """
-    if len(answer) != len(completions):
+    column, gold_answers = ("answer", answer) if answer is not None else ("solution", solution)
+    if gold_answers is None:
         raise ValueError(
-            f"accuracy_reward: {len(completions)} completions but {len(answer)} answers; the `answer` "
+            "accuracy_reward needs the reference answers in an `answer` (or TRL's `solution`) dataset column; "
+            f"besides completions it received {sorted(kwargs)}"
+        )
+    if len(gold_answers) != len(completions):
+        raise ValueError(
+            f"accuracy_reward: {len(completions)} completions but {len(gold_answers)} answers; the `{column}` "
             "column must hold one entry per completion"
         )
     return [
         None if gold is None else float(answers_match(completion_text(c), str(gold)))
-        for c, gold in zip(completions, answer)
+        for c, gold in zip(completions, gold_answers)
     ]
+
+
+accuracy_reward.needs_one_of_columns = ("answer", "solution")  # type: ignore[attr-defined]
 
 
 _INNER = r"(?:(?!</?(?:think|answer)>).)*"  # any text without another think/answer tag

@@ -6,7 +6,12 @@ Spec forms:
   with literal arguments; a bare ``"overlong"`` / ``"length"`` uses ``max_completion_length``;
 - ``"my_pkg.rewards:func"``: a function imported from an installed module;
 - ``"path/to/file.py:func"``: a function loaded from a Python file;
-- any callable, used as is.
+- ``"path/to/reward_model"`` (a folder with ``config.json``) or ``"org/name"`` (a hub id: one slash, no
+  colon, not a built-in name), or a ``transformers.PreTrainedModel`` object: a reward model
+  (sequence classification, ``num_labels == 1``), wrapped in :class:`cohort.rewards.models.RewardModel`;
+- any other callable, used as is.
+
+One spec alone (a string, a path, a callable, a model) counts as a list of one.
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ import ast
 import hashlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cohort.rewards.builtin import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
+from cohort.rewards.models import RewardModel
+from cohort.rewards.scoring import reward_signature
 
 __all__ = ["BUILTIN_REWARDS", "REWARD_FACTORIES", "resolve_reward_funcs"]
 
@@ -35,6 +45,7 @@ REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
 """Built-in reward factories by spec name; spec ``"overlong(max_length=512)"`` calls the factory."""
 
 _CALL = re.compile(r"^\s*(\w+)\s*\((.*)\)\s*$", re.DOTALL)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def _known() -> str:
@@ -81,12 +92,29 @@ def _load_file(path_text: str, spec: str) -> Any:
     return module
 
 
-def _resolve_one(spec: str | Callable, max_completion_length: int | None) -> Callable:
-    """Returns the reward function for one spec."""
+def _model_folder(key: str) -> Path | None:
+    """Returns the folder `key` names when it is an existing directory (a reward model's), else None."""
+    try:
+        path = Path(key).expanduser()
+        return path if path.is_dir() else None
+    except OSError:
+        return None
+
+
+def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -> Callable:
+    """Returns the reward function for one spec (`tokenizer`: the reward model's, when it is one)."""
+    if isinstance(spec, RewardModel):
+        return spec
+    if isinstance(spec, torch.nn.Module):  # before callable(): a model is callable too
+        return RewardModel(spec, tokenizer)
     if callable(spec):
         return spec
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if not isinstance(spec, str):
-        raise TypeError(f"reward spec {spec!r} must be a string or a callable, got {type(spec).__name__}")
+        raise TypeError(
+            f"reward spec {spec!r} must be a string, a callable or a reward model, got {type(spec).__name__}"
+        )
     key = spec.strip()
     bare = key.removesuffix("_reward")
     if bare in BUILTIN_REWARDS:
@@ -101,11 +129,40 @@ def _resolve_one(spec: str | Callable, max_completion_length: int | None) -> Cal
                 "max_completion_length set"
             )
         return REWARD_FACTORIES[bare](max_length=max_completion_length)
-    if ":" not in key:
+    folder = _model_folder(key)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
+            raise ValueError(
+                f"reward {spec!r} is a folder without config.json; a reward model folder is one written by "
+                "save_pretrained (AutoModelForSequenceClassification with num_labels=1)"
+            )
+        return RewardModel(str(folder), tokenizer)
+    if ":" in key:
+        return _load_function(key, spec)
+    if _HUB_ID.fullmatch(key) and not key.endswith(".py"):
+        try:
+            return RewardModel(key, tokenizer)
+        except OSError as exc:
+            raise ValueError(
+                f"reward {spec!r} reads as a Hugging Face hub model id (org/name), which could not be loaded "
+                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); for a local "
+                "reward model give an existing folder; built-in rewards are: " + _known()
+            ) from exc
+    if key.endswith(".py"):
+        raise ValueError(f"reward {spec!r}: name the function in the file, e.g. '{key}:my_reward'")
+    if "/" in key or "\\" in key or key.startswith((".", "~")):
         raise ValueError(
-            f"unknown reward {spec!r}; built-in rewards are: {_known()}; or give 'package.module:function' "
-            "or 'path/to/file.py:function'"
+            f"reward {spec!r} looks like a path, but no such folder exists (resolved to "
+            f"{str(Path(key).expanduser().resolve())!r}); a reward model is a folder written by save_pretrained"
         )
+    raise ValueError(
+        f"unknown reward {spec!r}; built-in rewards are: {_known()}; or give 'package.module:function', "
+        "'path/to/file.py:function', a reward model folder or an 'org/name' hub id"
+    )
+
+
+def _load_function(key: str, spec: str) -> Callable:
+    """Returns the function a ``module:function`` or ``file.py:function`` spec names."""
     target, attr = key.rsplit(":", 1)
     if target.endswith(".py") or "/" in target or "\\" in target:
         module = _load_file(target, spec)
@@ -128,13 +185,38 @@ def _resolve_one(spec: str | Callable, max_completion_length: int | None) -> Cal
     return func
 
 
+def _tokenizers(given: Any, n: int) -> list[Any]:
+    """Returns one tokenizer (or None) per reward spec from ``reward_processing_classes``."""
+    if given is None:
+        return [None] * n
+    tokenizers = list(given) if isinstance(given, (list, tuple)) else [given]
+    if len(tokenizers) != n:
+        raise ValueError(
+            f"reward_processing_classes has {len(tokenizers)} entries for {n} reward functions; give one per "
+            "function (None where it is not a reward model, or where the model's own tokenizer should be loaded)"
+        )
+    return tokenizers
+
+
 def resolve_reward_funcs(
-    specs: Sequence[str | Callable] | str | Callable, *, max_completion_length: int | None = None
+    specs: Sequence[Any] | str | os.PathLike | Callable,
+    *,
+    max_completion_length: int | None = None,
+    reward_processing_classes: Sequence[Any] | Any = None,
 ) -> list[Callable]:
-    """Returns one reward function per spec (see the module docstring for the accepted forms)."""
-    if isinstance(specs, str) or callable(specs):
+    """Returns one reward function per spec (see the module docstring for the accepted forms).
+
+    `reward_processing_classes` (TRL's argument): one tokenizer, or a list aligned with `specs`, for the
+    reward models among them (None entries: the model's own tokenizer is loaded; entries of plain
+    functions are ignored). Each function's signature is read here, once.
+    """
+    if isinstance(specs, (str, os.PathLike)) or callable(specs):
         specs = [specs]
     specs = list(specs)
     if not specs:
         raise ValueError(f"no reward functions given; use at least one of: {_known()}")
-    return [_resolve_one(spec, max_completion_length) for spec in specs]
+    tokenizers = _tokenizers(reward_processing_classes, len(specs))
+    funcs = [_resolve_one(spec, max_completion_length, tok) for spec, tok in zip(specs, tokenizers)]
+    for func in funcs:
+        reward_signature(func)  # cached for score(); refuses functions that cannot take keyword arguments
+    return funcs

@@ -1,0 +1,166 @@
+"""Reward models: a sequence-classification model with one output, called like a reward function.
+
+``RewardModel("path/or/org-name")`` (or a loaded ``PreTrainedModel``) scores each prompt + completion
+with the model's single logit. Texts are built as TRL builds them: plain prompts are concatenated with
+their completion; conversational ones go through the reward tokenizer's chat template (prompt messages,
+then the assistant's completion). transformers is imported only when a reward model is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import PurePath
+from typing import Any
+
+import torch
+
+from cohort.rewards.builtin import completion_text
+
+__all__ = ["RewardModel"]
+
+
+def _first_line(exc: BaseException) -> str:
+    """Returns the first line of an exception's message (its type when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_num_labels(config: Any, name: str) -> None:
+    """Raises ValueError unless the model's classification head has exactly one output."""
+    num_labels = getattr(config, "num_labels", None)
+    if num_labels != 1:
+        raise ValueError(
+            f"reward model {name!r} has a head with num_labels={num_labels}; a reward model scores each text with "
+            "one number (num_labels=1). Use a model trained as a reward model (AutoModelForSequenceClassification "
+            "with num_labels=1), or wrap your classifier in a reward function that turns its logits into one float "
+            "per completion"
+        )
+
+
+class RewardModel:
+    """A reward function backed by a sequence-classification model with one output (TRL's reward models).
+
+    `model`: a local folder written by ``save_pretrained``, a hub id, or a loaded ``PreTrainedModel``
+    (``AutoModelForSequenceClassification`` with ``num_labels=1``). `tokenizer`: the model's own one
+    is loaded when None. Scores are computed in batches of `batch_size` texts without gradients, on
+    `device` (or wherever :meth:`to` moves the model); the reward is ``logits[:, 0]``.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        tokenizer: Any = None,
+        *,
+        batch_size: int = 32,
+        device: str | torch.device | None = None,
+        trust_remote_code: bool = False,
+        dtype: str | torch.dtype | None = None,
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"RewardModel: batch_size={batch_size!r} must be a positive integer")
+        from transformers import AutoConfig, AutoModelForSequenceClassification
+
+        if isinstance(model, (str, os.PathLike)):
+            source = os.fspath(model)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+            _check_num_labels(config, source)  # before the weights are read
+            options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+            if dtype is not None:
+                options["dtype"] = dtype
+            model = AutoModelForSequenceClassification.from_pretrained(source, config=config, **options)
+        elif not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+            raise TypeError(
+                f"RewardModel needs a folder, a hub id or a transformers model, got {type(model).__name__}"
+            )
+        else:
+            source = str(getattr(model.config, "_name_or_path", "") or "")
+        assert isinstance(model, torch.nn.Module)
+        self.name_or_path = source
+        # The name the reward is reported under: the model folder's or hub id's last part.
+        self.__name__ = PurePath(source.rstrip("/\\")).name or type(model).__name__
+        _check_num_labels(model.config, source or self.__name__)
+        if tokenizer is None:
+            if not source:
+                raise ValueError(
+                    f"reward model {self.__name__!r} was built in memory and has no name_or_path to load its "
+                    "tokenizer from; pass it (reward_processing_classes=[tokenizer], or RewardModel(model, tokenizer))"
+                )
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if tokenizer.pad_token_id is None:
+            if tokenizer.eos_token is None:
+                raise ValueError(
+                    f"the tokenizer of reward model {self.__name__!r} has neither a pad token nor an eos token, "
+                    "so texts of different lengths cannot be batched; set tokenizer.pad_token (adding a token "
+                    "means resizing the model's embeddings) and pass the tokenizer"
+                )
+            tokenizer.pad_token = tokenizer.eos_token
+        # The model reads its score at the last token that is not padding: it must know the pad id.
+        model_config: Any = model.config
+        model_config.pad_token_id = tokenizer.pad_token_id
+        text_config = getattr(model_config, "get_text_config", None)
+        if callable(text_config):
+            text_config().pad_token_id = tokenizer.pad_token_id
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        if device is not None:
+            self.to(device)
+
+    def __repr__(self) -> str:
+        return f"RewardModel({self.name_or_path or self.__name__!r}, batch_size={self.batch_size}, device={self.device})"
+
+    @property
+    def device(self) -> torch.device:
+        """Returns the device the model's weights are on."""
+        first = next(self.model.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> RewardModel:
+        """Returns self, after moving the model to `device`."""
+        self.model.to(device)
+        return self
+
+    def texts(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[str]:
+        """Returns the texts the model scores: prompt + completion, or the chat template over the messages."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+        out = []
+        for prompt, completion in zip(prompts, completions):
+            if isinstance(prompt, str):
+                out.append(prompt + completion_text(completion))
+                continue
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError(
+                    f"the tokenizer of reward model {self.__name__!r} has no chat template, which conversational "
+                    "prompts need; pass one that has (reward_processing_classes) or use plain-text prompts"
+                )
+            if isinstance(completion, str):
+                completion = [{"role": "assistant", "content": completion}]
+            out.append(self.tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False))
+        return out
+
+    def score_texts(self, texts: Sequence[str]) -> list[float]:
+        """Returns the model's score (logits[:, 0]) of each text, computed in batches without gradients."""
+        scores: list[float] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(
+                list(texts[start : start + self.batch_size]),
+                return_tensors="pt",
+                padding=True,
+                padding_side="right",
+                add_special_tokens=False,
+            )
+            device = self.device
+            with torch.inference_mode():
+                logits = self.model(
+                    input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
+                ).logits
+            scores += logits[:, 0].float().cpu().tolist()
+        return scores
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+        """Returns one score per completion (the reward function convention; other arguments are ignored)."""
+        return self.score_texts(self.texts(prompts, completions))
