@@ -68,7 +68,9 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
     done = _run(tiny_model_dir, ref_dir)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    rng = random.Random(int(os.environ.get("COHORT_KILL_SEED", "1234")))  # another seed explores other kill points
+    rng = random.Random(
+        int(os.environ.get("COHORT_KILL_SEED", "1234"))
+    )  # another seed explores other kill points
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     kills = []
     for attempt in range(12):

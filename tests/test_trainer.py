@@ -216,3 +216,21 @@ def test_every_fast_path_trains_like_the_plain_paths(tiny_model_dir, tmp_path):
         assert plain[key] == fast[key], key
     for key in ("loss", "grad_norm", "entropy"):
         assert math.isclose(plain[key], fast[key], rel_tol=1e-4, abs_tol=1e-6), key
+
+
+def test_a_saved_lora_adapter_continues_training(tiny_model_dir, tmp_path):
+    """LoRA round trip: a run's final adapter folder is a model cohort trains further (as LoRA, the base frozen,
+    the reference the base with the adapter off)."""
+    pytest.importorskip("peft")
+    first = GRPOTrainer(
+        _cfg(tiny_model_dir, tmp_path / "a", steps=1, **{"model.lora.enabled": True, "model.lora.r": 4})
+    )
+    first.train()
+    adapter = first.save_final()
+    assert (adapter / "adapter_config.json").is_file()
+    t = GRPOTrainer(_cfg(adapter, tmp_path / "b", steps=2, **{"algo.beta": 0.05, "optim.lr": 5e-2}))
+    trainable = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable) and t.ref_model is None
+    t.train()
+    after = dict(t.model.named_parameters())
+    assert any(not torch.equal(after[n], v) for n, v in trainable.items())

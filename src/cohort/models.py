@@ -429,6 +429,7 @@ def load_model(
     trust_remote_code: bool = False,
     lora: LoraConfig | None = None,
     attn_implementation: str | None = "sdpa",
+    trainable_adapter: bool = False,
     **from_pretrained_kwargs: Any,
 ):
     """Returns the ``AutoModelForCausalLM`` for a folder or Hub name on ``device``, LoRA-wrapped if ``lora``.
@@ -440,7 +441,8 @@ def load_model(
 
     A LoRA adapter folder (one with an adapter_config.json, as ``PeftModel.save_pretrained`` and cohort's
     LoRA checkpoints write) loads its base model (``base_model_name_or_path``) with these settings, then
-    the adapter on top, frozen, for inference; use :func:`save_merged` to turn it into a plain model.
+    the adapter on top, frozen for inference (``trainable_adapter=True``: its adapter weights train, the
+    base stays frozen, as when it was trained); use :func:`save_merged` to turn it into a plain model.
     """
     from transformers import AutoModelForCausalLM
 
@@ -457,6 +459,7 @@ def load_model(
         return _load_adapter(
             os.fspath(name_or_path),
             lora=lora,
+            trainable=trainable_adapter,
             dtype=torch_dtype,
             device=device,
             trust_remote_code=trust_remote_code,
@@ -480,13 +483,16 @@ def load_model(
     return model
 
 
-def _load_adapter(folder: str, *, lora: LoraConfig | None, device: torch.device, **base_kwargs: Any):
-    """Returns the peft model of a LoRA adapter folder on its base model, frozen, on ``device``."""
+def _load_adapter(
+    folder: str, *, lora: LoraConfig | None, trainable: bool, device: torch.device, **base_kwargs: Any
+):
+    """Returns the peft model of a LoRA adapter folder on its base model on ``device``: frozen for inference,
+    or with its adapter weights trainable (`trainable`) to continue training it."""
     if lora is not None:
         raise ValueError(
             f"{folder!r} is a LoRA adapter folder (it holds {ADAPTER_CONFIG}), and a new LoRA adapter cannot be "
-            "added on top of it; to train further, merge it first (cohort.models.save_merged or `cohort merge`) "
-            "and train the merged folder, or drop the lora settings to load the adapter as it is"
+            "added on top of it; drop the lora settings (model.lora.enabled=false) to train this adapter further, "
+            "or merge it first (`cohort merge`) and put a new adapter on the merged folder"
         )
     try:
         import peft
@@ -510,7 +516,7 @@ def _load_adapter(folder: str, *, lora: LoraConfig | None, device: torch.device,
         model = load_model(base, device=device, **base_kwargs)
     except ValueError as exc:
         raise ValueError(f"{exc}{hint}") from exc
-    model = peft.PeftModel.from_pretrained(model, folder, is_trainable=False)
+    model = peft.PeftModel.from_pretrained(model, folder, is_trainable=trainable)
     model.to(device)
     return model.eval()
 

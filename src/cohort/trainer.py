@@ -251,6 +251,7 @@ class GRPOTrainer:
             trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=cfg.model.attn_implementation,
             lora=cfg.model.lora if cfg.model.lora.enabled else None,
+            trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
         )
         if model is not None and cfg.model.lora.enabled and not hasattr(self.model, "disable_adapter"):
             self.model = wrap_lora(self.model, cfg.model.lora)  # a model object given with a LoRA config
@@ -259,7 +260,8 @@ class GRPOTrainer:
         _check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
         self.ref_model = None
-        if cfg.algo.beta > 0 and not cfg.model.lora.enabled:
+        # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.
+        if cfg.algo.beta > 0 and not hasattr(self.model, "disable_adapter"):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
