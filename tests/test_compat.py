@@ -229,3 +229,38 @@ def test_config_keys_are_discoverable(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and "cohort 0.1.0" in capsys.readouterr().out
+
+
+def test_a_reward_model_by_path(tiny_model_dir, tmp_path):
+    """TRL's pattern reward_funcs="<reward model>": a sequence classifier with one logit, by path."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from cohort.models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    classifier = Qwen2ForSequenceClassification(config)
+    with torch.no_grad():
+        classifier.score.weight.normal_(0, 1.0)  # scores that differ between completions
+    classifier.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=str(tmp_path / "rm"),
+        args=_args(tmp_path),
+        train_dataset=_text_dataset(),
+    )
+    before = _params(trainer.model)
+    trainer.train()
+    assert _changed(before, trainer.model)
+    assert trainer.state.log_history[0]["rewards/rm/std"] > 0
