@@ -18,6 +18,7 @@ from typing import Any
 
 from cohort.config import TrainConfig, _valid_keys, load_config
 from cohort.errors import ConfigError
+from cohort.models import load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -398,3 +399,53 @@ def mapping_table() -> str:
         target = f"`{spec.cohort}`" if spec.cohort else "not implemented (accepted at TRL's default only)"
         lines.append(f"| `{name}` | `{spec.default!r}` | {target} | {spec.note} |")
     return "\n".join(lines) + "\n"
+
+
+def trl_arguments(
+    model,
+    args,
+    train_dataset,
+    eval_dataset,
+    processing_class,
+    peft_config,
+    train_rows,
+    eval_rows,
+    tokenizer,
+):
+    """Returns (config, train rows, eval rows, model, tokenizer) for GRPOTrainer's TRL form: model, args,
+    datasets, processing_class and peft_config mapped onto cohort's config in this one place."""
+    if model is None:
+        raise ConfigError(
+            "GRPOTrainer needs a model: model='Qwen/Qwen2.5-0.5B-Instruct', a local folder, or a model object"
+        )
+    args = args if args is not None else GRPOConfig()
+    if not isinstance(args, GRPOConfig):
+        raise ConfigError(f"args must be a cohort.GRPOConfig (TRL's field names), got {type(args).__name__}")
+    name = str(model) if isinstance(model, (str, os.PathLike)) else model_name(model)
+    limit = None
+    if args.max_steps and args.max_steps > 0:
+        limit = args.max_steps * max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps)
+    train = dataset_rows(train_dataset, limit=limit) if train_rows is None else train_rows
+    if train is None:
+        raise ConfigError(
+            "GRPOTrainer needs train_dataset= (a datasets.Dataset, an IterableDataset or a list of dicts)"
+        )
+    held = dataset_rows(eval_dataset, what="eval_dataset") if eval_rows is None else eval_rows
+    sized = hasattr(train_dataset, "__len__") or train_dataset is None or isinstance(train_dataset, list)
+    config = args.to_train_config(name, len(train) if sized else None)
+    for key, value in peft_to_lora(peft_config).items():
+        section, _, leaf = key.rpartition(".")
+        obj = config
+        for part in section.split("."):
+            obj = getattr(obj, part)
+        setattr(obj, leaf, value)
+    config.eval_at_ends = bool(held)
+    if processing_class is not None:
+        tokenizer = processing_class
+    if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
+        if not name:
+            raise ConfigError("a model object without a name_or_path needs processing_class=<its tokenizer>")
+        tokenizer = load_tokenizer(name)
+    if tokenizer is not None and tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return config, train, held or [], model, tokenizer

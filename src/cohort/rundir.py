@@ -6,6 +6,9 @@
 - `trim_logs`: on resume, every row logged after the checkpoint's step is removed from metrics.jsonl,
   samples.jsonl and evals.jsonl (the killed attempt's rows would otherwise appear twice), and a torn last
   line (a kill in the middle of a write) is dropped so it cannot swallow the next row.
+- `config_changes`: what differs between the config a checkpoint was trained with and the current one,
+  beyond the keys that may change between attempts (`RESUMABLE_CHANGES`).
+- `StopSignals`: SIGINT / SIGTERM handling that never leaves a half-finished step behind.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 LOG_FILES = ("metrics", "samples", "evals")
 """The JSONL logs of a run (RUN_DIR/<name>.jsonl), one object per line, each with a "step"."""
@@ -173,3 +177,58 @@ class StopSignals:
                 self._committing = False
 
         return block()
+
+
+RESUMABLE_CHANGES = (
+    "steps",
+    "resume",
+    "allow_config_change",
+    "progress",
+    "save_every",
+    "keep_checkpoints",
+    "eval_every",
+    "eval_at_ends",
+    "eval_limit",
+    "num_samples_logged",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "threads",
+    "out_dir",
+    "fast.",
+)
+"""Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
+how a run is watched, saved or sped up, not what it computes."""
+
+
+def config_changes(
+    saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
+    """Returns (dotted key, saved value, current value) for every key outside RESUMABLE_CHANGES that differs."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(saved) | set(current)):
+        name = prefix + key
+        if name in RESUMABLE_CHANGES or any(
+            p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES
+        ):
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append((name, a, b))
+    return out
+
+
+def logged_eval(run_dir: Path, step: int) -> bool:
+    """Returns whether RUN_DIR/evals.jsonl holds a row of `step`."""
+    path = run_dir / "evals.jsonl"
+    if not path.is_file():
+        return False
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            if json.loads(line).get("step") == step:
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False

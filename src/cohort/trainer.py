@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import random
 import time
@@ -33,7 +32,7 @@ from cohort.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from cohort.compat import GRPOConfig, TrainerState, dataset_rows, model_name, peft_to_lora
+from cohort.compat import TrainerState, dataset_rows, trl_arguments
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
 from cohort.errors import ConfigError, TrainingError
@@ -59,7 +58,7 @@ from cohort.rewards import (
     score,
 )
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine
-from cohort.rundir import RunLock, StopSignals, logged_steps, trim_logs
+from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
@@ -180,7 +179,7 @@ class GRPOTrainer:
                 "the config (optim.*) and logs through metrics.jsonl / tensorboard / wandb"
             )
         if config is None:
-            config, train_rows, eval_rows, model, tokenizer = self._from_trl(
+            config, train_rows, eval_rows, model, tokenizer = trl_arguments(
                 model,
                 args,
                 train_dataset,
@@ -309,61 +308,6 @@ class GRPOTrainer:
         self._resume()
 
     # ------------------------------------------------------------------ setup helpers
-    @staticmethod
-    def _from_trl(
-        model,
-        args,
-        train_dataset,
-        eval_dataset,
-        processing_class,
-        peft_config,
-        train_rows,
-        eval_rows,
-        tokenizer,
-    ):
-        """Returns (config, train rows, eval rows, model, tokenizer) for TRL's form of the constructor."""
-        if model is None:
-            raise ConfigError(
-                "GRPOTrainer needs a model: model='Qwen/Qwen2.5-0.5B-Instruct', a local folder, or a model object"
-            )
-        args = args if args is not None else GRPOConfig()
-        if not isinstance(args, GRPOConfig):
-            raise ConfigError(
-                f"args must be a cohort.GRPOConfig (TRL's field names), got {type(args).__name__}"
-            )
-        name = str(model) if isinstance(model, (str, os.PathLike)) else model_name(model)
-        limit = None
-        if args.max_steps and args.max_steps > 0:
-            limit = args.max_steps * max(
-                1, args.per_device_train_batch_size * args.gradient_accumulation_steps
-            )
-        train = dataset_rows(train_dataset, limit=limit) if train_rows is None else train_rows
-        if train is None:
-            raise ConfigError(
-                "GRPOTrainer needs train_dataset= (a datasets.Dataset, an IterableDataset or a list of dicts)"
-            )
-        held = dataset_rows(eval_dataset, what="eval_dataset") if eval_rows is None else eval_rows
-        sized = hasattr(train_dataset, "__len__") or train_dataset is None or isinstance(train_dataset, list)
-        config = args.to_train_config(name, len(train) if sized else None)
-        for key, value in peft_to_lora(peft_config).items():
-            section, _, leaf = key.rpartition(".")
-            obj = config
-            for part in section.split("."):
-                obj = getattr(obj, part)
-            setattr(obj, leaf, value)
-        config.eval_at_ends = bool(held)
-        if processing_class is not None:
-            tokenizer = processing_class
-        if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
-            if not name:
-                raise ConfigError(
-                    "a model object without a name_or_path needs processing_class=<its tokenizer>"
-                )
-            tokenizer = load_tokenizer(name)
-        if tokenizer is not None and tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return config, train, held or [], model, tokenizer
-
     def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
         """Returns the folder the model and tokenizer were saved to (TRL's name for save_final; default out_dir)."""
         return self.save_final(Path(output_dir) if output_dir is not None else self.run_dir)
@@ -862,7 +806,7 @@ class GRPOTrainer:
             elif main and self._saved_step == self.step_idx:
                 summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
             # A run resumed after its last step (killed before it could finish) may have logged this already.
-            finished_before = summary["start_step"] == self.step_idx and _logged_eval(
+            finished_before = summary["start_step"] == self.step_idx and logged_eval(
                 self.run_dir, self.step_idx
             )
             if not interrupted and cfg.eval_at_ends and self.eval_rows and not finished_before:
@@ -888,61 +832,6 @@ class GRPOTrainer:
             )
             raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
         return summary
-
-
-RESUMABLE_CHANGES = (
-    "steps",
-    "resume",
-    "allow_config_change",
-    "progress",
-    "save_every",
-    "keep_checkpoints",
-    "eval_every",
-    "eval_at_ends",
-    "eval_limit",
-    "num_samples_logged",
-    "tensorboard",
-    "wandb",
-    "wandb_project",
-    "threads",
-    "out_dir",
-    "fast.",
-)
-"""Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
-how a run is watched, saved or sped up, not what it computes."""
-
-
-def config_changes(
-    saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
-) -> list[tuple[str, Any, Any]]:
-    """Returns (dotted key, saved value, current value) for every key outside RESUMABLE_CHANGES that differs."""
-    out: list[tuple[str, Any, Any]] = []
-    for key in sorted(set(saved) | set(current)):
-        name = prefix + key
-        if name in RESUMABLE_CHANGES or any(
-            p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES
-        ):
-            continue
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_changes(a, b, name + ".")
-        elif a != b:
-            out.append((name, a, b))
-    return out
-
-
-def _logged_eval(run_dir: Path, step: int) -> bool:
-    """Returns whether RUN_DIR/evals.jsonl holds a row of `step`."""
-    path = run_dir / "evals.jsonl"
-    if not path.is_file():
-        return False
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            if json.loads(line).get("step") == step:
-                return True
-        except (ValueError, AttributeError):
-            continue
-    return False
 
 
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
