@@ -24,7 +24,7 @@ import yaml
 
 from cohort.algo import COMBINE_MODES as REWARD_MODES
 from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
-from cohort.algo import LOSS_TYPES, SCALES
+from cohort.algo import KL_KINDS, LOSS_TYPES, SCALES
 from cohort.algo import STD_KINDS as STDS
 from cohort.choices import ENGINES
 from cohort.errors import ConfigError
@@ -180,6 +180,9 @@ class AlgoConfig:
     """Dynamic sampling (DAPO): drop groups whose rewards are all equal from the loss."""
     mask_truncated: bool = False
     """Leave completions cut at max_completion_length out of the loss (DAPO overlong filtering)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator of the beta term: k3 (DeepSeekMath's, unbiased, low variance), k2 (its gradient
+    is that of the reverse KL it estimates) or k1 (log-ratio; regularises only through the reward)."""
     ref_update_every: int = 0
     """Copy the policy into the reference every this many steps (0 never)."""
 
@@ -310,6 +313,7 @@ class TrainConfig:
         _check_choice("algo.scale", a.scale, SCALES)
         _check_choice("algo.std", a.std, STDS)
         _check_choice("algo.importance", a.importance, IMPORTANCE)
+        _check_choice("algo.kl_estimator", a.kl_estimator, KL_KINDS)
         _check_choice("algo.reward_mode", a.reward_mode, REWARD_MODES)
         _check_choice("optim.schedule", o.schedule, SCHEDULES)
         _check_choice("model.dtype", str(self.model.dtype).lower(), tuple(DTYPES))

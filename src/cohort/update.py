@@ -292,6 +292,7 @@ class PolicyUpdater:
                         num_items=num_items,
                         num_sequences=num_seq,
                         importance=a.importance,
+                        kl_kind=a.kl_estimator,
                     )
                     loss.backward()
                     total_loss += float(loss.detach())

@@ -34,6 +34,7 @@ def test_contract_signatures():
         "num_items": None,
         "num_sequences": None,
         "importance": "token",
+        "kl_kind": "k3",
     }
     sig = inspect.signature(algo.group_advantages)
     assert {k: p.default for k, p in sig.parameters.items() if k in ("scale", "std", "eps")} == {

@@ -511,3 +511,19 @@ def test_metrics_are_float32_for_bfloat16_inputs():
     _, m = policy_loss(logp, old, torch.ones(3), torch.ones(3, 100, dtype=torch.bool), ref_logp=ref)
     assert all(v.dtype == torch.float32 for v in m.values())
     assert m["clip_ratio/high_mean"].item() == 1.0
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_the_kl_estimator_is_a_choice(kind):
+    # One token, logp = -1.0, ref = -1.5: r = ref - logp = -0.5.
+    # k1 = -r = 0.5; k2 = r^2 / 2 = 0.125; k3 = exp(r) - r - 1 = 0.60653 + 0.5 - 1 = 0.10653.
+    expected = {"k1": 0.5, "k2": 0.125, "k3": math.exp(-0.5) + 0.5 - 1}[kind]
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5]])
+    loss, metrics = policy_loss(
+        logp, None, torch.tensor([0.0]), torch.tensor([[True]]), beta=0.5, ref_logp=ref, kl_kind=kind
+    )
+    assert metrics["kl"].item() == pytest.approx(expected, rel=1e-6)
+    assert loss.item() == pytest.approx(0.5 * expected, rel=1e-6)  # zero advantage: only beta * KL remains
+    with pytest.raises(ValueError, match="kl_kind"):
+        policy_loss(logp, None, torch.tensor([0.0]), torch.tensor([[True]]), kl_kind="k4")

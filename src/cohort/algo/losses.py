@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ._checks import check_choice, check_nonneg, check_tensor
-from .kl import LOG_RATIO_CLAMP, kl_estimate
+from .kl import KL_KINDS, LOG_RATIO_CLAMP, kl_estimate
 
 IMPORTANCE_LEVELS = ("token", "sequence")
 
@@ -178,6 +178,7 @@ def policy_loss(
     num_items: Normaliser = None,
     num_sequences: Normaliser = None,
     importance: str = "token",
+    kl_kind: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Return (loss, metrics): the negated clipped-surrogate objective (scalar) and detached tensor metrics.
 
@@ -187,11 +188,12 @@ def policy_loss(
     completion tokens. Masked positions may hold anything (even inf/NaN): they get exactly zero gradient.
     loss_type "grpo" | "bnpo" | "dapo" | "dr_grpo" (see LOSS_AGGREGATIONS); eps_high None means eps_low;
     delta caps rho from above for the unclipped term (two-sided clipping), None = no cap; beta > 0 adds
-    beta * k3(logp, ref_logp) and needs ref_logp; importance "token" | "sequence" (GSPO).
+    beta * KL(logp, ref_logp) with the estimator kl_kind ("k1" | "k2" | "k3", see kl_estimate; k3 is
+    DeepSeekMath's) and needs ref_logp; importance "token" | "sequence" (GSPO).
     num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo) are the counts of the whole batch this
     micro-batch belongs to (None: its own); summing the micro-batch losses then equals the full-batch loss.
     Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, ratio/mean, and kl (masked
-    mean of k3) when ref_logp is given.
+    mean of the kl_kind estimate) when ref_logp is given.
     """
     check_tensor("logp", logp)
     check_tensor("advantages", advantages)
@@ -214,6 +216,7 @@ def policy_loss(
         )
     check_choice("loss_type", loss_type, LOSS_AGGREGATIONS)
     check_choice("importance", importance, IMPORTANCE_LEVELS)
+    check_choice("kl_kind", kl_kind, KL_KINDS)
     eps_low = check_nonneg("eps_low", eps_low)
     if eps_low >= 1:
         raise ValueError(f"eps_low must be in [0, 1) so that 1 - eps_low > 0, got {eps_low!r}.")
@@ -275,7 +278,7 @@ def policy_loss(
     kl = None
     if ref_logp is not None:
         ref = torch.where(mask, ref_logp.detach(), 0)  # [N, T]
-        kl = kl_estimate(logp, ref, "k3")  # [N, T]
+        kl = kl_estimate(logp, ref, kl_kind)  # [N, T]
         if beta > 0:
             objective = surrogate - beta * kl
     per_token = torch.where(mask, -objective, 0)  # [N, T]
