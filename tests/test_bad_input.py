@@ -112,6 +112,11 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"reward_weights": [float("nan")]}, "reward_weights"),
         ({"data.max_prompt_length": 0}, "data.max_prompt_length=0 must be >= 1"),
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
+        ({"algo.ref_update_every": 5}, "algo.ref_update_every=5 with algo.beta=0: there is no reference"),
+        (
+            {"algo.ref_update_every": 5, "algo.beta": 0.1, "model.lora.enabled": True},
+            "the LoRA reference is the base",
+        ),
     ],
 )
 def test_options_are_checked_before_the_model_loads(tmp_path, over, fragment):

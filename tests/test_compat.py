@@ -152,7 +152,10 @@ def test_epochs_define_the_steps_when_max_steps_is_unset(tiny_model_dir, tmp_pat
             "GRPOConfig(use_vllm=True) is not implemented by cohort; nearest: rollout.engine",
         ),
         ({"gradient_checkpointing_kwargs": {}}, "unknown GRPOConfig field 'gradient_checkpointing_kwargs'"),
-        ({"ref_model_mixup_alpha": 0.9}, "only a full copy"),
+        (
+            {"sync_ref_model": True, "beta": 0.1},
+            "cohort implements only the full copy: set ref_model_mixup_alpha=1.0",
+        ),
         ({"report_to": "mlflow"}, "tensorboard and wandb only"),
         ({"model_init_kwargs": {"device_map": "auto"}}, "model_init_kwargs={'device_map': ...}"),
     ],

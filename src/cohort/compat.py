@@ -74,7 +74,9 @@ TRL_FIELDS: dict[str, Field] = {
     ),
     "ref_model_sync_steps": Field(512, "algo.ref_update_every"),
     "ref_model_mixup_alpha": Field(
-        0.6, None, "only a full copy (alpha 1.0) is implemented: algo.ref_update_every"
+        0.6,
+        "algo.ref_update_every",
+        "with sync_ref_model only 1.0 (a full copy of the policy) is implemented",
     ),
     # optimizer
     "learning_rate": Field(1e-6, "optim.lr"),
@@ -230,6 +232,11 @@ class GRPOConfig:
             )
         out["algo.reward_mode"] = modes[aggregation]
         if self.sync_ref_model:
+            if self.ref_model_mixup_alpha != 1.0:
+                raise ConfigError(
+                    f"GRPOConfig(sync_ref_model=True) mixes the reference with ref_model_mixup_alpha="
+                    f"{self.ref_model_mixup_alpha}; cohort implements only the full copy: set ref_model_mixup_alpha=1.0"
+                )
             out["algo.ref_update_every"] = self.ref_model_sync_steps
         if self.reward_weights is not None:
             out["reward_weights"] = list(self.reward_weights)

@@ -381,6 +381,16 @@ class TrainConfig:
             raise ConfigError(
                 f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
             )
+        if a.ref_update_every and a.beta == 0:
+            raise ConfigError(
+                f"algo.ref_update_every={a.ref_update_every} with algo.beta=0: there is no reference to refresh; "
+                "set algo.beta > 0 or ref_update_every=0"
+            )
+        if a.ref_update_every and self.model.lora.enabled:
+            raise ConfigError(
+                "algo.ref_update_every with model.lora.enabled: the LoRA reference is the base with the adapter "
+                "off, which a copy of the policy cannot refresh (not implemented); set ref_update_every=0"
+            )
         checks = [
             ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
             ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
