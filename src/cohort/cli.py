@@ -1,4 +1,4 @@
-"""`cohort demo | train | sft | eval | sample | merge | report | config`: the command-line entry points."""
+"""`cohort demo | train | sft | eval | sample | generate | chat | merge | report | config`: the command-line entry points."""
 
 from __future__ import annotations
 
@@ -157,6 +157,83 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling_params(args: argparse.Namespace):
+    """Returns the SamplingParams of the generate / chat flags, after checking them (ValueError: exit code 2)."""
+    from cohort.rollout import SamplingParams
+
+    if not math.isfinite(args.temperature) or (args.temperature <= 0 and not args.greedy):
+        raise ValueError(
+            f"--temperature must be a finite number > 0, got {args.temperature:g}; "
+            "pass --greedy for argmax decoding"
+        )
+    if not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p:g}; 1 switches it off")
+    if args.top_k < 0:
+        raise ValueError(f"--top-k must be >= 0, got {args.top_k}; 0 switches it off")
+    return SamplingParams(
+        max_completion_length=args.max_new_tokens,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        greedy=args.greedy,
+    )
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from cohort.generation import CHAT_TEMPLATE_MODES, generate_rows, read_prompts
+    from cohort.models import load_model, load_tokenizer
+
+    if args.prompt and args.prompts:
+        raise ValueError("give either --prompt TEXT (repeatable) or --prompts FILE, not both")
+    if not args.prompt and not args.prompts:
+        raise ValueError(
+            "no prompt given; pass --prompt TEXT (repeatable) or --prompts FILE (.txt, .jsonl, .json)"
+        )
+    if args.prompt and not all(p.strip() for p in args.prompt):
+        raise ValueError("--prompt got an empty text; every prompt needs at least one character")
+    params = _sampling_params(args)
+    prompts = args.prompt or read_prompts(args.prompts, prompt_column=args.prompt_column)
+    tokenizer = load_tokenizer(args.model)
+    chat_template = CHAT_TEMPLATE_MODES[args.chat_template]
+    if chat_template and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"--chat-template on, but the tokenizer of {args.model} has no chat template; use off"
+        )
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    rows = generate_rows(
+        model, tokenizer, prompts, params, n=args.n, seed=args.seed, chat_template=chat_template
+    )
+    lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in rows]
+    if args.out is None:
+        sys.stdout.writelines(lines)
+        return 0
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    print(f"wrote {len(rows)} row(s), {args.n} completion(s) each, to {args.out}")
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from cohort.generation import ChatSession, chat_loop
+    from cohort.models import load_model, load_tokenizer
+
+    params = _sampling_params(args)
+    tokenizer = load_tokenizer(args.model)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"the tokenizer of {args.model} has no chat template, which `cohort chat` needs; "
+            f"use `cohort generate --model {args.model} --prompt TEXT` for plain-text prompts"
+        )
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    session = ChatSession(model, tokenizer, params, system=args.system, seed=args.seed)
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+    return chat_loop(session, write=lambda line: print(line, flush=True), show_prompt=args.show_prompt)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from cohort.config import describe_keys
 
@@ -235,6 +312,24 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _talk_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        help="local model folder, LoRA adapter folder (adapter_config.json) or hub name",
+    )
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256, help="most new tokens per reply")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument(
+        "--greedy", action="store_true", help="argmax decoding (temperature, top-p, top-k ignored)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the `cohort` command."""
     parser = argparse.ArgumentParser(
@@ -297,6 +392,32 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--threshold", type=float, default=1.0)
             p.add_argument("--out", required=True, help="JSONL file to write")
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "generate",
+        help="sample completions for prompts given on the command line or in a file; JSONL out",
+    )
+    _talk_args(p)
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for several)")
+    p.add_argument("--prompts", help="file of prompts: .txt (one per line) or .jsonl / .json (prompt column)")
+    p.add_argument("--prompt-column", default="prompt", help="prompt column of a .jsonl / .json file")
+    p.add_argument("--out", help="JSONL file to write (default: standard output)")
+    p.add_argument("--n", type=_positive_int, default=1, help="completions per prompt")
+    p.add_argument(
+        "--chat-template",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: chat messages through the template, plain text as is; on: plain text too; off: never",
+    )
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("chat", help="talk to a model in the terminal, through its chat template")
+    _talk_args(p)
+    p.add_argument("--system", help="system message at the start of the conversation")
+    p.add_argument(
+        "--show-prompt", action="store_true", help="print the templated prompt of each reply (debugging)"
+    )
+    p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser(
         "merge", help="merge a LoRA adapter folder into its base model: a plain save_pretrained folder"
