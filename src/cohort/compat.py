@@ -103,7 +103,10 @@ TRL_FIELDS: dict[str, Field] = {
     ),
     # logging and saving
     "logging_steps": Field(
-        10, None, "cohort logs every step to metrics.jsonl (num_samples_logged for completions)"
+        10,
+        "logging_steps",
+        "the interval of the plain progress lines printed when stdout is not a terminal (a float < 1: that "
+        "fraction of the steps); metrics.jsonl gets every step",
     ),
     "report_to": Field("none", "tensorboard", "'tensorboard' and 'wandb' turn those sinks on"),
     "save_strategy": Field("steps", "save_every", "'no' -> save only at the end"),
@@ -302,6 +305,8 @@ class GRPOConfig:
         out["steps"] = int(steps)
         warmup = self.warmup_steps or (round(self.warmup_ratio * steps) if self.warmup_ratio else 0)
         out["optim.warmup_steps"] = int(warmup)
+        every = self.logging_steps
+        out["logging_steps"] = max(1, round(every * steps)) if 0 < every < 1 else int(every)
         out.update(self.cohort)
         return load_config(None, out)
 

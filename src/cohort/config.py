@@ -260,7 +260,11 @@ class TrainConfig:
     wandb_project: str = "cohort"
     """W&B project name."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show progress: a live bar in a terminal, plain log lines (every logging_steps steps) when stdout is not
+    one (nohup, SLURM, CI), and a line per held-out evaluation; false prints none of them."""
+    logging_steps: int = 10
+    """When stdout is not a terminal, print a plain progress line (step, reward, KL, length, s/step, ETA) every
+    this many steps and at the last step; metrics.jsonl still gets every step."""
     threads: int | None = None
     """torch.set_num_threads (None leaves torch's default)."""
     fast: FastConfig = field(default_factory=FastConfig)
@@ -404,6 +408,7 @@ class TrainConfig:
             ("eval_every", self.eval_every, self.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
             ("eval_limit", self.eval_limit, self.eval_limit >= 1, ">= 1"),
             ("num_samples_logged", self.num_samples_logged, self.num_samples_logged >= 0, ">= 0"),
+            ("logging_steps", self.logging_steps, self.logging_steps >= 1, ">= 1"),
             (
                 "threads",
                 self.threads,

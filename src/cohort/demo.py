@@ -60,6 +60,14 @@ def run_demo(
     out_dir: str | Path = "runs/demo", *, steps: int | None = None, seed: int = 0, progress: bool = True
 ) -> dict[str, Any]:
     """Return the demo's summary after building, warm-starting, evaluating and GRPO-training a tiny model."""
+    from cohort.report import quiet_hf_progress
+
+    with quiet_hf_progress():  # no "Loading weights" / "Writing model shards" bars between the demo's lines
+        return _run_demo(out_dir, steps=steps, seed=seed, progress=progress)
+
+
+def _run_demo(out_dir: str | Path, *, steps: int | None, seed: int, progress: bool) -> dict[str, Any]:
+    """Return the demo's summary (run_demo without the progress-bar switch)."""
     from cohort.trainer import GRPOTrainer, seed_everything
 
     t0 = time.perf_counter()
@@ -130,7 +138,9 @@ def run_demo(
     say(f"[3/4] GRPO: {cfg.steps} steps × {cfg.prompts_per_step} prompts × G={cfg.rollout.group_size}")
     result = trainer.train()
     final = trainer.save_final(out / "final-model")
+    # The trainer's summary.json (steps, timing, final metrics), extended with the demo's own keys.
     summary = {
+        **result,
         "task": DEMO_TASK,
         "parameters": n_params,
         "accuracy_before": result.get("accuracy_before"),
@@ -144,8 +154,9 @@ def run_demo(
         "final_model": str(final),
         "threads": torch.get_num_threads(),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    from cohort.report import write_report
+    from cohort.report import write_report, write_summary
+
+    write_summary(out, summary)
 
     write_report(out, title="cohort demo")
     say(

@@ -1,18 +1,24 @@
-"""Seeing a run: metric sinks (JSONL, TensorBoard, W&B), the live progress bar, and ``report.html``.
+"""Seeing a run: metric sinks (JSONL, TensorBoard, W&B), progress (a live bar in a terminal, plain log lines
+otherwise), ``summary.json`` and ``report.html``.
 
 ``metrics.jsonl`` is the source of truth: one JSON object per optimizer step. ``report.html`` is rebuilt
-from it (and from ``samples.jsonl`` / ``evals.jsonl``) by :func:`write_report`, so ``cohort report RUN_DIR``
-works on a finished, interrupted or still-running run.
+from it (and from ``samples.jsonl`` / ``evals.jsonl`` / ``summary.json``) by :func:`write_report`, so
+``cohort report RUN_DIR`` works on a finished, interrupted or still-running run.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
 import html
 import io
 import json
 import math
+import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,7 @@ class MetricsLogger:
         }
         self._tb = None
         self._wandb = None
+        self._wandb_mod: Any = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -59,7 +66,13 @@ class MetricsLogger:
                 import wandb as wandb_mod
             except ImportError as e:
                 raise ImportError("wandb=true needs the wandb package: pip install 'cohort[wandb]'") from e
-            self._wandb = wandb_mod.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+            self._wandb_mod = wandb_mod
+            self._wandb = wandb_mod.init(
+                project=wandb_project,
+                name=self.run_dir.resolve().name,  # the run is called after its out_dir
+                dir=str(self.run_dir),
+                config=config or {},
+            )
 
     def log(self, metrics: dict[str, Any]) -> None:
         """Append one step's metrics (must contain "step") to every sink."""
@@ -74,9 +87,19 @@ class MetricsLogger:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
-        """Append sample completions of one step (prompt, completion, reward)."""
-        for s in samples:
-            self._write("samples", {"step": step, **{k: _clean(v) for k, v in s.items()}})
+        """Append sample completions of one step (prompt, completion, reward, log_extra columns) to every sink."""
+        rows = [{k: _clean(v) for k, v in s.items()} for s in samples]
+        for row in rows:
+            self._write("samples", {"step": step, **row})
+        if not rows:
+            return
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        if self._tb is not None:
+            self._tb.add_text("completions", samples_markdown(rows, columns), step)
+        if self._wandb is not None:
+            cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+            table = self._wandb_mod.Table(columns=columns, data=cells)
+            self._wandb.log({"completions": table}, step=step)
 
     def log_eval(self, step: int, results: dict[str, Any]) -> None:
         """Append held-out evaluation results at `step`."""
@@ -104,13 +127,71 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-class Progress:
-    """A live one-line progress bar: step, reward, KL, step time and ETA (rich, or silent when disabled)."""
+def samples_markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """Return one step's sample rows as a markdown table (TensorBoard's text dashboard renders it)."""
 
-    def __init__(self, total: int, *, start: int = 0, enabled: bool = True, description: str = "GRPO"):
+    def cell(v: Any) -> str:
+        text = _fmt(v) if not isinstance(v, str) else v
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> Any:
+    """Return a value a W&B table cell holds: numbers and strings as they are, anything else as text."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """Yields with transformers' progress bars ("Loading weights", "Writing model shards") switched off.
+
+    The switch is transformers' public one (it also covers huggingface_hub's bars); the state before is
+    restored on exit, so bars a user's own code shows afterwards are untouched.
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    was_on, hub_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            with warnings.catch_warnings():  # huggingface_hub warns when HF_HUB_DISABLE_PROGRESS_BARS pins it
+                warnings.simplefilter("ignore")
+                hf_logging.enable_progress_bar()
+            if hub_off:
+                disable_progress_bars()
+
+
+class Progress:
+    """Shows a run's progress: a live rich bar when stdout is a terminal, plain log lines when it is not
+    (one every `logging_steps` steps and at the last), and a line per held-out evaluation in both; nothing
+    when disabled."""
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        start: int = 0,
+        enabled: bool = True,
+        description: str = "GRPO",
+        logging_steps: int = 10,
+        interactive: bool | None = None,
+    ):
         self.enabled = enabled
+        self.total, self.start, self.logging_steps = total, start, max(1, logging_steps)
+        self.interactive = (
+            bool(getattr(sys.stdout, "isatty", lambda: False)()) if interactive is None else interactive
+        )
         self._bar = None
-        if not enabled:
+        self._last_step = start
+        self._t0 = self._t_line = time.perf_counter()
+        self._step_line = start  # the step of the last plain line
+        if not enabled or not self.interactive:
             return
         from rich.progress import (
             BarColumn,
@@ -135,15 +216,45 @@ class Progress:
         self._task = self._bar.add_task(description, total=total, completed=start, info="")
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
-        """Advance to `step` and show its headline metrics."""
-        if self._bar is None:
+        """Advance to `step` and show its headline metrics (a plain line every logging_steps steps)."""
+        if not self.enabled:
             return
-        parts = [f"reward {_fmt(metrics.get('reward'))}"]
+        self._last_step = step
+        if self._bar is not None:
+            parts = [f"reward {_fmt(metrics.get('reward'))}"]
+            if metrics.get("kl") is not None:
+                parts.append(f"kl {_fmt(metrics.get('kl'))}")
+            if metrics.get("step_time") is not None:
+                parts.append(f"{_fmt(metrics.get('step_time'))} s/step")
+            self._bar.update(self._task, completed=step, info=" | ".join(parts))
+            return
+        if step % self.logging_steps and step != self.total:
+            return
+        now = time.perf_counter()
+        # Wall-clock seconds per step over the steps since the last line (evaluations and saves included),
+        # and the ETA from the mean over every step of this attempt.
+        per_step = (now - self._t_line) / max(1, step - self._step_line)
+        eta = (self.total - step) * (now - self._t0) / max(1, step - self.start)
+        self._t_line, self._step_line = now, step
+        parts = [f"step {step}/{self.total}", f"reward {_fmt(metrics.get('reward'))}"]
         if metrics.get("kl") is not None:
             parts.append(f"kl {_fmt(metrics.get('kl'))}")
-        if metrics.get("step_time") is not None:
-            parts.append(f"{_fmt(metrics.get('step_time'))} s/step")
-        self._bar.update(self._task, completed=step, info=" | ".join(parts))
+        if metrics.get("completions/mean_length") is not None:
+            parts.append(f"length {_fmt(metrics.get('completions/mean_length'))}")
+        parts += [f"{per_step:.3g} s/step", f"ETA {_duration(eta)}"]
+        print(" | ".join(parts), flush=True)
+
+    def evaluated(self, step: int, results: dict[str, Any]) -> None:
+        """Print one line for a held-out evaluation at `step`: accuracy, and pass@k / maj@k when present."""
+        if not self.enabled or not results:
+            return
+        if step == self.start == self._last_step:  # an evaluation before the first step is not step time
+            self._t0 = self._t_line = time.perf_counter()
+        line = eval_line(step, results)
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, flush=True)
 
     def close(self) -> None:
         """Stop redrawing the bar."""
@@ -151,11 +262,54 @@ class Progress:
             self._bar.stop()
 
 
+def eval_line(step: int, results: dict[str, Any]) -> str:
+    """Return the one-line text of a held-out evaluation: step, accuracy, pass@k / maj@k, prompts."""
+    parts = [f"eval step {step}"]
+    for k, v in results.items():
+        if k == "accuracy" or k.startswith(("pass@", "maj@")):
+            v = _clean(v)
+            parts.append(f"{k} {100 * v:.1f}%" if isinstance(v, (int, float)) else f"{k} -")
+    if results.get("n") is not None:
+        parts.append(f"{int(results['n'])} prompts")
+    return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    """Return seconds as H:MM:SS."""
+    return str(datetime.timedelta(seconds=max(0, round(seconds))))
+
+
 def _fmt(v: Any) -> str:
     v = _clean(v)
     if v is None:
         return "-"
     return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _summary_text(v: Any) -> str:
+    """Return a summary.json value as report text (a dict of metrics as "name value" pairs)."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_summary_text(x)}" for k, x in v.items())
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
+    """Return the path of run_dir/summary.json after writing `summary` to it (JSON-safe, atomically)."""
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_json_safe(summary), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _json_safe(value: Any) -> Any:
+    """Return `value` with nested dicts / lists cleaned by _clean and anything else JSON cannot hold as text."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    value = _clean(value)
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -251,7 +405,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None, max_samples: 
     if summary:
         parts.append("<h2>Summary</h2><table>")
         for k, v in summary.items():
-            parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>")
+            parts.append(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_summary_text(v))}</td></tr>")
         parts.append("</table>")
     if data["evals"]:
         parts.append("<h2>Held-out evaluations</h2><table><tr>")

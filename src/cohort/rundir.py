@@ -194,6 +194,7 @@ RESUMABLE_CHANGES = (
     "wandb",
     "wandb_project",
     "threads",
+    "logging_steps",
     "out_dir",
     "fast.",
 )

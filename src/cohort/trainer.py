@@ -48,7 +48,7 @@ from cohort.models import (
     wrap_lora,
 )
 from cohort.optim import make_adamw, make_scheduler
-from cohort.report import MetricsLogger, Progress, write_report
+from cohort.report import MetricsLogger, Progress, quiet_hf_progress, read_jsonl, write_report, write_summary
 from cohort.rewards import (
     RewardLogs,
     check_reward_columns,
@@ -243,15 +243,16 @@ class GRPOTrainer:
         self.tokenizer = tokenizer or load_tokenizer(
             cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
         )
-        self.model = model or load_model(
-            cfg.model.name_or_path,
-            dtype=cfg.model.dtype,
-            device=str(self.device),
-            trust_remote_code=cfg.model.trust_remote_code,
-            attn_implementation=cfg.model.attn_implementation,
-            lora=cfg.model.lora if cfg.model.lora.enabled else None,
-            trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
-        )
+        with quiet_hf_progress():  # no "Loading weights" bar
+            self.model = model or load_model(
+                cfg.model.name_or_path,
+                dtype=cfg.model.dtype,
+                device=str(self.device),
+                trust_remote_code=cfg.model.trust_remote_code,
+                attn_implementation=cfg.model.attn_implementation,
+                lora=cfg.model.lora if cfg.model.lora.enabled else None,
+                trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
+            )
         if model is not None and cfg.model.lora.enabled and not hasattr(self.model, "disable_adapter"):
             self.model = wrap_lora(self.model, cfg.model.lora)  # a model object given with a LoRA config
         self.model.to(self.device)
@@ -428,7 +429,8 @@ class GRPOTrainer:
             return
         for ckpt, state in getattr(self, "_candidates", [self._checkpoint]):
             try:
-                load_model_weights(self.model, ckpt)
+                with quiet_hf_progress():
+                    load_model_weights(self.model, ckpt)
                 if self.ref_model is not None and (ckpt / "reference.pt").is_file():
                     self.ref_model.load_state_dict(
                         torch.load(ckpt / "reference.pt", map_location=self.device)
@@ -635,6 +637,10 @@ class GRPOTrainer:
         prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * G
         self.num_tokens += dist.all_sum_int(int(prompt_tokens + lengths.sum()))
         grouped = reward.view(-1, G)
+        # Completions that ended with EOS (TRL's convention: all three are 0 when none did).
+        terminated = lengths[~rollout.truncated.to(lengths.device)]
+        if terminated.numel() == 0:
+            terminated = torch.zeros(1)
         m: dict[str, Any] = {
             "step": self.step_idx,
             "reward": float(torch.nanmean(reward)),
@@ -649,6 +655,9 @@ class GRPOTrainer:
                 "completions/mean_length": float(lengths.mean()),
                 "completions/min_length": float(lengths.min()),
                 "completions/max_length": float(lengths.max()),
+                "completions/mean_terminated_length": float(terminated.mean()),
+                "completions/min_terminated_length": float(terminated.min()),
+                "completions/max_terminated_length": float(terminated.max()),
                 "completions/clipped_ratio": float(rollout.truncated.float().mean()),
                 "num_tokens": self.num_tokens,
                 "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
@@ -692,18 +701,19 @@ class GRPOTrainer:
         files = {}
         if self.ref_model is not None and self.cfg.algo.ref_update_every:
             files["reference.pt"] = self.ref_model.state_dict()
-        folder = save_checkpoint(
-            self.run_dir,
-            self.step_idx,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            extra=extra,
-            keep=self.cfg.keep_checkpoints,
-            files=files,
-        )
+        with quiet_hf_progress():  # no "Writing model shards" bar
+            folder = save_checkpoint(
+                self.run_dir,
+                self.step_idx,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                generator=self.generator,
+                extra=extra,
+                keep=self.cfg.keep_checkpoints,
+                files=files,
+            )
         self._saved_step = self.step_idx
         return folder
 
@@ -711,14 +721,19 @@ class GRPOTrainer:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
         out = Path(folder) if folder else self.run_dir / "final"
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
+        with quiet_hf_progress():
+            self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
         fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
         self.tokenizer.save_pretrained(out)
         return out
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
-        """Return a summary after running the configured number of steps (resuming if asked).
+        """Return the run's summary (also written to out_dir/summary.json) after running the configured steps.
+
+        The summary: start_step, steps, total_steps, seconds_train, seconds_per_step, interrupted, checkpoint,
+        accuracy_before / accuracy_after when evaluated, and final_metrics (the last step's headline metrics).
+        Resumes when the config asks.
 
         The run directory is locked for the run's duration. Ctrl-C or SIGTERM saves a checkpoint of a step
         boundary (the step being prepared is rewound, the one being committed completes) and raises
@@ -752,8 +767,11 @@ class GRPOTrainer:
                 wandb_project=cfg.wandb_project,
                 config=to_dict(cfg),
             )
-        progress = Progress(cfg.steps, start=self.step_idx, enabled=cfg.progress and main)
+        progress = Progress(
+            cfg.steps, start=self.step_idx, enabled=cfg.progress and main, logging_steps=cfg.logging_steps
+        )
         summary: dict[str, Any] = {"start_step": self.step_idx}
+        last_metrics: dict[str, Any] | None = None
         t_start = time.perf_counter()
         interrupted = False
         signals = StopSignals()
@@ -765,6 +783,7 @@ class GRPOTrainer:
                     summary["accuracy_before"] = before.get("accuracy")
                     if logger:
                         logger.log_eval(0, before)
+                    progress.evaluated(0, before)
                 while self.step_idx < cfg.steps:
                     snap = self._snapshot()
                     try:
@@ -781,6 +800,7 @@ class GRPOTrainer:
                             logger.log(result.metrics)
                             logger.log_samples(self.step_idx, result.samples)
                         progress.update(self.step_idx, result.metrics)
+                        last_metrics = result.metrics
                         if (
                             cfg.eval_every
                             and self.step_idx % cfg.eval_every == 0
@@ -789,6 +809,7 @@ class GRPOTrainer:
                             ev = self.evaluate()
                             if logger:
                                 logger.log_eval(self.step_idx, ev)
+                            progress.evaluated(self.step_idx, ev)
                         if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
                             self.save()
                     if signals.pending is not None:
@@ -814,13 +835,24 @@ class GRPOTrainer:
                 summary["accuracy_after"] = after.get("accuracy")
                 if logger:
                     logger.log_eval(self.step_idx, after)
+                progress.evaluated(self.step_idx, after)
+            seconds = time.perf_counter() - t_start
             summary.update(
                 {
                     "steps": self.step_idx,
-                    "seconds_train": time.perf_counter() - t_start,
+                    "total_steps": cfg.steps,
+                    "seconds_train": seconds,
                     "interrupted": interrupted,
                 }
             )
+            if self.step_idx > summary["start_step"]:
+                summary["seconds_per_step"] = seconds / (self.step_idx - summary["start_step"])
+            if main:
+                # This attempt's last step; a run resumed after its last step has the one metrics.jsonl holds.
+                last = last_metrics or next(iter(read_jsonl(self.run_dir / "metrics.jsonl")[-1:]), None)
+                if last is not None:
+                    summary["final_metrics"] = _final_metrics(last)
+                write_summary(self.run_dir, summary)
             if logger:
                 logger.close()
                 write_report(self.run_dir)
@@ -846,6 +878,29 @@ def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
             f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
             f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
         )
+
+
+_FINAL_METRICS = (
+    "reward",
+    "reward_std",
+    "loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "clip_ratio/region_mean",
+    "frac_reward_zero_std",
+    "num_tokens",
+)
+"""The metrics of the last step that summary.json keeps (with each rewards/<func>/mean); metrics.jsonl has all."""
+
+
+def _final_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """Return the headline metrics of one metrics row (those present and not None)."""
+    keys = [*_FINAL_METRICS, *(k for k in row if k.startswith("rewards/") and k.endswith("/mean"))]
+    return {k: row[k] for k in keys if row.get(k) is not None}
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:

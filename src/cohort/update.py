@@ -104,7 +104,8 @@ class UpdateStats:
     entropy: float | None = None
     """Mean per-token entropy of the policy on the first pass."""
     clip_ratio: dict[str, float] = field(default_factory=dict)
-    """TRL's clip metrics: low_mean, high_mean, region_mean."""
+    """TRL's clip metrics: low_mean, high_mean, region_mean (token-weighted means), low_min and high_max (the
+    smallest low / largest high clip ratio of one micro-batch)."""
     ratio_mean: float | None = None
     """Mean importance ratio pi_theta / pi_old."""
     rows_computed_frac: float = 1.0
@@ -123,7 +124,7 @@ class UpdateStats:
             "kl": self.kl,
             "entropy": self.entropy,
         }
-        for name in ("region_mean", "low_mean", "high_mean"):
+        for name in ("region_mean", "low_mean", "high_mean", "low_min", "high_max"):
             out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
         out["ratio/mean"] = self.ratio_mean
         out["rows_computed_frac"] = self.rows_computed_frac
@@ -263,6 +264,7 @@ class PolicyUpdater:
                 ref = self._frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
         means, paths = _Means(), _Means()
+        low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
 
         for it in range(a.num_iterations):
             for mb_rows in self._minibatches(batch, generator):
@@ -299,6 +301,9 @@ class PolicyUpdater:
                     ntok = float(lp.mask.sum())
                     for k, v in metrics.items():
                         means.add(k, float(v), ntok)
+                    if "clip_ratio/low_mean" in metrics and ntok > 0:
+                        low_min = min(low_min, float(metrics["clip_ratio/low_mean"]))
+                        high_max = max(high_max, float(metrics["clip_ratio/high_mean"]))
                     if lp.entropy is not None:
                         means.add(
                             "entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok
@@ -336,7 +341,9 @@ class PolicyUpdater:
             kl=means.get("kl"),
             entropy=means.get("entropy"),
             clip_ratio={
-                k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")
+                **{k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")},
+                "low_min": low_min if math.isfinite(low_min) else 0.0,
+                "high_max": high_max if math.isfinite(high_max) else 0.0,
             },
             ratio_mean=means.get("ratio/mean"),
             rows_computed_frac=means.get("rows_computed_frac", 1.0),
