@@ -68,7 +68,10 @@ def resolve_device(name: str) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         return torch.device("cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device={name!r}: CUDA is not available in this torch build; use cpu or auto")
+    return device
 
 
 def seed_everything(seed: int) -> None:

@@ -98,5 +98,5 @@ def test_task_errors():
         make_task("addition", n_train=1, n_eval=1, digits_a=0)
     with pytest.raises(ValueError, match=re.escape("operators='+/'")):
         make_task("multistep", n_train=1, n_eval=1, operators="+/")
-    with pytest.raises(TypeError, match="unsupported parameters"):
+    with pytest.raises(ValueError, match="unsupported parameters"):
         make_task("addition", n_train=1, n_eval=1, operands=3)

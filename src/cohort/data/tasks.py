@@ -186,7 +186,9 @@ def get_task(name: str | Task, **params: Any) -> Task:
     try:
         return TASKS[name](**params)
     except TypeError as exc:
-        raise TypeError(f"task {name!r} got unsupported parameters {sorted(params)}: {exc}") from exc
+        raise ValueError(
+            f"data.task_options for task {name!r}: unsupported parameters {sorted(params)} ({exc})"
+        ) from None
 
 
 def make_task(
