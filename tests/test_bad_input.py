@@ -300,6 +300,61 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(tiny_mod
     assert resumed.step_idx == 1
 
 
+def test_resuming_past_an_unreadable_checkpoint_never_prunes_the_one_resumed_from(tiny_model_dir, tmp_path):
+    run = tmp_path / "prune"
+    GRPOTrainer(_cfg(tiny_model_dir, run, steps=2, save_every=1, keep_checkpoints=2)).train()
+    (list_checkpoints(run)[-1] / "trainer_state.pt").write_bytes(b"torn")  # step-2 unreadable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = GRPOTrainer(_cfg(tiny_model_dir, run, steps=4, save_every=1, keep_checkpoints=2, resume="auto"))
+    assert t.step_idx == 1
+    assert (run / "checkpoints" / "abandoned-step-2").is_dir()  # kept, but out of the way
+    t.train()
+    assert [p.name for p in list_checkpoints(run)] == ["step-3", "step-4"]
+    assert (run / "checkpoints" / "abandoned-step-2").is_dir()
+
+
+def test_an_explicit_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tiny_model_dir, tmp_path):
+    run = tmp_path / "branch"
+    GRPOTrainer(_cfg(tiny_model_dir, run, steps=3, save_every=1, keep_checkpoints=3)).train()
+    first = run / "checkpoints" / "step-1"
+    t = GRPOTrainer(_cfg(tiny_model_dir, run, steps=3, save_every=1, keep_checkpoints=3, resume=str(first)))
+    assert t.step_idx == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "abandoned-step-2",
+        "abandoned-step-3",
+        "step-1",
+    ]
+
+
+def test_a_corrupt_weights_file_in_a_checkpoint_falls_back_and_in_a_model_is_named(tiny_model_dir, tmp_path):
+    import shutil
+
+    from cohort.models import load_model
+
+    run = tmp_path / "corrupt"
+    GRPOTrainer(_cfg(tiny_model_dir, run, steps=2, save_every=1)).train()
+    weights = list_checkpoints(run)[-1] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.warns(UserWarning, match=r"step-2 cannot be loaded \(the weights file .* is corrupt"):
+        t = GRPOTrainer(_cfg(tiny_model_dir, run, steps=3, resume="auto"))
+    assert t.step_idx == 1
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"\(model.safetensors\) is corrupt or truncated .* save it again"):
+        load_model(str(broken))
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint_is_refused(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "short"
+    GRPOTrainer(_cfg(tiny_model_dir, run, steps=3)).train()
+    with pytest.raises(ConfigError, match=r"is at step 3, past steps=2; steps is the total .* set steps > 3"):
+        GRPOTrainer(_cfg(tiny_model_dir, run, steps=2, resume="auto"))
+    GRPOTrainer(_cfg(tiny_model_dir, run, steps=3, resume="auto"))
+    assert "the run already reached steps=3; nothing to train" in capsys.readouterr().out
+
+
 def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_checkpoint(
     tiny_model_dir, tmp_path, monkeypatch
 ):
@@ -338,6 +393,100 @@ def test_a_second_training_process_refuses_to_share_the_folder(tiny_model_dir, t
 
 
 # ------------------------------------------------------------------ 5. errors that name the problem
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("steps: 3\nsteps: 5\n", "key 'steps' is given twice (first on line 1); keep one of them (line 2"),
+        ("algo:\n  beta: 0.1\n  beta: 0.2\n", "key 'beta' is given twice"),
+        ("model: 5\n", "model is a section; give its keys"),
+        ("rollout: [1, 2]\n", "rollout is a section"),
+        ("steps: [1\n", "is not valid YAML: while parsing a flow sequence"),
+        ("- a\n- b\n", "must hold a mapping of keys to values"),
+    ],
+)
+def test_a_yaml_file_that_means_something_else_is_refused(tmp_path, text, fragment):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_folder_given_as_the_config_file_is_named_as_such(tmp_path):
+    (tmp_path / "config.yaml").write_text("steps: 2\n")
+    with pytest.raises(ConfigError, match=r"is a folder; pass the path of a YAML file \(e.g. .*config.yaml"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("over", "fragment"),
+    [
+        ({"seed": -1}, "seed=-1 must be in 0 .. 2**32 - 1"),
+        ({"seed": 2**40}, "seed=1099511627776 must be in 0 .. 2**32 - 1"),
+        ({"data.task_seed": -5}, "data.task_seed=-5 must be in 0 .. 2**32 - 1"),
+        ({"out_dir": ""}, "out_dir is empty"),
+    ],
+)
+def test_seeds_and_out_dir_are_checked_before_the_model_loads(tmp_path, over, fragment):
+    with pytest.raises(ConfigError) as e:
+        GRPOTrainer(_cfg("no-model-needed", tmp_path / "o", **over))
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_an_out_dir_that_is_a_file_or_under_one_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"out_dir=.*f' is a file; choose a folder"):
+        GRPOTrainer(_cfg("no-model-needed", tmp_path / "f"))
+    with pytest.raises(ConfigError, match=r"sits under .*f', which is a file"):
+        GRPOTrainer(_cfg("no-model-needed", tmp_path / "f" / "run"))
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_fewer_prompts_than_a_step_samples_is_a_warning(tiny_model_dir, tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    with pytest.warns(UserWarning, match="has 2 prompts, fewer than the 4 a step samples"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "few"), train_rows=rows, eval_rows=[])
+
+
+def test_a_missing_answer_column_names_what_there_is():
+    from cohort.rewards import accuracy_reward, check_reward_columns
+
+    with pytest.raises(ValueError, match=r"no column besides the prompt \(which arrives as `prompts`\)"):
+        check_reward_columns([accuracy_reward], [])
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["train", "{dir}"], "is a folder; pass the path of a YAML file"),
+        (["report", "{file}"], "is a file, not a run directory"),
+        (
+            ["sample", "--model", "no-such-model", "--task", "addition", "--out", "{dir}"],
+            "--out {dir} is a folder",
+        ),
+        (
+            ["generate", "--model", "no-such-model", "--prompt", "hi", "--out", "{dir}"],
+            "--out {dir} is a folder",
+        ),
+        (
+            ["sft", "--model", "no-such-model", "--task", "addition", "--out", "{file}"],
+            "--out {file} is a file",
+        ),
+    ],
+)
+def test_cli_paths_of_the_wrong_kind_are_named_before_anything_loads(tmp_path, argv, fragment):
+    (tmp_path / "f.txt").write_text("x")
+    fill = {"dir": str(tmp_path), "file": str(tmp_path / "f.txt")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", *(a.format(**fill) for a in argv)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert fragment.format(**fill) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_non_utf8_byte_names_the_file_and_line(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.models import fix_adapter_base_path
+from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -117,6 +117,27 @@ def _prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def set_aside_newer(run_dir: str | Path, step: int) -> list[Path]:
+    """Returns the new names of the checkpoints newer than `step`, renamed ``abandoned-step-N``.
+
+    A run resumed from an earlier checkpoint (the newer ones unreadable, or an explicit resume= folder)
+    starts a new branch: the newer folders must neither be resumed from later nor count towards
+    keep_checkpoints, or pruning would delete the checkpoint the run just resumed from. They are kept
+    on disk, never deleted, because they may be all that is left of a long run."""
+    moved = []
+    for ckpt in list_checkpoints(run_dir):
+        if int(ckpt.name.split("-")[1]) <= step:
+            continue
+        target = ckpt.with_name(f"abandoned-{ckpt.name}")
+        n = 1
+        while target.exists():
+            target = ckpt.with_name(f"abandoned-{ckpt.name}.{n}")
+            n += 1
+        ckpt.rename(target)
+        moved.append(target)
+    return moved
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Return the complete checkpoint folders of a run, oldest first."""
     root = Path(run_dir) / "checkpoints"
@@ -178,13 +199,19 @@ def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]
 def load_model_weights(model: Any, ckpt_dir: str | Path) -> None:
     """Load the weights saved in a checkpoint folder into `model` in place (full model or LoRA adapter)."""
     ckpt_dir = Path(ckpt_dir)
-    if (ckpt_dir / "adapter_model.safetensors").is_file():
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+    try:
+        if (ckpt_dir / "adapter_model.safetensors").is_file():
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
 
-        set_peft_model_state_dict(model, load_file(str(ckpt_dir / "adapter_model.safetensors")))
-        return
-    from transformers import AutoModelForCausalLM
+            set_peft_model_state_dict(model, load_file(str(ckpt_dir / "adapter_model.safetensors")))
+            return
+        from transformers import AutoModelForCausalLM
 
-    saved = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=next(model.parameters()).dtype)
+        saved = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=next(model.parameters()).dtype)
+    except Exception as e:
+        corrupt = corrupt_weights_error(str(ckpt_dir), e)
+        if corrupt is None:
+            raise
+        raise corrupt from None
     model.load_state_dict(saved.state_dict())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary["final_model"] = str(final)
     print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
     return 0
+
+
+def _check_output(path: str | None, flag: str = "--out", *, folder: bool = False) -> None:
+    """Raises ValueError before any model loads when `path` cannot be written as a file (or a folder)."""
+    if path is None:
+        return
+    out = Path(path).expanduser()
+    if folder and out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {path} is a file; pass a folder to save the model in")
+    if not folder and out.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; pass a file name, e.g. {out / 'out.jsonl'}")
+    existing = next((p for p in out.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"{flag} {path} sits under {existing}, which is a file; choose another path")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path} cannot be written ({existing} is not writable); choose another path")
 
 
 def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
@@ -76,6 +93,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from cohort.data import encode_prompts
     from cohort.sft import SFTConfig, encode_pairs, sft_train
 
+    _check_output(args.out, folder=True)
     tokenizer, model, rows = _model_and_rows(args, need_completion=True)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
     pairs = encode_pairs(tokenizer, prompt_ids, [str(r[args.completion_column]) for r in rows])
@@ -123,6 +141,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from cohort.rewards import resolve_reward_funcs, score
     from cohort.rollout import SamplingParams
 
+    _check_output(args.out)
     reward = resolve_reward_funcs([args.reward])[0]
     tokenizer, model, rows = _model_and_rows(args)
     engine = _engine(args, model, tokenizer)
@@ -192,6 +211,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt and not all(p.strip() for p in args.prompt):
         raise ValueError("--prompt got an empty text; every prompt needs at least one character")
     params = _sampling_params(args)
+    _check_output(args.out)
     prompts = args.prompt or read_prompts(args.prompts, prompt_column=args.prompt_column)
     tokenizer = load_tokenizer(args.model)
     chat_template = CHAT_TEMPLATE_MODES[args.chat_template]
@@ -255,6 +275,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"error: {args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)"
         )
+    _check_output(args.out, "OUT", folder=True)
     tokenizer = load_tokenizer(args.adapter)
     model = load_model(args.adapter, dtype=args.dtype)
     print(f"saved the merged model to {save_merged(model, tokenizer, args.out)}")

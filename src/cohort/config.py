@@ -427,6 +427,12 @@ class TrainConfig:
         for key, value, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{key}={value} must be {rule}")
+        for key, seed in (("seed", self.seed), ("data.task_seed", self.data.task_seed)):
+            if not 0 <= seed < 2**32:
+                raise ConfigError(
+                    f"{key}={seed} must be in 0 .. 2**32 - 1 (torch and numpy seeds are 32-bit)"
+                )
+        _check_out_dir(self.out_dir)
         if self.resume not in (None, "auto") and not str(self.resume).strip():
             raise ConfigError(
                 "resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset"
@@ -463,6 +469,26 @@ class TrainConfig:
                 f"(rollout.engine={self.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
                 "set fast.packed_weights=auto"
             )
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Raises ConfigError when out_dir is a file, sits under a file, or cannot be created or written."""
+    if not str(out_dir).strip():
+        raise ConfigError(
+            "out_dir is empty: set it to the folder the run writes to, e.g. out_dir=runs/my-run"
+        )
+    path = Path(out_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"sits under {str(existing)!r}, which is a file"
+        raise ConfigError(f"out_dir={out_dir!r} {where}; choose a folder path for the run")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"out_dir={out_dir!r} cannot be written ({str(existing)!r} is not writable by this user); "
+            "choose another out_dir"
+        )
 
 
 MOVED_KEYS: dict[str, str] = {
@@ -697,12 +723,19 @@ def load_config(
     layers: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            hint = f" (e.g. {str(p / 'config.yaml')!r})" if (p / "config.yaml").is_file() else ""
+            raise ConfigError(f"config file {str(p)!r} is a folder; pass the path of a YAML file{hint}")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = read_yaml(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"config file {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})"
+            ) from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
         layers = _deep_merge(layers, _nest_top(loaded))
@@ -716,6 +749,44 @@ def load_config(
         apply_preset(cfg, preset)
     _apply(cfg, layers)
     return cfg
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not last-wins."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first on line {first.line + 1}); keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Returns a YAML error as one line: the problem and the line it was found on."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(e).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"
+
+
+def read_yaml(text: str) -> Any:
+    """Returns the YAML document in text, refusing a mapping that gives a key twice."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _nest_top(d: dict[str, Any]) -> dict[str, Any]:

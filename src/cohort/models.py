@@ -249,6 +249,24 @@ def _not_found(name_or_path: str, reason: str) -> ValueError:
     )
 
 
+def corrupt_weights_error(name_or_path: str, exc: Exception) -> ValueError | None:
+    """Returns the error for a weights file that exists but cannot be read (truncated, overwritten), else None."""
+    import pickle
+
+    if type(exc).__name__ != "SafetensorError" and not isinstance(exc, (pickle.UnpicklingError, EOFError)):
+        return None
+    folder = Path(name_or_path).expanduser()
+    files = sorted(p.name for p in folder.glob("*.safetensors")) + sorted(
+        p.name for p in folder.glob("*.bin")
+    )
+    named = f" ({', '.join(files)})" if files else ""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(
+        f"the weights file of {name_or_path!r}{named} is corrupt or truncated ({reason}); copy or download the "
+        "model again, or save it again with save_pretrained"
+    )
+
+
 def _looks_like_path(name: str) -> bool:
     """Returns True when ``name`` can only be a filesystem path, never a Hub repo id ("org/name").
 
@@ -476,6 +494,11 @@ def load_model(
         )
     except OSError as exc:
         raise _not_found(os.fspath(name_or_path), str(exc).splitlines()[0]) from exc
+    except Exception as exc:
+        corrupt = corrupt_weights_error(os.fspath(name_or_path), exc)
+        if corrupt is None:
+            raise
+        raise corrupt from None
     # transformers wraps PreTrainedModel.to with functools.wraps, whose stub mypy misreads as unbound:
     model.to(device)  # type: ignore[arg-type]
     if lora is not None:

@@ -365,6 +365,11 @@ def _plot_png(title: str, series: dict[str, tuple[list[float], list[float]]]) ->
 def write_report(run_dir: str | Path, *, title: str | None = None, max_samples: int = 40) -> Path:
     """Return the path of run_dir/report.html, rebuilt from the run's JSONL files."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(
+            f"{str(run_dir)!r} is a file, not a run directory; pass the out_dir of a run (the folder holding "
+            "metrics.jsonl)"
+        )
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
     data = {

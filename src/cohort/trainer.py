@@ -30,6 +30,7 @@ from cohort.checkpoint import (
     readable_checkpoints,
     rng_state,
     save_checkpoint,
+    set_aside_newer,
     set_rng_state,
 )
 from cohort.compat import TrainerState, dataset_rows, trl_arguments
@@ -271,6 +272,13 @@ class GRPOTrainer:
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
         self._drop_long_prompts()
         self._check_context()
+        if len(self.train_rows) < cfg.prompts_per_step:
+            warnings.warn(
+                f"the training data has {len(self.train_rows)} prompts, fewer than the {cfg.prompts_per_step} a step "
+                f"samples (rollout.batch_size / rollout.group_size): each step repeats prompts as separate groups; "
+                "add rows or lower rollout.batch_size",
+                stacklevel=2,
+            )
         # 4. Engine, optimizer, updater, run directory.
         eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
         options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
@@ -413,6 +421,12 @@ class GRPOTrainer:
                     if path.is_file():
                         path.replace(path.with_suffix(".jsonl.before-restart"))
             return None
+        done = int(candidates[0][1]["step"])
+        if done > cfg.steps:
+            raise ConfigError(
+                f"resume: checkpoint {candidates[0][0]} is at step {done}, past steps={cfg.steps}; steps is the "
+                f"total number of steps, not the number to add: set steps > {done} to train further"
+            )
         saved = candidates[0][1].get("extra", {}).get("config")
         if saved is not None and not cfg.allow_config_change:
             changed = config_changes(saved, to_dict(cfg))
@@ -459,6 +473,19 @@ class GRPOTrainer:
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
             self.step_idx = self._saved_step = state["step"]
+            if dist.is_main():
+                for moved in set_aside_newer(self.run_dir, self.step_idx):
+                    print(
+                        f"resume from step {self.step_idx}: the newer checkpoint {moved.name[len('abandoned-') :]} "
+                        f"is set aside as {moved} (kept, never resumed from or pruned)",
+                        flush=True,
+                    )
+            if self.step_idx >= self.cfg.steps:
+                print(
+                    f"resume: the run already reached steps={self.cfg.steps}; nothing to train (raise steps to "
+                    "continue it)",
+                    flush=True,
+                )
             return
         raise TrainingError(
             f"no checkpoint in {self.run_dir / 'checkpoints'} can be loaded; start a new out_dir, or pass resume= "

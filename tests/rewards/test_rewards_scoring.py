@@ -326,11 +326,12 @@ def test_check_reward_columns():
     with pytest.raises(
         ValueError,
         match=r"reward function 'needs_level' requires the argument 'level', which is not a column of the training "
-        r"data; columns available: \['answer', 'id'\]",
+        r"data; columns besides the prompt \(which arrives as `prompts`\): \['answer', 'id'\]",
     ):
         check_reward_columns([needs_level], ["id", "answer"])
     with pytest.raises(
-        ValueError, match=r"requires the argument 'level' \(and \['answer'\]\).*available: \[\]"
+        ValueError,
+        match=r"requires the argument 'level' \(and \['answer'\]\).*the data has no column besides the prompt",
     ):
         check_reward_columns(needs_level, [])
     with pytest.raises(ValueError, match=r"column\(s\) \['trainer_state'\], which clash"):
@@ -364,7 +365,7 @@ def test_missing_column_is_reported_before_the_model_loads(tiny_model_dir, tmp_p
     with pytest.raises(
         ValueError,
         match=r"'needs_difficulty' requires the argument 'difficulty', which is not a column of the training "
-        r"data; columns available: \['answer'\]",
+        r"data; columns besides the prompt \(which arrives as `prompts`\): \['answer'\]",
     ):
         GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run"), reward_funcs=needs_difficulty)
 

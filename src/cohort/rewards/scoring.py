@@ -213,9 +213,9 @@ def check_reward_columns(
         if missing:
             raise ValueError(
                 f"reward function {reward_name(func)!r} requires the argument {missing[0]!r}"
-                f"{f' (and {missing[1:]})' if missing[1:] else ''}, which is not a column of {where}; columns "
-                f"available: {sorted(available)} (the prompt column arrives as `prompts`). Add the column, rename "
-                "the argument to match one, or give it a default"
+                f"{f' (and {missing[1:]})' if missing[1:] else ''}, which is not a column of {where}; "
+                f"{_columns_listing(available)}. Add the column, rename the argument to match one, or give it a "
+                "default"
             )
         # Functions that take their reference from any one of several columns say so (the built-in accuracy
         # reward reads `answer`, or TRL's `solution`).
@@ -223,8 +223,15 @@ def check_reward_columns(
         if one_of and not set(one_of) & set(available):
             raise ValueError(
                 f"reward function {reward_name(func)!r} needs one of the columns {list(one_of)} in {where}; "
-                f"columns available: {sorted(available)}. Add one (the reference answer of each row)"
+                f"{_columns_listing(available)}. Add one (the reference answer of each row)"
             )
+
+
+def _columns_listing(available: Sequence[str]) -> str:
+    """Returns the columns a reward function can read, for an error message (the prompt's is separate)."""
+    if not available:
+        return "the data has no column besides the prompt (which arrives as `prompts`)"
+    return f"columns besides the prompt (which arrives as `prompts`): {sorted(available)}"
 
 
 # ---------------------------------------------------------------------------------------------- logging
