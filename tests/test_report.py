@@ -206,7 +206,8 @@ def test_summary_json_is_json_safe_and_shown_in_the_report(tmp_path):
         "path": str(tmp_path),
     }
     page = write_report(tmp_path).read_text()
-    assert "<h2>Summary</h2>" in page and "reward 0.5, loss 0.25" in page
+    assert "<h2>Summary</h2>" in page
+    assert "<th>last step: loss</th><td class='num'>0.25</td>" in page
 
 
 def test_update_stats_emit_the_clip_extremes():
@@ -214,3 +215,164 @@ def test_update_stats_emit_the_clip_extremes():
     m = stats.metrics()
     assert m["clip_ratio/low_min"] == 0.05 and m["clip_ratio/high_max"] == 0.4
     assert UpdateStats().metrics()["clip_ratio/low_min"] == 0.0
+
+
+# ------------------------------------------------------------------ report.html: curves, samples, comparison
+
+
+def test_ema_is_bias_corrected_and_span_one_is_the_identity():
+    from cohort.report.plots import ema, smoothing_span
+
+    assert ema([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
+    # span 3: decay 0.5. acc: 0.5, 1.25 / norm: 0.5, 0.75 -> 1.0, 1.25 / 0.75 = 5/3
+    assert ema([1.0, 2.0], 3) == pytest.approx([1.0, 5 / 3])
+    assert ema([4.0] * 50, 9) == pytest.approx([4.0] * 50)  # a constant stays put from the first point
+    assert smoothing_span(10) == 1 and smoothing_span(400) == 10 and smoothing_span(3000) == 75
+
+
+def _rows(steps, **cols):
+    return [{"step": s, **{k: (v(s) if callable(v) else v) for k, v in cols.items()}} for s in steps]
+
+
+def _fake_run(path, *, n=60, functions=("accuracy", "format"), kl=True, lr=1e-3, samples=True):
+    path.mkdir(parents=True, exist_ok=True)
+    cols = {
+        "reward": lambda s: s / n,
+        "reward_std": 0.3,
+        "frac_reward_zero_std": lambda s: 1 - s / n,
+        "completions/mean_length": 10.0,
+        "completions/min_length": 4.0,
+        "completions/max_length": 16.0,
+        "completions/clipped_ratio": 0.1,
+        "clip_ratio/region_mean": 0.0,
+        "clip_ratio/low_mean": 0.0,
+        "clip_ratio/high_mean": 0.0,
+        "entropy": 1.0,
+        "loss": 0.01,
+        "grad_norm": 0.5,
+        "lr": lr,
+        "step_time": 0.1,
+        "time/generate": 0.05,
+        "time/update": 0.04,
+    }
+    if kl:
+        cols["kl"] = 0.01
+    for f in functions:
+        cols[f"rewards/{f}/mean"] = 0.5
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(range(1, n + 1), **cols)))
+    (path / "evals.jsonl").write_text(
+        "".join(json.dumps({"step": s, "accuracy": s / n, "n": 16}) + "\n" for s in (0, n // 2, n))
+    )
+    (path / "config.yaml").write_text(f"steps: {n}\noptim:\n  lr: {lr}\nrollout:\n  group_size: 4\n")
+    if samples:
+        rows = []
+        for s in range(1, n + 1):
+            for i in range(4):
+                rows.append(
+                    {
+                        "step": s,
+                        "group": 0,
+                        "prompt": f"prompt of step {s} <b>",
+                        "completion": f"answer {i}",
+                        "reward": float(i % 2),
+                        **{f"rewards/{f}": float(i % 2) for f in functions},
+                        "advantage": float(i % 2) - 0.5,
+                        "in_loss": True,
+                        "length": 3,
+                        "truncated": i == 3,
+                    }
+                )
+        (path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_report_has_a_chart_per_metric_with_labels_and_the_samples_grouped_by_prompt(tmp_path):
+    from cohort.report import build_panels, load_run
+
+    run = _fake_run(tmp_path / "run")
+    titles = [p.title for p in build_panels([load_run(run)])]
+    for expected in (
+        "Reward",
+        "Reward: accuracy",
+        "Reward: format",
+        "Reward spread within groups",
+        "Groups with equal rewards",
+        "Held-out accuracy",
+        "KL to the reference",
+        "Completion length",
+        "Clipped tokens",
+        "Gradient norm",
+        "Learning rate",
+    ):
+        assert expected in titles, titles
+    panels = {p.title: p for p in build_panels([load_run(run)])}
+    assert all(p.y_label for p in panels.values())
+    length = panels["Completion length"]
+    assert length.bands and length.bands[0].low[0] == 4.0 and length.bands[0].high[0] == 16.0
+    assert any(s.right_axis and s.values[0] == 0.1 for s in length.series)  # the truncation rate
+    assert "ratio is exactly 1" in panels["Clipped tokens"].note  # a flat 0 says why
+    page = write_report(run).read_text()
+    assert page.count("<img ") == len(panels)
+    assert page.count("<div class='group'>") == 12  # spread over the run, latest included
+    assert "<h3>step 60</h3>" in page and "<h3>step 1</h3>" in page
+    assert "prompt of step 60 &lt;b&gt;" in page  # escaped
+    assert "<th>accuracy</th><th>format</th><th>reward</th><th>advantage</th>" in page
+    assert "class='num pos'>0.5<" in page and "6 (truncated)" not in page and "3 (truncated)" in page
+    assert "<h2>Resolved config</h2>" in page and "group_size: 4" in page
+    assert "exponential moving averages over about 2 steps" in page
+
+
+def test_one_reward_function_has_no_separate_panel_and_beta_zero_says_so(tmp_path):
+    from cohort.report import build_panels, load_run
+
+    run = load_run(_fake_run(tmp_path / "one", functions=("accuracy",), kl=False, samples=False))
+    panels = {p.title: p for p in build_panels([run])}
+    assert "Reward: accuracy" not in panels
+    assert not panels["KL to the reference"].series and "beta = 0" in panels["KL to the reference"].note
+    page = write_report(run.path).read_text()
+    assert "<b>KL to the reference</b>:&nbsp;beta = 0" in page and "<h2>Samples</h2>" not in page
+
+
+def test_sample_groups_are_spread_over_the_run_and_old_rows_group_by_prompt():
+    from cohort.report import sample_groups
+
+    rows = [
+        {"step": s, "group": g, "prompt": f"p{s}{g}"} for s in range(1, 11) for g in (0, 1) for _ in range(3)
+    ]
+    chosen = sample_groups(rows, 4)
+    assert [(s, p) for s, p, _ in chosen] == [(1, "p10"), (4, "p40"), (7, "p71"), (10, "p101")]
+    assert all(len(r) == 3 for _, _, r in chosen)
+    old = [{"step": 1, "prompt": "a"}, {"step": 1, "prompt": "a"}, {"step": 1, "prompt": "b"}]
+    assert [(p, len(r)) for _, p, r in sample_groups(old, 5)] == [("a", 2), ("b", 1)]
+    assert sample_groups(rows, 0) == []
+
+
+def test_a_comparison_overlays_the_runs_and_lists_their_config_differences(tmp_path):
+    from cohort.report import write_comparison
+
+    a = _fake_run(tmp_path / "a", lr=1e-3)
+    b = _fake_run(tmp_path / "b", lr=3e-3, n=40, functions=("accuracy",))
+    out = write_comparison([a, b], tmp_path / "cmp.html")
+    page = out.read_text()
+    assert "cohort runs: a vs b" in page
+    assert "<tr><th>optim.lr</th><td>0.001</td><td>0.003</td></tr>" in page
+    assert "<tr><th>steps</th><td>60</td><td>40</td></tr>" in page
+    assert "group_size" not in page.split("Config differences")[1]  # the same in both: not listed
+    assert page.count("<img ") >= 10
+    assert write_comparison([a, b], tmp_path).name == "compare.html"  # a folder gets the default name
+    with pytest.raises(ValueError, match="at least two run directories"):
+        write_comparison([a], tmp_path / "x.html")
+
+
+def test_the_cli_compares_runs_and_refuses_bad_report_arguments(tmp_path, monkeypatch, capsys):
+    from cohort.cli import main
+
+    a, b = _fake_run(tmp_path / "x" / "run"), _fake_run(tmp_path / "y" / "run")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(a), str(b)]) == 0
+    page = (tmp_path / "compare.html").read_text()
+    assert str(a) in page and str(b) in page  # two runs called "run" are told apart by their paths
+    assert main(["report", str(a), "--out", "x.html"]) == 2
+    assert "--out is for comparing several runs" in capsys.readouterr().err
+    assert main(["report", str(a), str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err

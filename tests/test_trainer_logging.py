@@ -129,3 +129,27 @@ def test_logging_steps_key_range_and_trl_mapping():
     )
     ratio = GRPOConfig(output_dir="x", max_steps=40, logging_steps=0.25).to_train_config("m", 8)
     assert ratio.logging_steps == 10
+
+
+def test_samples_are_whole_groups_with_each_functions_reward_and_the_advantage(tiny_model_dir, tmp_path):
+    from test_trainer import _cfg
+
+    from cohort.algo import group_advantages
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "s", steps=2, num_samples_logged=5, rewards=[DIGITS, "format"])
+    GRPOTrainer(cfg).train()
+    rows = [json.loads(x) for x in (tmp_path / "s" / "samples.jsonl").read_text().splitlines()]
+    G = cfg.rollout.group_size
+    assert len(rows) == 2 * 2 * G  # ceil(5 / G) = 2 whole groups per step
+    for step in (1, 2):
+        for g in {r["group"] for r in rows if r["step"] == step}:
+            group = [r for r in rows if r["step"] == step and r["group"] == g]
+            assert len(group) == G and len({r["prompt"] for r in group}) == 1
+            for r in group:
+                assert r["reward"] == pytest.approx(r["rewards/digit_fraction"] + r["rewards/format_reward"])
+                assert isinstance(r["in_loss"], bool) and 1 <= r["length"] <= 6
+            expected = group_advantages(torch.tensor([r["reward"] for r in group]), G)
+            assert [r["advantage"] for r in group] == pytest.approx(expected.tolist(), abs=1e-5)
+    none = _cfg(tiny_model_dir, tmp_path / "n", steps=1, num_samples_logged=0)
+    GRPOTrainer(none).train()
+    assert (tmp_path / "n" / "samples.jsonl").read_text() == ""

@@ -283,9 +283,19 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from cohort.report import write_report
+    from cohort.report import write_comparison, write_report
 
-    print(write_report(args.run_dir))
+    if args.groups < 0:
+        raise ValueError(f"--groups {args.groups} must be >= 0")
+    if len(args.run_dirs) == 1:
+        if args.out is not None:
+            raise ValueError("--out is for comparing several runs; one run's report is RUN_DIR/report.html")
+        print(write_report(args.run_dirs[0], title=args.title, max_groups=args.groups))
+        return 0
+    out = args.out or "compare.html"
+    if not Path(out).is_dir():  # a folder gets compare.html inside
+        _check_output(out)
+    print(write_comparison(args.run_dirs, out, title=args.title))
     return 0
 
 
@@ -448,8 +458,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="dtype of the merged weights (default: the base model's)")
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("report", help="rebuild RUN_DIR/report.html from its metrics")
-    p.add_argument("run_dir")
+    p = sub.add_parser(
+        "report",
+        help="rebuild RUN_DIR/report.html from its logs, or overlay several runs on one page",
+        description="One run: writes RUN_DIR/report.html. Several: writes one page overlaying their curves, "
+        "with their summaries and config differences side by side (--out, default compare.html).",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (the out_dir of each run)")
+    p.add_argument("--out", help="file for the comparison page of several runs (default: compare.html)")
+    p.add_argument("--title", help="page title")
+    p.add_argument(
+        "--groups", type=int, default=12, help="sample groups shown in a single run's report (default 12)"
+    )
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("config", help="list every config key with its default and what it does")

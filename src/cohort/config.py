@@ -252,7 +252,8 @@ class TrainConfig:
     eval_limit: int = 200
     """Evaluate on at most this many held-out rows."""
     num_samples_logged: int = 4
-    """Sample completions kept per step for the report."""
+    """Completions logged per step to samples.jsonl (and TensorBoard / W&B), as whole groups: the G completions
+    of ceil(num_samples_logged / G) prompts, each with every reward function's score and its advantage."""
     tensorboard: bool = False
     """Also log to TensorBoard (out_dir/tb)."""
     wandb: bool = False

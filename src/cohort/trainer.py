@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import random
 import time
@@ -599,16 +600,42 @@ class GRPOTrainer:
                 "time/update": t_update - t_score,
             }
         )
-        samples = [
-            {
-                "prompt": self._as_text(rows[i // G][cfg.data.prompt_column]),
-                "completion": self._as_text(completions[i]),
-                "reward": float(reward[i]),
-                **self.reward_logs.extras_at(i),  # columns from log_extra
-            }
-            for i in range(0, len(completions), max(1, len(completions) // max(1, cfg.num_samples_logged)))
-        ][: cfg.num_samples_logged]
+        samples = self._sample_rows(rows, rollout, completions, per_func, reward, adv, in_loss)
         return StepResult(metrics, samples)
+
+    def _sample_rows(
+        self, rows, rollout, completions, per_func, reward, adv, in_loss
+    ) -> list[dict[str, Any]]:
+        """Returns the completions logged this step: whole groups, each completion with every reward function's
+        score, the combined reward, its advantage and whether it was in the loss."""
+        G, wanted = rollout.group_size, self.cfg.num_samples_logged
+        n_groups = min(len(rows), -(-wanted // G))  # whole groups, at least num_samples_logged completions
+        if n_groups == 0:
+            return []
+        lengths, truncated = rollout.completion_lengths.tolist(), rollout.truncated.tolist()
+        out = []
+        for g in range(0, len(rows), max(1, len(rows) // n_groups))[:n_groups]:
+            prompt = self._as_text(rows[g][self.cfg.data.prompt_column])
+            for i in range(g * G, (g + 1) * G):
+                scores = {
+                    f"rewards/{n}": _finite_or_none(float(per_func[i, j]))
+                    for j, n in enumerate(self.reward_names)
+                }
+                out.append(
+                    {
+                        "group": g,
+                        "prompt": prompt,
+                        "completion": self._as_text(completions[i]),
+                        "reward": float(reward[i]),
+                        **scores,
+                        "advantage": float(adv[i]),
+                        "in_loss": bool(in_loss[i]),
+                        "length": int(lengths[i]),
+                        "truncated": bool(truncated[i]),
+                        **self.reward_logs.extras_at(i),  # columns from log_extra
+                    }
+                )
+        return out
 
     def _committing(self) -> contextlib.AbstractContextManager:
         return self._signals.committing() if self._signals is not None else contextlib.nullcontext()
@@ -894,6 +921,11 @@ class GRPOTrainer:
             )
             raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
         return summary
+
+
+def _finite_or_none(x: float) -> float | None:
+    """Returns x, or None for a NaN (a reward function's None) or an infinity."""
+    return x if math.isfinite(x) else None
 
 
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
