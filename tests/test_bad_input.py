@@ -113,9 +113,19 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"data.max_prompt_length": 0}, "data.max_prompt_length=0 must be >= 1"),
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
         ({"algo.ref_update_every": 5}, "algo.ref_update_every=5 with algo.beta=0: there is no reference"),
+        ({"algo.ref_sync_kl": 0.5}, "algo.ref_sync_kl=0.5 with algo.beta=0: no KL is measured"),
+        ({"algo.ref_sync_kl": -1.0, "algo.beta": 0.1}, "algo.ref_sync_kl=-1.0 must be > 0"),
+        ({"algo.ref_mixup_alpha": 0.0, "algo.beta": 0.1}, "algo.ref_mixup_alpha=0.0 must be in (0, 1]"),
+        ({"algo.ref_mixup_alpha": 1.5, "algo.beta": 0.1}, "algo.ref_mixup_alpha=1.5 must be in (0, 1]"),
+        ({"algo.ref_mixup_alpha": 0.6, "algo.beta": 0.1}, "but the reference never syncs"),
         (
-            {"algo.ref_update_every": 5, "algo.beta": 0.1, "model.lora.enabled": True},
-            "the LoRA reference is the base",
+            {"algo.dynamic_sampling": True, "algo.max_sampling_rounds": 0},
+            "algo.max_sampling_rounds=0 must be >= 1",
+        ),
+        ({"curriculum.enabled": True, "curriculum.retry_after": 0}, "curriculum.retry_after=0 must be >= 1"),
+        (
+            {"curriculum.enabled": True, "curriculum.min_samplings": 0},
+            "curriculum.min_samplings=0 must be >= 1",
         ),
     ],
 )
@@ -427,6 +437,13 @@ def test_a_folder_given_as_the_config_file_is_named_as_such(tmp_path):
         ({"seed": 2**40}, "seed=1099511627776 must be in 0 .. 2**32 - 1"),
         ({"data.task_seed": -5}, "data.task_seed=-5 must be in 0 .. 2**32 - 1"),
         ({"out_dir": ""}, "out_dir is empty"),
+        ({"model.device": "0"}, "model.device='0' is not a device; use auto, cpu, cuda, cuda:N"),
+        ({"model.device": "bogus"}, "model.device='bogus' is not a device"),
+        ({"preset": [1]}, "preset=[1] is not known; choose one of: r1"),
+        (
+            {"eval_every": 2, "data.n_eval": 0},
+            "eval_every=2 asks for held-out evaluations, but there are no held-out rows",
+        ),
     ],
 )
 def test_seeds_and_out_dir_are_checked_before_the_model_loads(tmp_path, over, fragment):
@@ -474,10 +491,23 @@ def test_a_missing_answer_column_names_what_there_is():
             ["sft", "--model", "no-such-model", "--task", "addition", "--out", "{file}"],
             "--out {file} is a file",
         ),
+        (["demo", "--out", "{file}"], "--out {file} is a file"),
+        (["merge", "{dir}/nope", "{dir}/merged"], "{dir}/nope does not exist"),
+        (
+            ["eval", "--model", "no-such-model", "--task", "addition", "--split", "bogus"],
+            "--split bogus: a built-in task has the splits train, test",
+        ),
+        (
+            ["eval", "--model", "no-such-model", "--data", "{dir}/noans.jsonl"],
+            "needs one of the columns ['answer', 'solution'] in --data",
+        ),
+        (["eval", "--model", "no-such-model"], "give --task NAME"),
+        (["train", "model.name_or_path=m", "=5"], "override '=5' has no key before '='"),
     ],
 )
 def test_cli_paths_of_the_wrong_kind_are_named_before_anything_loads(tmp_path, argv, fragment):
     (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "noans.jsonl").write_text('{"prompt": "1+1="}\n')
     fill = {"dir": str(tmp_path), "file": str(tmp_path / "f.txt")}
     proc = subprocess.run(
         [sys.executable, "-m", "cohort.cli", *(a.format(**fill) for a in argv)],
@@ -523,3 +553,105 @@ def test_load_config_rejects_nan_in_yaml(tmp_path):
     with pytest.raises(ConfigError, match="optim.lr=nan"):
         load_config(f).validate()
     assert math.isnan(load_config(f).optim.lr)
+
+
+@pytest.mark.parametrize(
+    ("source", "spec", "fragment"),
+    [
+        ("LIMIT = 3\n", "LIMIT", "'LIMIT' is a int, not a function; name a function defined in it"),
+        ("def f(:\n", "f", "r.py:1: SyntaxError: invalid syntax; fix the file"),
+        (
+            "import no_such_pkg_xyz\n",
+            "f",
+            "importing it raised ModuleNotFoundError: No module named 'no_such_pkg_xyz' at ",
+        ),
+        ("raise RuntimeError('no key')\n", "f", "importing it raised RuntimeError: no key at "),
+        ("def f(completions, /):\n    return []\n", "f", "takes 'completions' as a positional-only argument"),
+        ("def f(completions, **kw):\n    return []\n", "", "names no function after the ':'"),
+    ],
+)
+def test_a_reward_file_that_cannot_give_a_function_is_one_line(tmp_path, source, spec, fragment):
+    from cohort.rewards import resolve_reward_funcs
+
+    (tmp_path / "r.py").write_text(source)
+    with pytest.raises(ValueError) as e:  # ValueError: the command line prints it as one line
+        resolve_reward_funcs([f"{tmp_path / 'r.py'}:{spec}"])
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_rewards_beyond_float32_are_refused_and_huge_ones_still_rank():
+    from cohort.algo import combine_rewards, group_advantages
+
+    def huge(completions, **kwargs):
+        return [1e39 * i for i in range(len(completions))]
+
+    with pytest.raises(ValueError, match=r"returned 1e\+39 at index 1, beyond float32's range"):
+        score([huge], prompts=["p"] * 2, completions=["a", "b"])
+    r = torch.tensor([3e38, -3e38, 3e38, -3e38])  # finite, but their squared deviations overflow float32
+    for adv in (group_advantages(r, 4), combine_rewards(r[:, None], None, 4, mode="decoupled")):
+        assert adv.dtype == torch.float32 and torch.allclose(
+            adv, torch.tensor([0.866, -0.866] * 2), atol=1e-3
+        )
+
+
+def test_generation_stays_within_the_context_and_a_prompt_that_fills_it_is_named(tmp_path):
+    from cohort.generation import generate_rows
+    from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
+    from cohort.rollout import SamplingParams, make_engine
+
+    folder = build_tiny_model(
+        tmp_path / "ctx", hidden_size=32, num_layers=1, num_heads=4, max_position_embeddings=16
+    )
+    model, tok = load_model(folder), load_tokenizer(folder)
+    never_ends = SamplingParams(max_completion_length=50, greedy=True)
+    eos, pad = stop_token_ids(model, tok)
+    engine, limits = make_engine("builtin", eos_token_ids=eos, pad_token_id=pad), []
+    real = engine.generate
+
+    def recording(model, prompt_ids, n, params, generator):
+        limits.append((len(prompt_ids[0]), params.max_completion_length))
+        return real(model, prompt_ids, n, params, generator)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    rows = generate_rows(model, tok, ["1+1=", "1+1=1+1=1+1="], never_ends, engine=engine)
+    assert [r["prompt"] for r in rows] == ["1+1=", "1+1=1+1=1+1="]  # order kept
+    assert sorted(limits) == [(4, 12), (12, 4)]  # each completion ends where the context does
+    with pytest.raises(ValueError, match=r"1 prompt\(s\) \(prompt 1 first, the longest 20 tokens\) fill"):
+        generate_rows(model, tok, ["1+1=", "1+1=" * 5], never_ends)
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs=0) with max_steps=-1 trains nothing"),
+        ({"warmup_ratio": 2.0}, "warmup_ratio=2.0) must be in [0, 1]"),
+    ],
+)
+def test_trl_fields_that_would_train_something_else_are_refused(fields, fragment):
+    from cohort import GRPOConfig
+
+    args = GRPOConfig(output_dir="o", per_device_train_batch_size=8, num_generations=4, **fields)
+    with pytest.raises(ConfigError) as e:
+        args.to_train_config("m", 8)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_trl_step_fractions_count_in_steps():
+    from cohort import GRPOConfig
+
+    args = GRPOConfig(
+        output_dir="o", max_steps=8, save_steps=0.5, eval_strategy="steps", eval_steps=0.25, logging_steps=0.5
+    )
+    cfg = args.to_train_config("m", 8)
+    assert (cfg.save_every, cfg.eval_every, cfg.logging_steps) == (4, 2, 4)
+
+
+def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypatch):
+    from cohort import cli
+
+    def broken(args):
+        raise ImportError("cannot import name 'X' from 'cohort.report'", name="cohort.report")
+
+    monkeypatch.setattr(cli, "_cmd_config", broken)
+    with pytest.raises(ImportError, match="cohort.report"):
+        cli.main(["config"])

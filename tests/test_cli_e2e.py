@@ -191,7 +191,9 @@ def test_eval_sample_and_merge_take_a_lora_adapter_folder(tmp_path, monkeypatch,
     ids = torch.tensor([[5, 6, 76, 7, 8, 84]])
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
-    with pytest.raises(SystemExit, match="not a LoRA adapter folder"):
-        main(["merge", str(tmp_path / "merged"), str(tmp_path / "again")])
-    with pytest.raises(SystemExit, match="merge it into its base model first"):
-        main(["sft", "--model", adapter, "--task", "addition", "--out", str(tmp_path / "sft")])
+    capsys.readouterr()
+    # user errors: exit code 2 and one line on stderr
+    assert main(["merge", str(tmp_path / "merged"), str(tmp_path / "again")]) == 2
+    assert "not a LoRA adapter folder" in capsys.readouterr().err
+    assert main(["sft", "--model", adapter, "--task", "addition", "--out", str(tmp_path / "sft")]) == 2
+    assert "merge it into its base model first" in capsys.readouterr().err

@@ -152,10 +152,6 @@ def test_epochs_define_the_steps_when_max_steps_is_unset(tiny_model_dir, tmp_pat
             "GRPOConfig(use_vllm=True) is not implemented by cohort; nearest: rollout.engine",
         ),
         ({"gradient_checkpointing_kwargs": {}}, "unknown GRPOConfig field 'gradient_checkpointing_kwargs'"),
-        (
-            {"sync_ref_model": True, "beta": 0.1},
-            "cohort implements only the full copy: set ref_model_mixup_alpha=1.0",
-        ),
         ({"report_to": "mlflow"}, "tensorboard and wandb only"),
         ({"model_init_kwargs": {"device_map": "auto"}}, "model_init_kwargs={'device_map': ...}"),
     ],
@@ -164,6 +160,18 @@ def test_what_cohort_lacks_is_an_error_naming_the_nearest_option(fields, fragmen
     with pytest.raises(ConfigError) as e:
         GRPOConfig(output_dir="x", **fields).to_train_config("m", 8)
     assert fragment in str(e.value), str(e.value)
+
+
+def test_trl_reference_sync_maps_onto_cohorts():
+    cfg = GRPOConfig(output_dir="x", sync_ref_model=True, beta=0.1, ref_model_sync_steps=64).to_train_config(
+        "m", 8
+    )
+    assert cfg.algo.ref_update_every == 64 and cfg.algo.ref_mixup_alpha == 0.6  # TRL's default mixes
+    at_zero = GRPOConfig(output_dir="x", sync_ref_model=True, beta=0.0).to_train_config("m", 8)
+    with pytest.raises(
+        ConfigError, match="algo.ref_update_every=512 with algo.beta=0: there is no reference"
+    ):
+        at_zero.validate(need_data=False, reward_funcs=[len])
 
 
 def test_trl_defaults_are_accepted_unchanged():

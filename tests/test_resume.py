@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 STEPS = 20
+DIGITS = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 TIMING = ("step_time", "time/generate", "time/score", "time/update")
 
 
@@ -36,7 +37,17 @@ def _command(model_dir: Path, out: Path) -> list[str]:
         "rollout.max_completion_length": 6,
         "optim.lr": 3e-3,
         "algo.beta": 0.02,
+        # Every piece of loop state is on: the reference syncs (every 3 steps, and after a step whose KL passes
+        # a threshold, mixing), the curriculum sets prompts aside and dynamic sampling refills the batch.
         "algo.ref_update_every": 3,
+        "algo.ref_sync_kl": 2e-4,
+        "algo.ref_mixup_alpha": 0.6,
+        "algo.dynamic_sampling": "true",
+        "algo.max_sampling_rounds": 3,
+        "curriculum.enabled": "true",
+        "curriculum.pass_threshold": 0.5,
+        "curriculum.retry_after": 4,
+        "rewards": f"[{DIGITS}]",
         "steps": STEPS,
         "save_every": 1,
         "eval_every": 6,
@@ -120,3 +131,8 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
                     assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (name, x["step"], key)
                 else:
                     assert y[key] == x[key], (name, x["step"], key)
+    # The loop state the run carried was real: the reference moved, prompts were set aside, batches refilled.
+    metrics = _rows(ref_dir / "metrics.jsonl")
+    assert metrics[-1]["ref/syncs"] > STEPS // 3
+    assert any(r["curriculum/aside_solved"] + r["curriculum/aside_unsolved"] > 0 for r in metrics)
+    assert any(r["sampling/rounds"] > 1 for r in metrics)

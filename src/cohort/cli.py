@@ -9,10 +9,13 @@ import os
 import sys
 from pathlib import Path
 
+from cohort.choices import ENGINES
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from cohort.demo import run_demo
 
+    _check_output(args.out, folder=True)
     run_demo(args.out, steps=args.steps, seed=args.seed, progress=not args.no_progress)
     return 0
 
@@ -49,19 +52,33 @@ def _check_output(path: str | None, flag: str = "--out", *, folder: bool = False
         raise ValueError(f"{flag} {path} cannot be written ({existing} is not writable); choose another path")
 
 
-def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
-    """Return (tokenizer, model, rows) for the sft / eval / sample commands, checking data first."""
+_TASK_SPLITS = {"train": False, "test": True, "eval": True, "held-out": True}
+"""--split values a built-in task understands, and whether each means its held-out problems."""
+
+
+def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False, reward=None):
+    """Return (tokenizer, model, rows) for the sft / eval / sample commands, checking data first.
+
+    `reward`: the reward function the command scores with; its dataset columns are checked before the model
+    loads."""
     from cohort.data import load_rows, make_task, sft_completion
     from cohort.models import is_adapter_folder, load_model, load_tokenizer
+    from cohort.rewards import check_reward_columns
 
     if need_completion and is_adapter_folder(args.model):
-        raise SystemExit(
-            f"error: {args.model} is a LoRA adapter folder; merge it into its base model first "
+        raise ValueError(
+            f"{args.model} is a LoRA adapter folder; merge it into its base model first "
             "(cohort merge ADAPTER OUT) and fine-tune the merged folder"
         )
     if args.task:
+        split = getattr(args, "split", "train")
+        if split not in _TASK_SPLITS:
+            raise ValueError(
+                f"--split {split}: a built-in task has the splits {', '.join(_TASK_SPLITS)}; "
+                "pass --split test for its held-out problems"
+            )
         train, held = make_task(args.task, n_train=args.n, n_eval=args.n, seed=args.task_seed)
-        rows = held if getattr(args, "split", "train") in ("test", "eval", "held-out") else train
+        rows = held if _TASK_SPLITS[split] else train
         if need_completion:
             rows = [{**r, args.completion_column: sft_completion(args.task, r)} for r in rows]
     elif args.data:
@@ -69,15 +86,41 @@ def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False):
         if args.n:
             rows = rows[: args.n]
     else:
-        raise SystemExit("error: give --task NAME (addition, multistep) or --data FILE.jsonl / dataset name")
+        raise ValueError("give --task NAME (addition, multistep) or --data FILE.jsonl / dataset name")
     if need_completion and args.completion_column not in rows[0]:
-        raise SystemExit(
-            f"error: SFT data needs a {args.completion_column!r} column; found {sorted(rows[0])}. "
+        raise ValueError(
+            f"SFT data needs a {args.completion_column!r} column; found {sorted(rows[0])}. "
             "Pass --completion-column NAME"
         )
+    if reward is not None:
+        where = f"--data {args.data}" if args.data else f"the {args.task} task"
+        check_reward_columns([reward], [c for c in rows[0] if c != args.prompt_column], where=where)
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     return tokenizer, model, rows
+
+
+def _fit_completion_length(model, prompt_ids: list[list[int]], max_new: int) -> int:
+    """Returns --max-completion-length, lowered (with a note) so that every prompt plus its completion fits the
+    model's context; raises ValueError when a prompt leaves no room at all."""
+    from cohort.models import text_config
+
+    context = getattr(text_config(model), "max_position_embeddings", None)
+    longest = max((len(ids) for ids in prompt_ids), default=0)
+    if not isinstance(context, int) or context <= 0 or longest + max_new <= context:
+        return max_new
+    if longest >= context:
+        raise ValueError(
+            f"a prompt of {longest} tokens fills the model's context of {context} tokens "
+            "(max_position_embeddings), leaving no room for a completion; leave the long prompts out"
+        )
+    # Positions past the context were never trained: completions there would be scored as if they meant something.
+    print(
+        f"note: --max-completion-length lowered from {max_new} to {context - longest}: the longest prompt "
+        f"({longest} tokens) leaves no more room in the model's context of {context} tokens",
+        file=sys.stderr,
+    )
+    return context - longest
 
 
 def _engine(args: argparse.Namespace, model, tokenizer):
@@ -114,15 +157,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from cohort.rewards import resolve_reward_funcs
 
     reward = resolve_reward_funcs([args.reward])[0]
-    tokenizer, model, rows = _model_and_rows(args)
+    tokenizer, model, rows = _model_and_rows(args, reward=reward)
     engine = _engine(args, model, tokenizer)
+    prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
+    args.max_completion_length = _fit_completion_length(model, prompt_ids, args.max_completion_length)
 
     result = evaluate(
         model,
         tokenizer,
         rows,
         reward,
-        prompt_ids=encode_prompts(tokenizer, [r[args.prompt_column] for r in rows]),
+        prompt_ids=prompt_ids,
         engine=engine,
         max_completion_length=args.max_completion_length,
         prompt_column=args.prompt_column,
@@ -143,12 +188,14 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     _check_output(args.out)
     reward = resolve_reward_funcs([args.reward])[0]
-    tokenizer, model, rows = _model_and_rows(args)
+    tokenizer, model, rows = _model_and_rows(args, reward=reward)
     engine = _engine(args, model, tokenizer)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
+    args.max_completion_length = _fit_completion_length(model, prompt_ids, args.max_completion_length)
     gen = torch.Generator().manual_seed(args.seed)
     params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
     kept = 0
+    Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         for start in range(0, len(rows), 32):
             chunk = rows[start : start + 32]
@@ -227,6 +274,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.writelines(lines)
         return 0
+    Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         f.writelines(lines)
     print(f"wrote {len(rows)} row(s), {args.n} completion(s) each, to {args.out}")
@@ -271,10 +319,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from cohort.models import is_adapter_folder, load_model, load_tokenizer, save_merged
 
-    if not is_adapter_folder(args.adapter):
-        raise SystemExit(
-            f"error: {args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)"
+    if not Path(args.adapter).expanduser().exists():
+        raise ValueError(
+            f"{args.adapter} does not exist; pass the LoRA adapter folder of a run (its final folder)"
         )
+    if not is_adapter_folder(args.adapter):
+        raise ValueError(f"{args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)")
     _check_output(args.out, "OUT", folder=True)
     tokenizer = load_tokenizer(args.adapter)
     model = load_model(args.adapter, dtype=args.dtype)
@@ -313,9 +363,8 @@ def _finite_float(minimum: float, strict: bool):
     def parse(text: str) -> float:
         value = float(text)
         if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(
-                f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}"
-            )
+            bound = "" if minimum == -math.inf else f" {'>' if strict else '>='} {minimum:g}"
+            raise argparse.ArgumentTypeError(f"{text} must be a finite number{bound}")
         return value
 
     parse.__name__ = "number"
@@ -418,9 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--temperature", type=_finite_float(0.0, strict=True), default=1.0)
         p.add_argument("--max-completion-length", type=_positive_int, default=256)
-        p.add_argument("--engine", default="builtin")
+        p.add_argument("--engine", default="builtin", choices=ENGINES)
         if name == "sample":
-            p.add_argument("--threshold", type=float, default=1.0)
+            p.add_argument("--threshold", type=_finite_float(-math.inf, strict=False), default=1.0)
             p.add_argument("--out", required=True, help="JSONL file to write")
         p.set_defaults(func=func)
 
@@ -490,7 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
-    except (ConfigError, FileNotFoundError, ValueError, ImportError, OSError) as e:
+    except ImportError as e:
+        if (e.name or "").split(".")[0] == "cohort":
+            raise  # a name missing inside cohort is cohort's bug: the traceback is for it
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ConfigError, FileNotFoundError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FastPathError as e:  # a fast path switched on that this model cannot take: a config choice

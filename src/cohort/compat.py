@@ -73,11 +73,7 @@ TRL_FIELDS: dict[str, Field] = {
         False, "algo.ref_update_every", "True: copy the policy into the reference every ref_model_sync_steps"
     ),
     "ref_model_sync_steps": Field(512, "algo.ref_update_every"),
-    "ref_model_mixup_alpha": Field(
-        0.6,
-        "algo.ref_update_every",
-        "with sync_ref_model only 1.0 (a full copy of the policy) is implemented",
-    ),
+    "ref_model_mixup_alpha": Field(0.6, "algo.ref_mixup_alpha", "used with sync_ref_model=True"),
     # optimizer
     "learning_rate": Field(1e-6, "optim.lr"),
     "lr_scheduler_type": Field("linear", "optim.schedule", "constant, linear or cosine"),
@@ -235,12 +231,8 @@ class GRPOConfig:
             )
         out["algo.reward_mode"] = modes[aggregation]
         if self.sync_ref_model:
-            if self.ref_model_mixup_alpha != 1.0:
-                raise ConfigError(
-                    f"GRPOConfig(sync_ref_model=True) mixes the reference with ref_model_mixup_alpha="
-                    f"{self.ref_model_mixup_alpha}; cohort implements only the full copy: set ref_model_mixup_alpha=1.0"
-                )
             out["algo.ref_update_every"] = self.ref_model_sync_steps
+            out["algo.ref_mixup_alpha"] = self.ref_model_mixup_alpha
         if self.reward_weights is not None:
             out["reward_weights"] = list(self.reward_weights)
         out["optim.lr"] = self.learning_rate
@@ -290,7 +282,7 @@ class GRPOConfig:
             raise ConfigError(
                 f"GRPOConfig(eval_strategy={self.eval_strategy!r}): cohort evaluates by steps ('steps') or not ('no')"
             )
-        out["eval_every"] = int(self.eval_steps or 0) if self.eval_strategy == "steps" else 0
+        out["eval_every"] = (self.eval_steps or 0) if self.eval_strategy == "steps" else 0
         if self.num_completions_to_print is not None:
             out["num_samples_logged"] = self.num_completions_to_print
         # How long: max_steps wins; else epochs over the dataset, as TRL counts them.
@@ -301,12 +293,25 @@ class GRPOConfig:
                     "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
                 )
             prompts_per_step = max(1, out["rollout.batch_size"] // max(1, out["rollout.group_size"]))
+            if not self.num_train_epochs > 0:
+                raise ConfigError(
+                    f"GRPOConfig(num_train_epochs={self.num_train_epochs}) with max_steps={self.max_steps} trains "
+                    "nothing; set num_train_epochs > 0 or max_steps=N"
+                )
             steps = max(1, math.ceil(self.num_train_epochs * num_rows / prompts_per_step))
         out["steps"] = int(steps)
+        if not 0 <= self.warmup_ratio <= 1:
+            raise ConfigError(
+                f"GRPOConfig(warmup_ratio={self.warmup_ratio}) must be in [0, 1] (a fraction of the steps)"
+            )
         warmup = self.warmup_steps or (round(self.warmup_ratio * steps) if self.warmup_ratio else 0)
         out["optim.warmup_steps"] = int(warmup)
-        every = self.logging_steps
-        out["logging_steps"] = max(1, round(every * steps)) if 0 < every < 1 else int(every)
+        # TRL reads a value in (0, 1) of logging_steps, save_steps and eval_steps as a fraction of the steps.
+        out["logging_steps"] = self.logging_steps
+        for key in ("logging_steps", "save_every", "eval_every"):
+            every = out[key]
+            if isinstance(every, float) and 0 < every < 1:
+                out[key] = max(1, round(every * steps))
         out.update(self.cohort)
         return load_config(None, out)
 

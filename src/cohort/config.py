@@ -177,14 +177,39 @@ class AlgoConfig:
     reward_mode: str = "sum"
     """How several rewards combine: sum (weighted) or decoupled (GDPO, per-reward normalisation)."""
     filter_zero_std: bool = False
-    """Dynamic sampling (DAPO): drop groups whose rewards are all equal from the loss."""
+    """Drop groups whose rewards are all equal from the loss (the batch shrinks; dynamic_sampling refills it)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling with refill: groups whose rewards are all equal are dropped and groups for new
+    prompts are generated (batched, in rounds) until the step holds rollout.batch_size / group_size groups
+    with unequal rewards, or max_sampling_rounds is reached (then it trains on the groups it has)."""
+    max_sampling_rounds: int = 4
+    """With dynamic_sampling: generation rounds per step at most (the first included)."""
     mask_truncated: bool = False
     """Leave completions cut at max_completion_length out of the loss (DAPO overlong filtering)."""
     kl_estimator: str = "k3"
     """Per-token KL estimator of the beta term: k3 (DeepSeekMath's, unbiased, low variance), k2 (its gradient
     is that of the reverse KL it estimates) or k1 (log-ratio; regularises only through the reward)."""
     ref_update_every: int = 0
-    """Copy the policy into the reference every this many steps (0 never)."""
+    """Sync the reference to the policy every this many steps (0 never); see cohort.reference."""
+    ref_sync_kl: float | None = None
+    """Sync the reference after a step whose mean per-token KL exceeds this (None never; seed 002 suggests 0.5)."""
+    ref_mixup_alpha: float = 1.0
+    """Each sync sets ref = alpha * policy + (1 - alpha) * ref (TRL's ref_model_mixup_alpha; 1 copies). Under
+    LoRA the adapter parameters are mixed."""
+
+
+@dataclass
+class CurriculumConfig:
+    """Setting aside prompts that are always or never solved (off by default; see cohort.curriculum)."""
+
+    enabled: bool = False
+    """Track each training prompt's pass rate and set aside those that every or no completion passed."""
+    pass_threshold: float = 1.0
+    """A completion passes when the first reward function scores it at least this (1.0: a correct answer)."""
+    min_samplings: int = 1
+    """Times a prompt must have been sampled (G completions each) before it can be set aside."""
+    retry_after: int = 50
+    """Steps a set-aside prompt waits before it returns to the pool and is judged afresh."""
 
 
 @dataclass
@@ -223,6 +248,8 @@ class TrainConfig:
     """The objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Prompt selection by pass rate (off by default)."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None
@@ -322,6 +349,7 @@ class TrainConfig:
         _check_choice("algo.reward_mode", a.reward_mode, REWARD_MODES)
         _check_choice("optim.schedule", o.schedule, SCHEDULES)
         _check_choice("model.dtype", str(self.model.dtype).lower(), tuple(DTYPES))
+        _check_device(self.model.device)
         if self.model.lora.enabled:
             self.model.lora.check()
         if a.beta < 0:
@@ -391,11 +419,35 @@ class TrainConfig:
                 f"algo.ref_update_every={a.ref_update_every} with algo.beta=0: there is no reference to refresh; "
                 "set algo.beta > 0 or ref_update_every=0"
             )
-        if a.ref_update_every and self.model.lora.enabled:
+        if a.ref_sync_kl is not None and not a.ref_sync_kl > 0:
             raise ConfigError(
-                "algo.ref_update_every with model.lora.enabled: the LoRA reference is the base with the adapter "
-                "off, which a copy of the policy cannot refresh (not implemented); set ref_update_every=0"
+                f"algo.ref_sync_kl={a.ref_sync_kl} must be > 0 (the mean per-token KL above which the reference "
+                "syncs; seed 002 suggests 0.5), or null"
             )
+        if a.ref_sync_kl is not None and a.beta == 0:
+            raise ConfigError(
+                f"algo.ref_sync_kl={a.ref_sync_kl} with algo.beta=0: no KL is measured without a reference; set "
+                "algo.beta > 0 or ref_sync_kl=null"
+            )
+        if not 0 < a.ref_mixup_alpha <= 1:
+            raise ConfigError(
+                f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
+            )
+        if a.ref_mixup_alpha != 1 and not a.ref_update_every and a.ref_sync_kl is None:
+            raise ConfigError(
+                f"algo.ref_mixup_alpha={a.ref_mixup_alpha} but the reference never syncs: set algo.ref_update_every "
+                "or algo.ref_sync_kl too"
+            )
+        if a.max_sampling_rounds < 1:
+            raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
+        cur = self.curriculum
+        if cur.enabled:
+            if cur.min_samplings < 1:
+                raise ConfigError(f"curriculum.min_samplings={cur.min_samplings} must be >= 1")
+            if cur.retry_after < 1:
+                raise ConfigError(
+                    f"curriculum.retry_after={cur.retry_after} must be >= 1 (steps before a set-aside prompt returns)"
+                )
         checks = [
             ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
             ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
@@ -470,6 +522,18 @@ class TrainConfig:
                 f"(rollout.engine={self.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
                 "set fast.packed_weights=auto"
             )
+
+
+def _check_device(name: str) -> None:
+    """Raises ConfigError when model.device is not auto or a device string torch can parse."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"model.device={name!r} is not a device; use auto, cpu, cuda, cuda:N (e.g. cuda:0) or mps"
+        ) from None
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -706,10 +770,16 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. algo.beta=0.04)")
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("-").replace("-", "_")
+        if not key:
+            raise ConfigError(
+                f"override {item!r} has no key before '='; write key=value (e.g. algo.beta=0.04)"
+            )
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+            value = raw  # `rewards=f.py:` or `x=a: b` is a text with a colon, not a YAML mapping
         flat[key] = value
     return _nest(flat)
 

@@ -86,27 +86,50 @@ def generate_rows(
     """Returns one ``{"prompt", "completions", "finish_reasons"}`` dict per prompt, with ``n`` completions each.
 
     A finish reason is ``"eos"`` (the model ended the completion) or ``"length"`` (it reached
-    ``params.max_completion_length`` first). ``chat_template`` is that of :func:`cohort.data.encode_prompts`.
+    ``params.max_completion_length``, or the end of the model's context, first). ``chat_template`` is that of :func:`cohort.data.encode_prompts`.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1 completions per prompt, got {n}")
     prompt_ids = encode_prompts(tokenizer, list(prompts), chat_template=chat_template)
     engine = _engine(model, tokenizer, engine)
     generator = _generator(model, seed)
-    rows: list[dict[str, Any]] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        batch = engine.generate(model, prompt_ids[start : start + batch_size], n, params, generator)
-        texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-        reasons = ["length" if t else "eos" for t in batch.truncated.tolist()]
-        for j in range(batch.num_prompts):
-            rows.append(
-                {
-                    "prompt": prompts[start + j],
+    # Past the model's context the positions were never trained: each completion is cut to the room its
+    # prompt leaves (as ChatSession does), and prompts are generated in runs of equal limits.
+    limits = _completion_limits(model, prompt_ids, params.max_completion_length)
+    runs: dict[int, list[int]] = {}
+    for i, limit in enumerate(limits):
+        runs.setdefault(limit, []).append(i)
+    rows: list[dict[str, Any] | None] = [None] * len(prompt_ids)
+    for limit, indices in runs.items():
+        run_params = dataclasses.replace(params, max_completion_length=limit)
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            batch = engine.generate(model, [prompt_ids[i] for i in chunk], n, run_params, generator)
+            texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+            reasons = ["length" if t else "eos" for t in batch.truncated.tolist()]
+            for j, i in enumerate(chunk):
+                rows[i] = {
+                    "prompt": prompts[i],
                     "completions": texts[j * n : (j + 1) * n],
                     "finish_reasons": reasons[j * n : (j + 1) * n],
                 }
-            )
-    return rows
+    return [row for row in rows if row is not None]
+
+
+def _completion_limits(model: torch.nn.Module, prompt_ids: Sequence[Sequence[int]], wanted: int) -> list[int]:
+    """Returns the most new tokens each prompt may get within the model's context (`wanted` at most)."""
+    context = getattr(text_config(model), "max_position_embeddings", None)
+    if not isinstance(context, int) or context <= 0:
+        return [wanted] * len(prompt_ids)
+    full = [i for i, ids in enumerate(prompt_ids) if len(ids) >= context]
+    if full:
+        longest = max(len(prompt_ids[i]) for i in full)
+        raise ValueError(
+            f"{len(full)} prompt(s) (prompt {full[0]} first, the longest {longest} tokens) fill the model's "
+            f"context of {context} tokens (max_position_embeddings), leaving no room for a completion; "
+            "shorten them"
+        )
+    return [min(wanted, context - len(ids)) for ids in prompt_ids]
 
 
 def printable(text: str) -> str:

@@ -36,6 +36,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "eps_high": 0.28,
             "beta": 0.0,
             "filter_zero_std": True,
+            "dynamic_sampling": True,  # DAPO section 3.2: refill the batch with groups of unequal rewards
             "mask_truncated": True,
         },
         "optim": {"lr": 1e-6, "schedule": "constant", "warmup_steps": 0},
@@ -57,7 +58,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 def apply_preset(cfg: Any, name: str) -> Any:
     """Return `cfg` with the named preset's values written into it (raises ConfigError if unknown)."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:  # a list or mapping from YAML is not a name either
         raise ConfigError(f"preset={name!r} is not known; choose one of: {', '.join(PRESETS)}")
     for section, values in PRESETS[name].items():
         target = getattr(cfg, section)

@@ -8,12 +8,12 @@ in the constructor before the model is loaded.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import random
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from cohort.checkpoint import (
 )
 from cohort.compat import TrainerState, dataset_rows, trl_arguments
 from cohort.config import TrainConfig, save_config, to_dict
+from cohort.curriculum import Curriculum
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
 from cohort.errors import ConfigError, TrainingError
 from cohort.evaluation import evaluate
@@ -50,6 +51,7 @@ from cohort.models import (
     wrap_lora,
 )
 from cohort.optim import make_adamw, make_scheduler
+from cohort.reference import Reference
 from cohort.report import MetricsLogger, Progress, quiet_hf_progress, read_jsonl, write_report, write_summary
 from cohort.rewards import (
     RewardLogs,
@@ -59,7 +61,7 @@ from cohort.rewards import (
     reward_weights,
     score,
 )
-from cohort.rollout import RolloutBatch, SamplingParams, make_engine
+from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
@@ -115,15 +117,23 @@ class PromptSampler:
         g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
-    def take(self, k: int) -> list[int]:
-        """Return the next k indices (an epoch boundary reshuffles)."""
+    def take(self, k: int, allow: Callable[[int], bool] | None = None) -> list[int]:
+        """Return the next k indices (an epoch boundary reshuffles), passing over those `allow` refuses.
+
+        After a whole dataset's worth of refusals in one call every index is taken again, so a curriculum
+        that has set almost everything aside cannot stall the run."""
         out: list[int] = []
+        refused = 0
         while len(out) < k:
             if self.pos == self.n:
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._shuffle()
-            out.append(self._order[self.pos])
+            i = self._order[self.pos]
             self.pos += 1
+            if allow is not None and refused < self.n and not allow(i):
+                refused += 1
+                continue
+            out.append(i)
         return out
 
     def state_dict(self) -> dict[str, int]:
@@ -134,6 +144,37 @@ class PromptSampler:
         """Resume at a saved position."""
         self.epoch, self.pos = state["epoch"], state["pos"]
         self._order = self._shuffle()
+
+
+@dataclass
+class Drawn:
+    """The prompts of a step (or of one dynamic-sampling round), their rollout and their rewards."""
+
+    idx: list[int]
+    rows: list[dict]
+    rollout: RolloutBatch
+    completions: list[Any]
+    per_func: torch.Tensor
+    """[N, R] each reward function's score (NaN for None)."""
+    logs: RewardLogs
+    seconds_generate: float
+    seconds_score: float
+    rounds: int = 1
+    groups_generated: int | None = None
+    """Set by dynamic sampling only: groups generated over every round."""
+    groups_kept: int | None = None
+    completion_tokens: int | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """Returns the dynamic-sampling metrics of a refilled batch ({} for a plain one)."""
+        if self.groups_generated is None:
+            return {}
+        return {
+            "sampling/rounds": float(self.rounds),
+            "sampling/groups_generated": float(self.groups_generated),
+            "sampling/groups_kept": float(self.groups_kept or 0),
+            "sampling/completion_tokens": float(self.completion_tokens or 0),
+        }
 
 
 @dataclass
@@ -231,6 +272,12 @@ class GRPOTrainer:
             held_out = [c for c in eval_rows[0] if c != cfg.data.prompt_column]
             check_reward_columns(self.reward_funcs[:1], held_out, where="the held-out data")  # evaluate()'s
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
+        if cfg.eval_every and not self.eval_rows:
+            raise ConfigError(
+                f"eval_every={cfg.eval_every} asks for held-out evaluations, but there are no held-out rows "
+                f"(data.n_eval={cfg.data.n_eval} for a built-in task, data.eval_path={cfg.data.eval_path!r} for a "
+                "dataset, or eval_rows=); give held-out rows or set eval_every=0"
+            )
         self.run_dir = Path(cfg.out_dir)
         self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
         # 2. Model, tokenizer, reference.
@@ -264,10 +311,15 @@ class GRPOTrainer:
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
         _check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
-        self.ref_model = None
         # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.
-        if cfg.algo.beta > 0 and not hasattr(self.model, "disable_adapter"):
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        a = cfg.algo
+        self.reference = (
+            Reference(
+                self.model, every=a.ref_update_every, kl_threshold=a.ref_sync_kl, alpha=a.ref_mixup_alpha
+            )
+            if a.beta > 0
+            else None
+        )
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
@@ -308,11 +360,22 @@ class GRPOTrainer:
             max_completion_length=cfg.rollout.max_completion_length,
             micro_batch_tokens=cfg.micro_batch_tokens,
             max_grad_norm=o.max_grad_norm,
-            reference=self._reference if cfg.algo.beta > 0 else None,
+            reference=self.reference,
             autocast=self.autocast,
             fast=cfg.fast,
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.seed + 1000 * dist.rank())
+        c = cfg.curriculum
+        self.curriculum = (
+            Curriculum(
+                len(self.train_rows),
+                pass_threshold=c.pass_threshold,
+                min_samplings=c.min_samplings,
+                retry_after=c.retry_after,
+            )
+            if c.enabled
+            else None
+        )
         self.step_idx = 0
         self.num_tokens = 0
         self._warned: set[str] = set()
@@ -377,14 +440,10 @@ class GRPOTrainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def _reference(self):
-        """Yield the reference policy: the frozen copy, or the base model with the LoRA adapter off."""
-        if self.ref_model is not None:
-            yield self.ref_model
-        else:
-            with self.model.disable_adapter():  # type: ignore[operator]  # peft's method, typed by torch as a Module attribute
-                yield self.model
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        """Returns the frozen reference copy (None at beta = 0, and with LoRA, whose reference is the base)."""
+        return self.reference.copy if self.reference is not None else None
 
     def _find_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
         """Returns the (folder, state) to resume from, after checking the run directory and the config.
@@ -449,8 +508,8 @@ class GRPOTrainer:
             try:
                 with quiet_hf_progress():
                     load_model_weights(self.model, ckpt)
-                if self.ref_model is not None and (ckpt / "reference.pt").is_file():
-                    self.ref_model.load_state_dict(
+                if self.reference is not None and (ckpt / "reference.pt").is_file():
+                    self.reference.load_state_dict(
                         torch.load(ckpt / "reference.pt", map_location=self.device)
                     )
             except (RuntimeError, OSError, ValueError) as e:
@@ -470,6 +529,8 @@ class GRPOTrainer:
             set_rng_state(state["rng"], self.generator)
             extra = state.get("extra", {})
             self.sampler.load_state_dict(extra["sampler"])
+            if self.curriculum is not None and "curriculum" in extra:
+                self.curriculum.load_state_dict(extra["curriculum"])
             self.num_tokens = extra.get("num_tokens", 0)
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
@@ -500,11 +561,14 @@ class GRPOTrainer:
             "rng": rng_state(self.generator),
             "shuffle_rng": self.shuffle_generator.get_state(),
             "num_tokens": self.num_tokens,
+            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
         }
 
     def _rewind(self, snap: dict[str, Any]) -> None:
         """Restores a _snapshot: the state at the start of the step being prepared."""
         self.sampler.load_state_dict(snap["sampler"])
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(snap["curriculum"])
         set_rng_state(snap["rng"], self.generator)
         self.shuffle_generator.set_state(snap["shuffle_rng"])
         self.num_tokens = snap["num_tokens"]
@@ -530,30 +594,13 @@ class GRPOTrainer:
         """Return the metrics of one training step (generation batch → μ updates)."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
         t0 = time.perf_counter()
-        # 1. Prompts: B dataset rows, each to be answered G times.
-        idx = self.sampler.take(cfg.prompts_per_step)
-        rows = [self.train_rows[i] for i in idx]
-        # 2. Rollout.
-        with self.autocast():
-            try:
-                rollout = self.engine.generate(
-                    self.model,
-                    [self.train_prompt_ids[i] for i in idx],
-                    G,
-                    self.sampling_params(),
-                    self.generator,
-                )
-            except RuntimeError as e:
-                if "inf" in str(e) and "nan" in str(e):
-                    raise TrainingError(
-                        f"step {self.step_idx + 1}: the policy produced non-finite logits while sampling ({e}); "
-                        "usually half-precision overflow (try model.dtype=float32 or bfloat16)"
-                    ) from None
-                raise
-        t_gen = time.perf_counter()
-        # 3. Rewards [N, R] → one reward per completion [N].
-        completions = self._decode(rollout, rows)
-        per_func = self._score(rows, rollout, completions)
+        # 1-3. Prompts (B dataset rows), rollout (G completions each), rewards [N, R]. Dynamic sampling swaps
+        # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
+        drawn = self._draw(cfg.prompts_per_step)
+        if cfg.algo.dynamic_sampling:
+            drawn = self._refill(drawn)
+        rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
+        self.reward_logs = drawn.logs
         a = cfg.algo
         reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")  # [N], logged
         # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
@@ -570,6 +617,7 @@ class GRPOTrainer:
         if a.mask_truncated:
             in_loss &= ~rollout.truncated.cpu()
         t_score = time.perf_counter()
+        t_gen = t_score - drawn.seconds_score  # scoring may interleave with generation rounds
         self._check_learnable(per_func, adv, in_loss)
         # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
         with self._committing():
@@ -586,11 +634,15 @@ class GRPOTrainer:
                     f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
                     "the run cannot learn from here",
                 )
-            # 6. Reference refresh (recipes that let the anchor follow the policy).
+            # 6. Reference sync (recipes that let the anchor follow the policy).
             self.step_idx += 1
-            if self.ref_model is not None and a.ref_update_every and self.step_idx % a.ref_update_every == 0:
-                self.ref_model.load_state_dict(self.model.state_dict())
+            synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
+        metrics.update(drawn.metrics())
+        if self.reference is not None and self.reference.follows_policy:
+            metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
+        if self.curriculum is not None:
+            metrics.update(self.curriculum.metrics(self.step_idx))
         metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
         metrics.update(
             {
@@ -602,6 +654,106 @@ class GRPOTrainer:
         )
         samples = self._sample_rows(rows, rollout, completions, per_func, reward, adv, in_loss)
         return StepResult(metrics, samples)
+
+    def _generate(self, idx: list[int]) -> RolloutBatch:
+        """Returns G completions for each training prompt in `idx`, sampled from the current policy."""
+        with self.autocast():
+            try:
+                return self.engine.generate(
+                    self.model,
+                    [self.train_prompt_ids[i] for i in idx],
+                    self.cfg.rollout.group_size,
+                    self.sampling_params(),
+                    self.generator,
+                )
+            except RuntimeError as e:
+                if "inf" in str(e) and "nan" in str(e):
+                    raise TrainingError(
+                        f"step {self.step_idx + 1}: the policy produced non-finite logits while sampling ({e}); "
+                        "usually half-precision overflow (try model.dtype=float32 or bfloat16)"
+                    ) from None
+                raise
+
+    def _draw(self, k: int) -> Drawn:
+        """Returns k new prompts from the sampler, their rollout and its rewards (the curriculum records them)."""
+        step = self.step_idx + 1
+        curriculum = self.curriculum
+        allow = (lambda i: curriculum.active(i, step)) if curriculum is not None else None
+        idx = self.sampler.take(k, allow=allow)
+        rows = [self.train_rows[i] for i in idx]
+        t0 = time.perf_counter()
+        rollout = self._generate(idx)
+        t1 = time.perf_counter()
+        completions = self._decode(rollout, rows)
+        per_func, logs = self._score(rows, rollout, completions)
+        if curriculum is not None:
+            curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
+        return Drawn(idx, rows, rollout, completions, per_func, logs, t1 - t0, time.perf_counter() - t1)
+
+    def _refill(self, first: Drawn) -> Drawn:
+        """Returns a step's batch of prompts_per_step groups with unequal rewards, drawing groups for new prompts
+        in batched rounds (at most algo.max_sampling_rounds in all) to replace the all-equal ones.
+
+        A round asks for the missing groups divided by the share of informative groups seen so far (a full
+        batch at most), so a run where half the groups teach nothing usually needs one extra round. When the
+        rounds run out the step trains on the informative groups it has (all of the first round's if none)."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        want = cfg.prompts_per_step
+
+        def informative(d: Drawn) -> list[int]:
+            reward = combine_rewards(d.per_func, self.reward_weights, G, mode="sum")
+            same = zero_std_group_mask(reward, G).view(-1, G)[:, 0].tolist()
+            return [g for g, s in enumerate(same) if not s]
+
+        parts = [(first, informative(first))]
+        kept, generated = len(parts[0][1]), want
+        while kept < want and len(parts) < cfg.algo.max_sampling_rounds:
+            need = want - kept
+            k = want if kept == 0 else min(want, max(need, math.ceil(need * generated / kept)))
+            d = self._draw(k)
+            parts.append((d, informative(d)))
+            kept, generated = kept + len(parts[-1][1]), generated + k
+        if kept == 0:
+            self._warn_once(
+                "refill-empty",
+                f"dynamic sampling: no group with unequal rewards in {len(parts)} rounds ({generated} groups); the "
+                "step trains on the first round as it is (raise algo.max_sampling_rounds, or check the rewards)",
+            )
+            chosen = [(first, list(range(len(first.idx))))]
+        else:
+            if kept < want:
+                self._warn_once(
+                    "refill-short",
+                    f"dynamic sampling: {kept} of {want} groups with unequal rewards after {len(parts)} rounds; "
+                    "the step trains on those (raise algo.max_sampling_rounds to fill the batch)",
+                )
+            chosen, room = [], want
+            for d, groups in parts:
+                if room > 0 and groups:
+                    chosen.append((d, groups[:room]))
+                    room -= len(chosen[-1][1])
+        rows_of = [[g * G + i for g in groups for i in range(G)] for _, groups in chosen]
+        # Rounds none of whose groups were kept still logged metrics (log_metric) while being scored.
+        none: list[int] = []
+        unused = [(d.logs, none) for d, _ in parts if all(d is not c for c, _ in chosen)]
+        return Drawn(
+            idx=[d.idx[g] for d, groups in chosen for g in groups],
+            rows=[d.rows[g] for d, groups in chosen for g in groups],
+            rollout=select_groups([(d.rollout, groups) for d, groups in chosen]),
+            completions=[
+                d.completions[r] for (d, _), rows in zip(chosen, rows_of, strict=True) for r in rows
+            ],
+            per_func=torch.cat([d.per_func[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
+            logs=RewardLogs.merged(
+                [(d.logs, rows) for (d, _), rows in zip(chosen, rows_of, strict=True)] + unused
+            ),
+            seconds_generate=sum(d.seconds_generate for d, _ in parts),
+            seconds_score=sum(d.seconds_score for d, _ in parts),
+            rounds=len(parts),
+            groups_generated=generated,
+            groups_kept=min(kept, want),
+            completion_tokens=sum(int(d.rollout.completion_lengths.sum()) for d, _ in parts),
+        )
 
     def _sample_rows(
         self, rows, rollout, completions, per_func, reward, adv, in_loss
@@ -671,22 +823,25 @@ class GRPOTrainer:
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         return as_completions(texts, rows[0][self.cfg.data.prompt_column])
 
-    def _score(self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]) -> torch.Tensor:
+    def _score(
+        self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]
+    ) -> tuple[torch.Tensor, RewardLogs]:
         G, pc = rollout.group_size, self.cfg.data.prompt_column
         columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
         # Reward functions get the live state, as in TRL, brought to the step being scored.
         self.state.global_step = self.step_idx
         self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
-        self.reward_logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
-        return score(
+        logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
+        scores = score(
             self.reward_funcs,
             prompts=[r[pc] for r in rows for _ in range(G)],
             completions=completions,
             completion_ids=rollout.completion_ids,
             columns=columns,
             trainer_state=self.state,
-            logs=self.reward_logs,
+            logs=logs,
         )  # [N, R]
+        return scores, logs
 
     def _metrics(self, rollout, per_func, reward, zero_std, stats: UpdateStats) -> dict[str, Any]:
         G = rollout.group_size
@@ -753,11 +908,13 @@ class GRPOTrainer:
             "shuffle_rng": self.shuffle_generator.get_state(),
             "config": to_dict(self.cfg),
         }
-        # A reference that follows the policy (ref_update_every) is state: without it a resumed run would
-        # anchor to the initial model.
+        if self.curriculum is not None:
+            extra["curriculum"] = self.curriculum.state_dict()
+        # A reference that has followed the policy is state: without it a resumed run would anchor to the
+        # initial model.
         files = {}
-        if self.ref_model is not None and self.cfg.algo.ref_update_every:
-            files["reference.pt"] = self.ref_model.state_dict()
+        if self.reference is not None and self.reference.syncs:
+            files["reference.pt"] = self.reference.state_dict()
         with quiet_hf_progress():  # no "Writing model shards" bar
             folder = save_checkpoint(
                 self.run_dir,

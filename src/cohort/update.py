@@ -243,9 +243,10 @@ class PolicyUpdater:
             if self.algo.num_minibatches > 1
             else list(range(groups))
         )
-        per = groups // self.algo.num_minibatches
-        for m in range(self.algo.num_minibatches):
-            chosen = order[m * per : (m + 1) * per]
+        # Near-equal parts: a batch that dynamic sampling could not fill may not divide evenly, and no group
+        # is left out (a part may be empty when there are fewer groups than minibatches).
+        for part in torch.tensor(order, dtype=torch.long).tensor_split(self.algo.num_minibatches):
+            chosen = part.tolist()
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
     # ------------------------------------------------------------------ the update

@@ -100,7 +100,7 @@ def test_module_spec():
         resolve_reward_funcs(["no_such_pkg.rewards:f"])
     with pytest.raises(ValueError, match=r"has no attribute 'nope'; its callables are \[.*'format_reward'"):
         resolve_reward_funcs(["cohort.rewards.builtin:nope"])
-    with pytest.raises(TypeError, match="'BUILTIN_REWARDS' is a dict, not a function"):
+    with pytest.raises(ValueError, match="'BUILTIN_REWARDS' is a dict, not a function"):
         resolve_reward_funcs(["cohort.rewards.registry:BUILTIN_REWARDS"])
 
 
@@ -117,7 +117,7 @@ def test_file_spec(tmp_path):
     assert resolve_reward_funcs([f"{path}:short"]) == [short]  # loaded once
     with pytest.raises(ValueError, match=r"has no attribute 'long'; its callables are \['short'\]"):
         resolve_reward_funcs([f"{path}:long"])
-    with pytest.raises(TypeError, match="'LIMIT' is a int, not a function"):
+    with pytest.raises(ValueError, match="'LIMIT' is a int, not a function"):
         resolve_reward_funcs([f"{path}:LIMIT"])
     with pytest.raises(ValueError, match="file .*missing.py' not found"):
         resolve_reward_funcs([f"{tmp_path / 'missing.py'}:f"])

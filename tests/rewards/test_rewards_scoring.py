@@ -296,7 +296,7 @@ def test_log_metric_and_log_extra_are_collected():
         ("log_extra('x', 'abcd')", "give a list with one value per completion"),
         (
             "log_extra('reward', [0] * 4)",
-            r"\['completion', 'prompt', 'reward', 'step'\] are the sample's own",
+            r"'reward', 'step', 'truncated'\] and rewards/\* are the sample's own",
         ),
         ("log_extra('x', [0] * 4) or log_extra('x', [0] * 4)", "the column was already logged in this step"),
     ],

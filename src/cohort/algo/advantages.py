@@ -61,6 +61,7 @@ def group_advantages(
     Groups whose rewards are all equal get exactly 0; NaN rewards get 0 and are left out of the statistics.
     """
     r = as_float("rewards", rewards)
+    out_dtype, r = r.dtype, _wide(r)
     if r.dim() != 1:
         raise ValueError(
             f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}. "
@@ -84,7 +85,13 @@ def group_advantages(
     else:
         adv = centred  # [B, G]
     adv = torch.where(valid & ~constant[:, None], adv, 0)  # [B, G]
-    return adv.reshape(n)  # [N]
+    return adv.reshape(n).to(out_dtype)  # [N]
+
+
+def _wide(r: torch.Tensor) -> torch.Tensor:
+    """Returns `r` in float64 where the device has it: squared deviations of float32 rewards above ~1e19
+    overflow to inf in float32, which would zero every advantage without a word."""
+    return r if r.device.type == "mps" else r.to(torch.float64)
 
 
 def _reward_matrix(rewards: object) -> torch.Tensor:
@@ -119,6 +126,7 @@ def combine_rewards(
     check_choice("std", std, STD_KINDS)
     eps = check_nonneg("eps", eps)
     r = _reward_matrix(rewards)
+    out_dtype, r = r.dtype, _wide(r)
     if r.dim() == 1:
         r = r[:, None]
     if r.dim() != 2:
@@ -142,7 +150,7 @@ def combine_rewards(
 
     if mode == "sum":
         total = torch.where(valid, r * w, 0).sum(-1)  # [N]
-        return torch.where(any_valid, total, float("nan"))  # [N]
+        return torch.where(any_valid, total, float("nan")).to(out_dtype)  # [N]
 
     # Decoupled: one z-score per (group, reward column), computed for all columns at once.
     b = n // g
@@ -155,7 +163,7 @@ def combine_rewards(
     summed = (z * w).sum(-1)  # [N]
     bmean, bsd, bconst = _masked_stats(summed.view(1, n), any_valid.view(1, n), std)  # [1] each
     adv = (summed - bmean) / (bsd + eps)  # [N]
-    return torch.where(any_valid & ~bconst, adv, 0)  # [N]
+    return torch.where(any_valid & ~bconst, adv, 0).to(out_dtype)  # [N]
 
 
 def process_advantages(

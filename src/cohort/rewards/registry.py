@@ -23,6 +23,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,23 @@ def _load_file(path_text: str, spec: str) -> Any:
     sys.modules[module_name] = module
     try:
         file_spec.loader.exec_module(module)
-    except Exception:
+    except Exception as exc:
         del sys.modules[module_name]
-        raise
+        raise ValueError(f"reward spec {spec!r}: {_import_failure(exc, path)}") from exc
     return module
+
+
+def _import_failure(exc: BaseException, path: Path | None = None) -> str:
+    """Returns one line saying where importing a user's reward code failed: the error and its file:line."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename or path}:{exc.lineno}"
+        return f"{where}: SyntaxError: {exc.msg}; fix the file"
+    frames = traceback.extract_tb(exc.__traceback__)
+    # The innermost frame in the user's file says which of its lines failed (not importlib's frames).
+    own = [f for f in frames if path is not None and Path(f.filename).resolve() == path] or frames[-1:]
+    where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+    fix = "install it" if isinstance(exc, ImportError) else "fix the file"
+    return f"importing it raised {type(exc).__name__}: {exc}{where}; {fix}"
 
 
 def _model_folder(key: str) -> Path | None:
@@ -164,6 +178,10 @@ def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -
 def _load_function(key: str, spec: str) -> Callable:
     """Returns the function a ``module:function`` or ``file.py:function`` spec names."""
     target, attr = key.rsplit(":", 1)
+    if not attr.strip():
+        raise ValueError(
+            f"reward spec {spec!r} names no function after the ':'; write e.g. '{target}:my_reward'"
+        )
     if target.endswith(".py") or "/" in target or "\\" in target:
         module = _load_file(target, spec)
     else:
@@ -174,6 +192,8 @@ def _load_function(key: str, spec: str) -> Callable:
                 f"reward spec {spec!r}: cannot import module {target!r} ({exc}); check that it is installed "
                 "or on PYTHONPATH, or use 'path/to/file.py:function'"
             ) from exc
+        except Exception as exc:  # the module exists but its own code fails (SyntaxError included)
+            raise ValueError(f"reward spec {spec!r}: module {target!r}: {_import_failure(exc)}") from exc
     func = getattr(module, attr, None)
     if func is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -181,7 +201,10 @@ def _load_function(key: str, spec: str) -> Callable:
             f"reward spec {spec!r}: {target!r} has no attribute {attr!r}; its callables are {public}"
         )
     if not callable(func):
-        raise TypeError(f"reward spec {spec!r}: {attr!r} is a {type(func).__name__}, not a function")
+        raise ValueError(
+            f"reward spec {spec!r}: {attr!r} is a {type(func).__name__}, not a function; "
+            "name a function defined in it"
+        )
     return func
 
 

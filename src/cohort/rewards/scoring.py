@@ -59,7 +59,9 @@ EXTRA_ARGUMENTS = frozenset({"trainer_state", "log_metric", "log_extra"})
 REWARD_ARGUMENTS = RESERVED_COLUMNS | EXTRA_ARGUMENTS
 """Every argument name cohort fills itself; a dataset column may not use one."""
 
-SAMPLE_FIELDS = frozenset({"step", "prompt", "completion", "reward"})
+SAMPLE_FIELDS = frozenset(
+    {"step", "group", "prompt", "completion", "reward", "advantage", "in_loss", "length", "truncated"}
+)
 """The fields of a logged sample, which ``log_extra`` columns may not replace."""
 
 METRIC_STATS = frozenset({"mean", "std"})
@@ -76,6 +78,11 @@ class RewardFunctionError(ValueError):
     def __init__(self, func_name: str, message: str):
         super().__init__(f"reward function {func_name!r} {message}")
         self.func_name = func_name
+
+
+class RewardSignatureError(RewardFunctionError, TypeError):
+    """A reward function's signature cannot take the keyword arguments it is called with. A TypeError for
+    the Python API, and a ValueError so that the command line reports it in one line, as a user error."""
 
 
 def reward_name(func: Callable) -> str:
@@ -165,9 +172,10 @@ def _read_signature(func: Callable) -> RewardSignature:
         if p.kind is p.VAR_KEYWORD:
             var_keyword = True
         elif p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
-            raise TypeError(
-                f"reward function {reward_name(func)!r} takes {p.name!r} as a positional-only argument; reward "
-                "functions are called with keyword arguments (prompts=, completions=, ...): remove the '/'"
+            raise RewardSignatureError(
+                reward_name(func),
+                f"takes {p.name!r} as a positional-only argument; reward functions are called with keyword "
+                "arguments (prompts=, completions=, ...): remove the '/'",
             )
         elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             params.add(p.name)
@@ -288,6 +296,20 @@ class RewardLogs:
         """Returns the extra columns' values of completion `index` (JSON-safe)."""
         return {column: values[index] for column, values in self.extras.items()}
 
+    @staticmethod
+    def merged(parts: Sequence[tuple[RewardLogs, Sequence[int]]]) -> RewardLogs:
+        """Returns the logs of several scoring rounds as one: every metric value logged, and the extras of the
+        selected completions (`rows` of each part, in order; None where a part lacks a column)."""
+        out = RewardLogs()
+        columns = list(dict.fromkeys(c for logs, _ in parts for c in logs.extras))
+        for logs, rows in parts:
+            for name, values in logs.metrics.items():
+                out.metrics.setdefault(name, []).extend(values)
+            for c in columns:
+                extra = logs.extras.get(c)
+                out.extras.setdefault(c, []).extend(extra[r] if extra is not None else None for r in rows)
+        return out
+
     def metric_logger(self, func_name: str) -> Callable[[str, Any], None]:
         """Returns the ``log_metric(name, value)`` callable given to the reward function `func_name`."""
 
@@ -316,9 +338,9 @@ class RewardLogs:
             """Returns None; records one value per completion under `column` in this step's samples."""
             if not isinstance(column, str) or not column:
                 raise ValueError(f"log_extra: the column must be a non-empty string, got {column!r}")
-            if column in SAMPLE_FIELDS:
+            if column in SAMPLE_FIELDS or column.startswith("rewards/"):
                 raise ValueError(
-                    f"log_extra({column!r}, ...): {sorted(SAMPLE_FIELDS)} are the sample's own fields; choose "
+                    f"log_extra({column!r}, ...): {sorted(SAMPLE_FIELDS)} and rewards/* are the sample's own fields; choose "
                     "another column name"
                 )
             if column in self.extras:
@@ -419,7 +441,16 @@ def _to_float(name: str, index: int, value: Any, out: list[Any]) -> float:
             f"returned {x} at index {index}: {_repr.repr(out)}; rewards must be finite, use None for "
             "'not applicable'",
         )
+    if abs(x) > _FLOAT32_MAX:  # stored as float32: it would become inf and the loss NaN
+        raise RewardFunctionError(
+            name,
+            f"returned {x:g} at index {index}, beyond float32's range (|reward| <= {_FLOAT32_MAX:.3g}); "
+            "rewards are stored as float32: scale the reward down",
+        )
     return x
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _column(name: str, result: Any, n: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cohort import choices
-from cohort.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from cohort.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, select_groups
 from cohort.rollout.builtin import BuiltinEngine
 from cohort.rollout.hf import HFEngine
 from cohort.rollout.sampling import draw, filter_logits, sample_next
@@ -32,6 +32,7 @@ __all__ = [
     "BuiltinEngine",
     "HFEngine",
     "RolloutBatch",
+    "select_groups",
     "RolloutEngine",
     "SamplingParams",
     "draw",

@@ -80,6 +80,38 @@ class RolloutBatch:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.long)
 
 
+def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> RolloutBatch:
+    """Returns one RolloutBatch of the chosen groups (prompt indices) of several batches, in order.
+
+    Dynamic sampling assembles a step's batch from the informative groups of several generation rounds."""
+    if not parts:
+        raise ValueError("select_groups needs at least one (batch, groups) pair")
+    G = parts[0][0].group_size
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    truncated: list[torch.Tensor] = []
+    logprobs: list[torch.Tensor] | None = []
+    for batch, groups in parts:
+        if batch.group_size != G:
+            raise ValueError(f"cannot join batches of group size {G} and {batch.group_size}")
+        rows = [g * G + i for g in groups for i in range(G)]
+        prompts += [batch.prompt_ids[g] for g in groups]
+        completions += [batch.completion_ids[r] for r in rows]
+        truncated.append(batch.truncated[rows] if rows else batch.truncated[:0])
+        if logprobs is not None and batch.sampling_logprobs is not None:
+            logprobs += [batch.sampling_logprobs[r] for r in rows]
+        else:
+            logprobs = None
+    return RolloutBatch(
+        prompt_ids=prompts,
+        completion_ids=completions,
+        truncated=torch.cat(truncated),
+        group_size=G,
+        sampling_logprobs=logprobs,
+        paths=dict(parts[0][0].paths),
+    )
+
+
 class RolloutEngine(abc.ABC):
     """Generates group_size completions for every prompt; subclasses implement `generate`."""
 
