@@ -113,6 +113,7 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"data.max_prompt_length": 0}, "data.max_prompt_length=0 must be >= 1"),
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
         ({"algo.ref_update_every": 5}, "algo.ref_update_every=5 with algo.beta=0: there is no reference"),
+        ({"model.attn_implementation": "bogus"}, "model.attn_implementation='bogus' is not one of sdpa"),
         ({"algo.ref_sync_kl": 0.5}, "algo.ref_sync_kl=0.5 with algo.beta=0: no KL is measured"),
         ({"algo.ref_sync_kl": -1.0, "algo.beta": 0.1}, "algo.ref_sync_kl=-1.0 must be > 0"),
         ({"algo.ref_mixup_alpha": 0.0, "algo.beta": 0.1}, "algo.ref_mixup_alpha=0.0 must be in (0, 1]"),
@@ -174,6 +175,7 @@ def test_prompts_longer_than_the_context_are_refused_and_dropped_prompts_counted
     ("rows", "fragment"),
     [
         ([{"prompt": [{"role": "wizard", "content": "hi"}]}], "unknown chat role 'wizard'"),
+        ([{"prompt": "1+1="}, {"prompt": "  \n"}], "row 1 has a prompt of only whitespace"),
         (
             [{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}],
             "row 1 has a chat-message prompt but row 0",

@@ -452,7 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sft)
 
     for name, helptext, func in (
-        ("eval", "greedy accuracy, pass@k and maj@k on held-out prompts", _cmd_eval),
+        (
+            "eval",
+            "greedy accuracy, pass@k and maj@k on a dataset's prompts (--split test: a task's held-out set)",
+            _cmd_eval,
+        ),
         (
             "sample",
             "rejection sampling: keep completions that pass a reward, as SFT data (JSONL)",

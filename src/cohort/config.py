@@ -352,6 +352,12 @@ class TrainConfig:
         _check_device(self.model.device)
         if self.model.lora.enabled:
             self.model.lora.check()
+        attn = self.model.attn_implementation
+        if attn is not None and attn not in ATTENTION_KINDS and "/" not in str(attn):
+            raise ConfigError(
+                f"model.attn_implementation={attn!r} is not one of {', '.join(ATTENTION_KINDS)} (or a hub kernel "
+                "'org/name'); sdpa is the default"
+            )
         if a.beta < 0:
             raise ConfigError(f"algo.beta={a.beta} must be >= 0 (0 disables the KL penalty)")
         if a.num_iterations < 1 or a.num_minibatches < 1:
@@ -555,6 +561,9 @@ def _check_out_dir(out_dir: str) -> None:
             "choose another out_dir"
         )
 
+
+ATTENTION_KINDS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""transformers' attention implementations (a hub kernel 'org/name' is passed through as well)."""
 
 MOVED_KEYS: dict[str, str] = {
     "rollout.packed_weights": "fast.packed_weights",

@@ -283,6 +283,12 @@ class GRPOTrainer:
         # 2. Model, tokenizer, reference.
         seed_everything(cfg.seed + dist.rank())
         if cfg.threads:
+            if cfg.threads > (os.cpu_count() or cfg.threads):
+                warnings.warn(
+                    f"threads={cfg.threads} is more than this machine's {os.cpu_count()} cores: the threads compete "
+                    "and every step is slower; set threads to at most the number of cores",
+                    stacklevel=2,
+                )
             torch.set_num_threads(cfg.threads)
         f = cfg.fast
         choose(

@@ -287,8 +287,9 @@ def validate_rows(
             raise DataError(f"{where}: row {i}: {_column_mismatch(row, columns)}")
         prompt = row[prompt_column]
         if isinstance(prompt, str):
-            if not prompt:
-                raise DataError(f"{where}: row {i} has an empty prompt; remove the row or fill it in")
+            if not prompt.strip():
+                what = "an empty prompt" if not prompt else f"a prompt of only whitespace ({prompt!r})"
+                raise DataError(f"{where}: row {i} has {what}; remove the row or fill it in")
             kind = "text"
         elif not _is_message_list(prompt):
             raise DataError(
