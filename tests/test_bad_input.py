@@ -40,7 +40,10 @@ def test_a_learning_rate_that_saturates_the_policy_is_reported(tiny_model_dir, t
     t = GRPOTrainer(
         _cfg(tiny_model_dir, tmp_path / "lr", steps=6, **{"optim.lr": 1e3, "optim.max_grad_norm": 0})
     )
-    with pytest.warns(UserWarning, match=r"step \d+: the gradient is exactly 0 .*optim.lr=1000"):
+    with pytest.warns(
+        UserWarning,
+        match=r"step \d+: health check 'zero_gradient': the gradient is exactly 0 .*optim.lr=1000",
+    ):
         t.train()
 
 

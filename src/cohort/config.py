@@ -213,6 +213,42 @@ class CurriculumConfig:
 
 
 @dataclass
+class HealthConfig:
+    """Live health checks (cohort.health): seed 002's failure modes, each with a threshold."""
+
+    enabled: bool = True
+    """Evaluate the checks every step (they reuse what the step computed: no extra forward pass)."""
+    abort: bool = False
+    """Stop the run, after saving a checkpoint, the first time a check fires (exit code 1)."""
+    off: list[str] = field(default_factory=list)
+    """Checks to skip, by name (see cohort.health.CHECKS)."""
+    window: int = 20
+    """Steps the rate checks average over (zero_variance, truncation, length_drift, surrogate_zero, grad_spike)."""
+    zero_variance_max: float = 0.9
+    """zero_variance fires when more than this share of groups had all-equal rewards over the window."""
+    truncation_max: float = 0.5
+    """truncation fires when more than this share of completions hit max_completion_length over the window."""
+    clip_max: float = 0.3
+    """clipping fires when more than this share of tokens had a clipped ratio (seed 002's pilot threshold)."""
+    kl_early_max: float = 1.0
+    """kl_early fires when the mean per-token KL exceeds this before step kl_early_steps (seed 002's pilot)."""
+    kl_early_steps: int = 1000
+    """See kl_early_max."""
+    kl_drift_ratio: float = 1.0
+    """kl_drift fires when beta * KL exceeds this many times the surrogate loss's magnitude."""
+    grad_spike: float = 50.0
+    """grad_spike fires when the gradient norm exceeds this many times the window's median (the demo's largest
+    ratio is about 30: steps with few informative groups have tiny gradients)."""
+    length_ratio: float = 3.0
+    """length_drift fires when the window's mean completion length leaves [1/r, r] times the first window's."""
+    collapse_max: float = 0.5
+    """collapse fires when more than this share of groups have G identical completions below the best reward."""
+    logprob_gap_max: float = 1e-3
+    """logprob_gap fires when, at num_iterations = 1, the trainer's and the sampler's log-prob of a sampled
+    token differ by more than this (float32 on a CPU: about 1e-6)."""
+
+
+@dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule."""
 
@@ -250,6 +286,8 @@ class TrainConfig:
     """The optimizer."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     """Prompt selection by pass rate (off by default)."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Live health checks and their thresholds."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None
@@ -446,6 +484,7 @@ class TrainConfig:
             )
         if a.max_sampling_rounds < 1:
             raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
+        self._validate_health()
         cur = self.curriculum
         if cur.enabled:
             if cur.min_samplings < 1:
@@ -496,6 +535,33 @@ class TrainConfig:
             raise ConfigError(
                 "resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset"
             )
+
+    def _validate_health(self) -> None:
+        """Raises ConfigError for an unknown health check name or a threshold outside its range."""
+        from cohort.health import CHECKS  # the check names live with the checks
+
+        h = self.health
+        unknown = [name for name in h.off if name not in CHECKS]
+        if unknown:
+            raise ConfigError(
+                f"health.off names unknown check(s) {unknown}; the checks are: {', '.join(CHECKS)}"
+            )
+        rules = [
+            ("health.window", h.window, h.window >= 1, ">= 1"),
+            ("health.zero_variance_max", h.zero_variance_max, 0 <= h.zero_variance_max <= 1, "in [0, 1]"),
+            ("health.truncation_max", h.truncation_max, 0 <= h.truncation_max <= 1, "in [0, 1]"),
+            ("health.clip_max", h.clip_max, 0 <= h.clip_max <= 1, "in [0, 1]"),
+            ("health.collapse_max", h.collapse_max, 0 <= h.collapse_max <= 1, "in [0, 1]"),
+            ("health.kl_early_max", h.kl_early_max, h.kl_early_max > 0, "> 0"),
+            ("health.kl_early_steps", h.kl_early_steps, h.kl_early_steps >= 0, ">= 0"),
+            ("health.kl_drift_ratio", h.kl_drift_ratio, h.kl_drift_ratio > 0, "> 0"),
+            ("health.grad_spike", h.grad_spike, h.grad_spike > 1, "> 1"),
+            ("health.length_ratio", h.length_ratio, h.length_ratio > 1, "> 1"),
+            ("health.logprob_gap_max", h.logprob_gap_max, h.logprob_gap_max > 0, "> 0"),
+        ]
+        for key, value, ok, rule in rules:
+            if not ok:
+                raise ConfigError(f"{key}={value} must be {rule}")
 
     def _validate_fast(self) -> None:
         """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""

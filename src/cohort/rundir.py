@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-LOG_FILES = ("metrics", "samples", "evals")
+LOG_FILES = ("metrics", "samples", "evals", "health")
 """The JSONL logs of a run (RUN_DIR/<name>.jsonl), one object per line, each with a "step"."""
 
 

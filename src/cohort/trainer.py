@@ -42,6 +42,7 @@ from cohort.errors import ConfigError, TrainingError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
+from cohort.health import HealthAbort, HealthMonitor, collapsed_share
 from cohort.models import (
     fix_adapter_base_path,
     load_model,
@@ -385,6 +386,7 @@ class GRPOTrainer:
         self.step_idx = 0
         self.num_tokens = 0
         self._warned: set[str] = set()
+        self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
         self._resume()
@@ -482,7 +484,7 @@ class GRPOTrainer:
                     "attempt's logs are kept as *.jsonl.before-restart)",
                     flush=True,
                 )
-                for name in ("metrics", "samples", "evals"):
+                for name in ("metrics", "samples", "evals", "health"):
                     path = self.run_dir / f"{name}.jsonl"
                     if path.is_file():
                         path.replace(path.with_suffix(".jsonl.before-restart"))
@@ -537,6 +539,8 @@ class GRPOTrainer:
             self.sampler.load_state_dict(extra["sampler"])
             if self.curriculum is not None and "curriculum" in extra:
                 self.curriculum.load_state_dict(extra["curriculum"])
+            if "health" in extra:
+                self.health.load_state_dict(extra["health"])
             self.num_tokens = extra.get("num_tokens", 0)
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
@@ -603,6 +607,15 @@ class GRPOTrainer:
         # 1-3. Prompts (B dataset rows), rollout (G completions each), rewards [N, R]. Dynamic sampling swaps
         # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
         drawn = self._draw(cfg.prompts_per_step)
+        collapse = (
+            collapsed_share(
+                drawn.rollout.completion_ids,
+                combine_rewards(drawn.per_func, self.reward_weights, G, mode="sum").tolist(),
+                G,
+            )
+            if self.health.active("collapse")
+            else None
+        )
         if cfg.algo.dynamic_sampling:
             drawn = self._refill(drawn)
         rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
@@ -627,15 +640,20 @@ class GRPOTrainer:
         self._check_learnable(per_func, adv, in_loss)
         # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
         with self._committing():
-            batch = PolicyBatch(rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss)
+            batch = PolicyBatch(
+                rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss, rollout.sampling_logprobs
+            )
             try:
                 stats = self.updater.update(batch, self.shuffle_generator)
             except TrainingError as e:
                 raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
             t_update = time.perf_counter()
             if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
-                self._warn_once(
-                    "zero-gradient",
+                self.health.warn(
+                    "zero_gradient",
+                    self.step_idx + 1,
+                    0.0,
+                    0.0,
                     "the gradient is exactly 0 although some advantages are not: the policy's "
                     f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
                     "the run cannot learn from here",
@@ -649,6 +667,7 @@ class GRPOTrainer:
             metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
         if self.curriculum is not None:
             metrics.update(self.curriculum.metrics(self.step_idx))
+        self.health.observe(self.step_idx, metrics, collapse)
         metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
         metrics.update(
             {
@@ -800,21 +819,31 @@ class GRPOTrainer:
 
     def _check_learnable(self, per_func: torch.Tensor, adv: torch.Tensor, in_loss: torch.Tensor) -> None:
         """Warns (once per kind) when this step's batch cannot move the policy."""
+        step = self.step_idx + 1
         if bool(torch.isnan(per_func).all()):
-            self._warn_once(
-                "no-reward",
+            self.health.warn(
+                "no_reward",
+                step,
+                1.0,
+                1.0,
                 "every reward function returned None for every completion: nothing to learn from; "
                 "check that the reward functions apply to this dataset",
             )
         elif not bool(in_loss.any()):
-            self._warn_once(
-                "no-rows",
+            self.health.warn(
+                "rows_dropped",
+                step,
+                1.0,
+                1.0,
                 "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
                 "the loss is exactly 0; raise rollout.max_completion_length or relax the filters",
             )
         elif not bool((adv[in_loss] != 0).any()) and self.cfg.algo.beta == 0:
-            self._warn_once(
-                "no-advantage",
+            self.health.warn(
+                "no_advantage",
+                step,
+                1.0,
+                1.0,
                 "every group's completions got equal rewards: every advantage is 0 and the step "
                 "changes nothing (too easy or too hard prompts, or a reward that cannot tell completions apart)",
             )
@@ -916,6 +945,7 @@ class GRPOTrainer:
         }
         if self.curriculum is not None:
             extra["curriculum"] = self.curriculum.state_dict()
+        extra["health"] = self.health.state_dict()
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
         # initial model.
         files = {}
@@ -990,6 +1020,8 @@ class GRPOTrainer:
         progress = Progress(
             cfg.steps, start=self.step_idx, enabled=cfg.progress and main, logging_steps=cfg.logging_steps
         )
+        health_log = logger.log_health if logger is not None else None
+        self.health.log = (lambda finding: health_log(finding.row())) if health_log is not None else None
         summary: dict[str, Any] = {"start_step": self.step_idx}
         last_metrics: dict[str, Any] | None = None
         t_start = time.perf_counter()
@@ -1032,6 +1064,15 @@ class GRPOTrainer:
                             progress.evaluated(self.step_idx, ev)
                         if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
                             self.save()
+                        fired = self.health.take_pending()
+                        if fired and cfg.health.abort:
+                            if main and self._saved_step != self.step_idx:
+                                self.save()
+                            raise HealthAbort(
+                                f"step {self.step_idx}: health.abort=true and the check {fired[0].check!r} fired "
+                                f"({fired[0].message}); checkpoint {self.run_dir / 'checkpoints'}/step-"
+                                f"{self.step_idx} is saved"
+                            )
                     if signals.pending is not None:
                         raise KeyboardInterrupt
         except KeyboardInterrupt:

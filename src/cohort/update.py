@@ -38,6 +38,8 @@ class PolicyBatch:
     group_size: int
     advantages: torch.Tensor  # [N] float32
     in_loss: torch.Tensor  # [N] bool: False for rows removed by filters
+    sampling_logprobs: list[torch.Tensor] | None = None
+    """Per row the sampler's log-prob of each sampled token (the rollout's), to measure the trainer's gap to it."""
 
     @property
     def lengths(self) -> list[int]:
@@ -111,6 +113,9 @@ class UpdateStats:
     rows_computed_frac: float = 1.0
     """Share of the batch's completions that needed a forward/backward (the rest were left out of the loss
     or skipped: zero advantage)."""
+    logprob_gap: float | None = None
+    """Largest |trainer log-prob - sampler log-prob| over the sampled tokens of the first pass (None when the
+    batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
     paths: dict[str, float] = field(default_factory=dict)
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded) and with
     the chunked head, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
@@ -128,6 +133,8 @@ class UpdateStats:
             out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
         out["ratio/mean"] = self.ratio_mean
         out["rows_computed_frac"] = self.rows_computed_frac
+        if self.logprob_gap is not None:
+            out["health/logprob_gap"] = self.logprob_gap
         out.update({f"fast/{k}": v for k, v in self.paths.items()})
         return out
 
@@ -266,6 +273,7 @@ class PolicyUpdater:
         adv = batch.advantages
         means, paths = _Means(), _Means()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
+        gap = 0.0
 
         for it in range(a.num_iterations):
             for mb_rows in self._minibatches(batch, generator):
@@ -280,6 +288,10 @@ class PolicyUpdater:
                 for micro in self._micro_batches(batch, work):
                     lp = self._logprobs(self.model, batch, micro, paths, with_entropy=(it == 0))
                     width = lp.logp.shape[1]
+                    if it == 0 and batch.sampling_logprobs is not None:
+                        sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
+                        diff = (lp.logp.detach().float() - self._stack(sampled, micro, width)).abs() * lp.mask
+                        gap = max(gap, float(diff.max())) if diff.numel() else gap
                     loss, metrics = policy_loss(
                         lp.logp,
                         self._stack(old, micro, width) if old is not None else None,
@@ -348,5 +360,6 @@ class PolicyUpdater:
             },
             ratio_mean=means.get("ratio/mean"),
             rows_computed_frac=means.get("rows_computed_frac", 1.0),
+            logprob_gap=gap if batch.sampling_logprobs is not None else None,
             paths=taken,
         )

@@ -30,6 +30,7 @@ class RunFiles:
     metrics: list[dict[str, Any]]
     evals: list[dict[str, Any]]
     samples: list[dict[str, Any]]
+    health: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     config_text: str = ""
 
@@ -59,6 +60,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> RunFiles:
         metrics=read_jsonl(path / "metrics.jsonl"),
         evals=read_jsonl(path / "evals.jsonl"),
         samples=read_jsonl(path / "samples.jsonl"),
+        health=read_jsonl(path / "health.jsonl"),
     )
     if not run.metrics and not run.evals:
         raise FileNotFoundError(
@@ -296,6 +298,28 @@ def _evals_table(run: RunFiles) -> list[str]:
     return out
 
 
+def _health_section(run: RunFiles) -> list[str]:
+    out = ["<h2>Health</h2>"]
+    if not run.health:
+        checked = (
+            "checked every step" if run.config.get("health", {}).get("enabled", True) else "switched off"
+        )
+        return out + [f"<p class='muted health-ok'>No health check fired (the checks were {checked}).</p>"]
+    out.append(
+        "<p class='muted'>Each check that fired, at the step it started firing (cohort.health lists them all).</p>"
+        "<table class='health'><tr><th>step</th><th>check</th><th>value</th><th>threshold</th><th>what it means</th></tr>"
+    )
+    for r in run.health:
+        out.append(
+            f"<tr><td class='num'>{html.escape(str(r.get('step')))}</td><td>{html.escape(str(r.get('check')))}</td>"
+            f"<td class='num'>{html.escape(format_value(r.get('value')))}</td>"
+            f"<td class='num'>{html.escape(format_value(r.get('threshold')))}</td>"
+            f"<td>{html.escape(str(r.get('message', '')))}</td></tr>"
+        )
+    out.append("</table>")
+    return out
+
+
 def _config_block(run: RunFiles) -> list[str]:
     if not run.config_text:
         return []
@@ -428,6 +452,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None, max_groups: i
         f"<p class='muted'>Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {html.escape(str(run.path))}: "
         f"{len(run.metrics)} logged steps, {len(run.evals)} evaluations.</p>",
         *_summary_table([run]),
+        *_health_section(run),
         *_evals_table(run),
         "<h2>Curves</h2>",
         _smoothing_note([run]),

@@ -34,7 +34,7 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._files = {
             name: open(self.run_dir / f"{name}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-            for name in ("metrics", "samples", "evals")
+            for name in ("metrics", "samples", "evals", "health")
         }
         self._tb = None
         self._wandb = None
@@ -97,6 +97,10 @@ class MetricsLogger:
                     self._tb.add_scalar(f"eval/{k}", v, step)
         if self._wandb is not None:
             self._wandb.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
+
+    def log_health(self, row: dict[str, Any]) -> None:
+        """Append a health check that fired (step, check, value, threshold, message) to health.jsonl."""
+        self._write("health", {k: clean_value(v) for k, v in row.items()})
 
     def _write(self, name: str, row: dict[str, Any]) -> None:
         f = self._files[name]
