@@ -36,6 +36,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from cohort.config import load_config
+    from cohort.doctor import run_doctor
+
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).is_file():
+        config, overrides = None, [config, *overrides]
+    if args.groups < 1:
+        raise ValueError(f"--groups {args.groups} must be >= 1")
+    return run_doctor(load_config(config, overrides), groups=args.groups)
+
+
 def _check_output(path: str | None, flag: str = "--out", *, folder: bool = False) -> None:
     """Raises ValueError before any model loads when `path` cannot be written as a file (or a folder)."""
     if path is None:
@@ -441,6 +453,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.beta=0.04 rollout.group_size=16")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "doctor",
+        help="rehearse a training config in a minute: load, sample a few groups, score, one update, report",
+        description="Loads the model and data of CONFIG, samples a few groups, scores them, takes one update on "
+        "a copy and reports what would go wrong (exit code 1 on a blocking problem). Nothing is written to "
+        "out_dir.",
+    )
+    p.add_argument(
+        "config", nargs="?", help="YAML config file (optional when every key is given as override)"
+    )
+    p.add_argument("overrides", nargs="*", help="dotted overrides, as for `cohort train`")
+    p.add_argument("--groups", type=int, default=4, help="groups to sample (default 4)")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on prompt/completion pairs (cold start)")
     _data_args(p)
