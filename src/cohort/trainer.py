@@ -607,15 +607,7 @@ class GRPOTrainer:
         # 1-3. Prompts (B dataset rows), rollout (G completions each), rewards [N, R]. Dynamic sampling swaps
         # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
         drawn = self._draw(cfg.prompts_per_step)
-        collapse = (
-            collapsed_share(
-                drawn.rollout.completion_ids,
-                combine_rewards(drawn.per_func, self.reward_weights, G, mode="sum").tolist(),
-                G,
-            )
-            if self.health.active("collapse")
-            else None
-        )
+        collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
         if cfg.algo.dynamic_sampling:
             drawn = self._refill(drawn)
         rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
@@ -679,6 +671,14 @@ class GRPOTrainer:
         )
         samples = self._sample_rows(rows, rollout, completions, per_func, reward, adv, in_loss)
         return StepResult(metrics, samples)
+
+    def _collapse(self, drawn: Drawn) -> float | None:
+        """Returns the share of drawn groups collapsed onto one sub-par answer (None when that check is off)."""
+        if not self.health.active("collapse"):
+            return None
+        G = drawn.rollout.group_size
+        reward = combine_rewards(drawn.per_func, self.reward_weights, G, mode="sum")
+        return collapsed_share(drawn.rollout.completion_ids, reward.tolist(), G)
 
     def _generate(self, idx: list[int]) -> RolloutBatch:
         """Returns G completions for each training prompt in `idx`, sampled from the current policy."""
