@@ -48,6 +48,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(load_config(config, overrides), groups=args.groups)
 
 
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    from cohort.pipeline import load_pipeline, run_pipeline
+
+    results = run_pipeline(load_pipeline(args.config))
+    print(json.dumps(results, indent=2))
+    return 0
+
+
 def _check_output(path: str | None, flag: str = "--out", *, folder: bool = False) -> None:
     """Raises ValueError before any model loads when `path` cannot be written as a file (or a folder)."""
     if path is None:
@@ -467,6 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, as for `cohort train`")
     p.add_argument("--groups", type=int, default=4, help="groups to sample (default 4)")
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser(
+        "pipeline",
+        help="run the R1 recipe's stages (sft, train, sample, ...) from one YAML file, each stage resumable",
+        description="Runs each stage of the pipeline file in its own folder under out_dir, skipping stages that "
+        "finished; a killed train stage resumes from its checkpoint. See cohort.pipeline for the file format.",
+    )
+    p.add_argument("config", help="pipeline YAML file (out_dir, model, stages)")
+    p.set_defaults(func=_cmd_pipeline)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on prompt/completion pairs (cold start)")
     _data_args(p)
