@@ -97,6 +97,11 @@ def test_five_stages_run_end_to_end_and_a_killed_stage_resumes(tiny_model_dir, t
     assert "<h2>Stages</h2>" in page and "grpo_again" in page and "<img " in page
 
 
+def test_a_missing_base_model_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match="pipeline model: .*nope' does not exist"):
+        load_pipeline(_write(tmp_path, tmp_path / "nope"))
+
+
 @pytest.mark.parametrize(
     ("stage", "fragment"),
     [

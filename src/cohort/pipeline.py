@@ -104,9 +104,26 @@ def load_pipeline(path: str | Path) -> Pipeline:
             raise ConfigError(f"pipeline stage {name!r}: args must be a mapping of option to value")
         stages.append(Stage(name, raw["command"], dict(args), out_dir / f"{i}-{name}"))
     pipe = Pipeline(out_dir, str(spec["model"]), stages)
+    _check_exists("model", pipe.model)
     for i in range(len(stages)):
         _check_stage(pipe, i)
+        for key in ("data", "data.path", "data.eval_path"):
+            value = stages[i].args.get(key)
+            if isinstance(value, str) and not value.startswith("@"):
+                _check_exists(f"stage {stages[i].name!r}: {key}", value)
     return pipe
+
+
+def _check_exists(what: str, name: str) -> None:
+    """Raises ConfigError when `name` can only be a local path (not a hub id) and nothing is there."""
+    from cohort.models import _looks_like_path
+
+    path = Path(name).expanduser()
+    local = _looks_like_path(name) or Path(name).suffix in (".jsonl", ".json", ".csv", ".parquet")
+    if local and not path.exists():
+        raise ConfigError(
+            f"pipeline {what}: {name!r} does not exist; fix the path before running the pipeline"
+        )
 
 
 def _resolve(pipe: Pipeline, i: int, value: Any) -> Any:
