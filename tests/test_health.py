@@ -155,3 +155,26 @@ def test_health_settings_are_checked_before_the_model_loads(tmp_path, over, frag
         GRPOTrainer(_cfg("no-model-needed", tmp_path / "o", **over))
     assert fragment in str(e.value)
     assert set(CHECKS) >= {"zero_variance", "non_finite", "logprob_gap"}
+
+
+@pytest.mark.parametrize(
+    ("check", "over"),
+    [
+        ("truncation", {}),  # the random tiny model never emits EOS within 6 tokens
+        ("clipping", {"algo.num_iterations": 4, "optim.lr": 5e-2, "health.clip_max": 0.01}),
+        ("kl_early", {"algo.beta": 0.04, "optim.lr": 5e-2, "health.kl_early_max": 1e-3}),
+        ("kl_drift", {"algo.beta": 5.0, "optim.lr": 5e-2, "health.kl_drift_ratio": 0.5}),
+        ("grad_spike", {"optim.lr": 1e-2, "health.grad_spike": 1.0001}),
+        ("length_drift", {"optim.lr": 5e-2, "health.length_ratio": 1.0001}),
+        ("logprob_gap", {"model.dtype": "bfloat16"}),  # bf16 decode vs bf16 full forward: gaps of 5e-4 to 1
+    ],
+)
+def test_each_check_fires_on_a_tiny_model_run(tiny_model_dir, tmp_path, check, over):
+    cfg = _cfg(tiny_model_dir, tmp_path / check, steps=6, **{"health.window": 2, **over})
+    t = GRPOTrainer(cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.train()
+    assert any(f"health check '{check}'" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    rows = [json.loads(x) for x in (tmp_path / check / "health.jsonl").read_text().splitlines()]
+    assert check in [r["check"] for r in rows]
