@@ -178,3 +178,20 @@ def test_each_check_fires_on_a_tiny_model_run(tiny_model_dir, tmp_path, check, o
     assert any(f"health check '{check}'" in str(w.message) for w in caught), [str(w.message) for w in caught]
     rows = [json.loads(x) for x in (tmp_path / check / "health.jsonl").read_text().splitlines()]
     assert check in [r["check"] for r in rows]
+
+
+def test_a_non_finite_gradient_stops_the_step_and_is_recorded_as_a_check(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    import torch
+
+    from cohort.errors import TrainingError
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: torch.tensor(float("nan")))
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "nan", steps=2))
+    with pytest.raises(TrainingError, match="step 1: non-finite gradient"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t.train()
+    rows = [json.loads(x) for x in (tmp_path / "nan" / "health.jsonl").read_text().splitlines()]
+    assert rows[-1]["check"] == "non_finite" and rows[-1]["value"] is None

@@ -638,6 +638,8 @@ class GRPOTrainer:
             try:
                 stats = self.updater.update(batch, self.shuffle_generator)
             except TrainingError as e:
+                if "non-finite" in str(e):  # the one check that stops the step: recorded like the others
+                    self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
                 raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
             t_update = time.perf_counter()
             if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
