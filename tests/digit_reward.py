@@ -9,3 +9,8 @@ def digit_fraction(completions, **kwargs):
 def any_digit(completions, **kwargs):
     """Return 1.0 for a completion containing a digit, else 0.0 (binary: many groups are all-equal)."""
     return [float(any(c.isdigit() for c in text)) for text in completions]
+
+
+def first_char_parity(completions, **kwargs):
+    """1.0 when the completion's first character has an odd code point: varies even for a random model."""
+    return [float(ord(c[0]) % 2) if c else 0.0 for c in completions]

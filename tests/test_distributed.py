@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
+PARITY = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
 
 
 @pytest.mark.slow
@@ -52,3 +53,48 @@ def test_torchrun_two_processes(tiny_model_dir, tmp_path):
     final = load_file(str(out / "final" / "model.safetensors"))
     start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     assert any(not (final[k] == start[k]).all() for k in final)
+
+
+@pytest.mark.slow
+def test_bnpo_and_dapo_take_the_same_step_over_two_processes_with_equal_lengths(tiny_model_dir, tmp_path):
+    # The random tiny model never emits EOS: every completion has 5 tokens, so the per-process token mean
+    # (bnpo) and the global one (dapo) are the same loss, and must give the same gradient. Summing the
+    # per-process means used to give bnpo twice dapo's gradient norm with two processes.
+    norms = {}
+    for loss_type, port in (("bnpo", "29541"), ("dapo", "29542")):
+        out = tmp_path / loss_type
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            port,
+            "-m",
+            "cohort.cli",
+            "train",
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=addition",
+            "data.n_train=64",
+            "data.n_eval=8",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            "rollout.max_completion_length=5",
+            f"rewards=['{PARITY}']",
+            f"algo.loss_type={loss_type}",
+            "optim.lr=1e-3",
+            "steps=1",
+            "save_every=0",
+            "progress=false",
+            "eval_at_ends=false",
+            "threads=1",
+            f"out_dir={out}",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        assert row["completions/min_length"] == row["completions/max_length"] == 5
+        norms[loss_type] = row["grad_norm"]
+    assert norms["bnpo"] > 0
+    assert norms["bnpo"] == pytest.approx(norms["dapo"], rel=1e-5), norms

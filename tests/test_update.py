@@ -174,7 +174,11 @@ def test_loss_normalisers_own_the_meaning_of_each_loss_type():
         return x + (other["tokens"] if x > 2 else other["rows"])
 
     assert loss_normalisers("dapo", [3, 4], all_sum) == (12, 4)  # every token of the batch on every process
-    assert loss_normalisers("bnpo", [3, 4], all_sum) == (7, 4)  # this process's tokens
+    assert loss_normalisers("bnpo", [3, 4], all_sum) == (7, 4)  # this process's tokens (one process)
+    # With two processes the per-process token mean is halved: summed gradients then average the processes'
+    # means (DDP's averaging in TRL), instead of doubling them.
+    assert loss_normalisers("bnpo", [3, 4], all_sum, world_size=2) == (14, 4)
+    assert loss_normalisers("dapo", [3, 4], all_sum, world_size=2) == (12, 4)
     assert loss_normalisers("grpo", [3, 4]) == (7, 2)
     assert loss_normalisers("dr_grpo", []) == (1, 1)  # an empty minibatch: no division by zero
     with pytest.raises(ValueError, match="loss_type"):

@@ -279,7 +279,7 @@ class PolicyUpdater:
             for mb_rows in self._minibatches(batch, generator):
                 rows = [r for r in mb_rows if in_loss[r]]
                 num_items, num_seq = loss_normalisers(
-                    a.loss_type, [lengths[r] for r in rows], dist.all_sum_int
+                    a.loss_type, [lengths[r] for r in rows], dist.all_sum_int, dist.world_size()
                 )
                 skip = set(zero_advantage_rows(adv, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]

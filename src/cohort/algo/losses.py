@@ -118,19 +118,27 @@ and dr_grpo normalisers count sequences). On one process bnpo and dapo are the s
 
 
 def loss_normalisers(
-    loss_type: str, lengths: Sequence[int], all_sum: Callable[[int], int] = int
+    loss_type: str, lengths: Sequence[int], all_sum: Callable[[int], int] = int, world_size: int = 1
 ) -> tuple[int, int]:
     """Returns (num_items, num_sequences) to pass to policy_loss for a minibatch whose in-loss rows on this
-    process have token counts `lengths`; all_sum(x) sums an int over processes (identity on one process).
+    process have token counts `lengths`; all_sum(x) sums an int over the `world_size` processes (identity on
+    one process).
 
-    num_sequences always counts every process's sequences (the loss of a batch split over processes is the
-    sum of the per-process losses); num_items is the token count of TOKEN_COUNT_SCOPE[loss_type]. Both are
-    at least 1, so an empty minibatch gives a zero loss instead of a division by zero.
+    The loss of a batch split over processes is the sum of the per-process losses (gradients are summed
+    across processes), so num_sequences counts every process's sequences, and num_items is the token count
+    of TOKEN_COUNT_SCOPE[loss_type]: for "global" (dapo) the tokens of every process; for "process" (bnpo)
+    this process's tokens times world_size, which makes the summed gradient the mean of the per-process
+    token means (what TRL gets from DDP's gradient averaging) instead of world_size times it. Both are at
+    least 1, so an empty minibatch gives a zero loss instead of a division by zero.
     """
     check_choice("loss_type", loss_type, LOSS_AGGREGATIONS)
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     tokens = int(sum(lengths))
     scope = TOKEN_COUNT_SCOPE.get(loss_type)
-    num_items = all_sum(tokens) if scope == "global" else tokens
+    num_items = (
+        all_sum(tokens) if scope == "global" else tokens * world_size if scope == "process" else tokens
+    )
     return max(int(num_items), 1), max(int(all_sum(len(lengths))), 1)
 
 
