@@ -20,15 +20,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _train_config(args: argparse.Namespace):
+    """Returns the TrainConfig of a `train` / `doctor` command line: an optional YAML file, then overrides."""
     from cohort.config import load_config
-    from cohort.trainer import GRPOTrainer
 
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not Path(config).is_file():
         config, overrides = None, [config, *overrides]  # only overrides were given
-    cfg = load_config(config, overrides)
-    trainer = GRPOTrainer(cfg)
+    return load_config(config, overrides)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cohort.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(_train_config(args))
     summary = trainer.train()
     final = trainer.save_final()
     summary["final_model"] = str(final)
@@ -37,15 +42,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from cohort.config import load_config
     from cohort.doctor import run_doctor
 
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not Path(config).is_file():
-        config, overrides = None, [config, *overrides]
     if args.groups < 1:
         raise ValueError(f"--groups {args.groups} must be >= 1")
-    return run_doctor(load_config(config, overrides), groups=args.groups)
+    return run_doctor(_train_config(args), groups=args.groups)
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:

@@ -99,9 +99,9 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         t_sample = time.perf_counter() - t1
         _rewards(rep, trainer, drawn)
         G = r.group_size
-        from cohort.algo import combine_rewards, group_advantages
+        from cohort.algo import group_advantages
 
-        reward = combine_rewards(drawn.per_func, trainer.reward_weights, G, mode="sum")
+        reward = drawn.reward
         zero = zero_std_group_mask(reward, G).view(-1, G)[:, 0].float().mean().item()
         truncated = drawn.rollout.truncated.float().mean().item()
         rep.say("rollout")
@@ -182,7 +182,7 @@ def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
         with trainer.reference() as ref_model:
             ref = trainer.updater._frozen_logprobs(ref_model, batch, rows)
     high = a.eps_low if a.eps_high is None else a.eps_high
-    reward = drawn.per_func.nansum(-1)
+    reward = drawn.reward  # the weighted sum the advantages were computed from
     texts = trainer.tokenizer.batch_decode(drawn.rollout.completion_ids[:G], skip_special_tokens=True)
     out = [
         f"  prompt: {trainer._as_text(drawn.rows[0][trainer.cfg.data.prompt_column])[:80]!r}",

@@ -157,6 +157,8 @@ class Drawn:
     completions: list[Any]
     per_func: torch.Tensor
     """[N, R] each reward function's score (NaN for None)."""
+    reward: torch.Tensor
+    """[N] the weighted sum of per_func: what advantages, filters and the logs use."""
     logs: RewardLogs
     seconds_generate: float
     seconds_score: float
@@ -613,7 +615,7 @@ class GRPOTrainer:
         rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
         self.reward_logs = drawn.logs
         a = cfg.algo
-        reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")  # [N], logged
+        reward = drawn.reward  # [N], logged
         # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
         if a.reward_mode == "decoupled":
             adv = combine_rewards(
@@ -678,9 +680,7 @@ class GRPOTrainer:
         """Returns the share of drawn groups collapsed onto one sub-par answer (None when that check is off)."""
         if not self.health.active("collapse"):
             return None
-        G = drawn.rollout.group_size
-        reward = combine_rewards(drawn.per_func, self.reward_weights, G, mode="sum")
-        return collapsed_share(drawn.rollout.completion_ids, reward.tolist(), G)
+        return collapsed_share(drawn.rollout.completion_ids, drawn.reward.tolist(), drawn.rollout.group_size)
 
     def _generate(self, idx: list[int]) -> RolloutBatch:
         """Returns G completions for each training prompt in `idx`, sampled from the current policy."""
@@ -715,7 +715,10 @@ class GRPOTrainer:
         per_func, logs = self._score(rows, rollout, completions)
         if curriculum is not None:
             curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
-        return Drawn(idx, rows, rollout, completions, per_func, logs, t1 - t0, time.perf_counter() - t1)
+        reward = combine_rewards(per_func, self.reward_weights, rollout.group_size, mode="sum")
+        return Drawn(
+            idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1
+        )
 
     def _refill(self, first: Drawn) -> Drawn:
         """Returns a step's batch of prompts_per_step groups with unequal rewards, drawing groups for new prompts
@@ -728,8 +731,7 @@ class GRPOTrainer:
         want = cfg.prompts_per_step
 
         def informative(d: Drawn) -> list[int]:
-            reward = combine_rewards(d.per_func, self.reward_weights, G, mode="sum")
-            same = zero_std_group_mask(reward, G).view(-1, G)[:, 0].tolist()
+            same = zero_std_group_mask(d.reward, G).view(-1, G)[:, 0].tolist()
             return [g for g, s in enumerate(same) if not s]
 
         parts = [(first, informative(first))]
@@ -771,6 +773,7 @@ class GRPOTrainer:
                 d.completions[r] for (d, _), rows in zip(chosen, rows_of, strict=True) for r in rows
             ],
             per_func=torch.cat([d.per_func[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
+            reward=torch.cat([d.reward[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
             logs=RewardLogs.merged(
                 [(d.logs, rows) for (d, _), rows in zip(chosen, rows_of, strict=True)] + unused
             ),
