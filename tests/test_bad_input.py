@@ -652,11 +652,11 @@ def test_trl_step_fractions_count_in_steps():
 
 
 def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypatch):
-    from cohort import cli
+    from cohort import cli, config
 
-    def broken(args):
+    def broken():
         raise ImportError("cannot import name 'X' from 'cohort.report'", name="cohort.report")
 
-    monkeypatch.setattr(cli, "_cmd_config", broken)
+    monkeypatch.setattr(config, "describe_keys", broken)
     with pytest.raises(ImportError, match="cohort.report"):
         cli.main(["config"])

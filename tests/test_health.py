@@ -45,7 +45,7 @@ def _metrics(**over):
         ("clipping", {"clip_ratio/region_mean": 0.4}, {}),
         ("kl_early", {"kl": 2.0, "loss": 10.0}, {"beta": 0.01}),
         ("kl_drift", {"kl": 0.5, "loss": 0.51}, {"beta": 1.0}),
-        ("logprob_gap", {"health/logprob_gap": 0.05}, {}),
+        ("logprob_gap", {"sampler/logprob_gap": 0.05}, {}),
     ],
 )
 def test_each_rate_check_fires_once_with_its_number_then_recovers(check, bad, kw):
@@ -87,12 +87,12 @@ def test_logprob_gap_is_not_judged_when_the_update_is_off_policy_on_purpose():
     mon = HealthMonitor(HealthConfig(), beta=0.0, num_iterations=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        mon.observe(1, _metrics(**{"health/logprob_gap": 0.5}), None)
+        mon.observe(1, _metrics(**{"sampler/logprob_gap": 0.5}), None)
 
 
 def test_the_sampler_and_the_trainer_agree_in_float32(tiny_model_dir, tmp_path):
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "gap", steps=1))
-    gap = t.step().metrics["health/logprob_gap"]
+    gap = t.step().metrics["sampler/logprob_gap"]
     assert 0 <= gap < 1e-4, gap
 
 

@@ -62,7 +62,9 @@ TRL_FIELDS: dict[str, Field] = {
     "loss_type": Field("dapo", "algo.loss_type"),
     "beta": Field(0.0, "algo.beta"),
     "epsilon": Field(0.2, "algo.eps_low"),
-    "epsilon_high": Field(None, "algo.eps_high"),
+    "epsilon_high": Field(None, "algo.eps_high", "with loss_type='cispo': algo.loss_kwargs.max_ratio"),
+    "sapo_temperature_pos": Field(1.0, "algo.loss_kwargs", "tau_pos of loss_type='sapo'"),
+    "sapo_temperature_neg": Field(1.05, "algo.loss_kwargs", "tau_neg of loss_type='sapo'"),
     "delta": Field(None, "algo.delta"),
     "num_iterations": Field(1, "algo.num_iterations"),
     "scale_rewards": Field("group", "algo.scale", "True -> group, False -> none"),
@@ -121,7 +123,9 @@ TRL_FIELDS: dict[str, Field] = {
         None, None, "rollout.batch_size (one generation batch per optimizer step)"
     ),
     "steps_per_generation": Field(None, None, "algo.num_minibatches (optimizer steps per generation batch)"),
-    "top_entropy_quantile": Field(1.0, None, "not implemented"),
+    "top_entropy_quantile": Field(
+        1.0, "algo.top_entropy_quantile", "must be > 0 (cohort keeps a share of tokens)"
+    ),
     "entropy_coef": Field(0.0, None, "not implemented"),
     "use_liger_loss": Field(
         False, None, "not implemented: cohort's chunked LM head (fast.chunked_head) bounds logits memory"
@@ -214,8 +218,28 @@ class GRPOConfig:
         out["algo.loss_type"] = self.loss_type
         out["algo.beta"] = self.beta
         out["algo.eps_low"] = self.epsilon
-        out["algo.eps_high"] = self.epsilon_high
-        out["algo.delta"] = self.delta
+        if self.loss_type == "cispo":
+            if self.epsilon_high is None:
+                raise ConfigError(
+                    "GRPOConfig(loss_type='cispo') caps the importance ratio at epsilon_high, which is unset (TRL "
+                    "would cap it at epsilon); set epsilon_high (ScaleRL's recommendation: 5.0)"
+                )
+            out["algo.loss_kwargs"] = {"max_ratio": self.epsilon_high}
+        elif self.loss_type == "sapo":
+            out["algo.loss_kwargs"] = {
+                "tau_pos": self.sapo_temperature_pos,
+                "tau_neg": self.sapo_temperature_neg,
+            }
+        else:
+            out["algo.eps_high"] = self.epsilon_high
+        if self.loss_type != "sapo" and {"sapo_temperature_pos", "sapo_temperature_neg"} & set(g):
+            raise ConfigError(
+                f"GRPOConfig: sapo_temperature_pos / sapo_temperature_neg apply to loss_type='sapo', not "
+                f"{self.loss_type!r}; leave them out or set loss_type='sapo'"
+            )
+        if self.loss_type not in ("cispo", "sapo") or self.delta is not None:
+            out["algo.delta"] = self.delta
+        out["algo.top_entropy_quantile"] = self.top_entropy_quantile
         out["algo.num_iterations"] = self.num_iterations
         scale = self.scale_rewards
         out["algo.scale"] = (

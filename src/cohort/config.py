@@ -24,7 +24,7 @@ import yaml
 
 from cohort.algo import COMBINE_MODES as REWARD_MODES
 from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
-from cohort.algo import KL_KINDS, LOSS_TYPES, SCALES
+from cohort.algo import KL_KINDS, SCALES
 from cohort.algo import STD_KINDS as STDS
 from cohort.choices import ENGINES
 from cohort.errors import ConfigError
@@ -142,10 +142,18 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0 disables)."""
     top_k: int = 0
     """Keep only the k most likely tokens (0 disables)."""
+    sampler_dtype: str | None = None
+    """Sample from a copy of the policy in this dtype (bfloat16, float16, float32), synced before every rollout,
+    as an inference engine would; None samples with the training weights. See algo.sampler_correction."""
 
     def logprob_temperature(self) -> float:
         """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""
         return self.temperature if self.temperature > 0 else 1.0
+
+
+COV_METHODS = ("none", "clip_cov", "kl_cov")
+SAMPLER_CORRECTIONS = ("none", "token_tis", "token_mis", "sequence_tis", "sequence_mis")
+SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -153,7 +161,48 @@ class AlgoConfig:
     """The GRPO-family objective (see docs/algorithms.md for every formula)."""
 
     loss_type: str = "grpo"
-    """Loss aggregation: grpo, bnpo, dapo or dr_grpo."""
+    """Policy loss: grpo, bnpo, dapo, dr_grpo (PPO's clip with that aggregation), cispo, sapo, gmpo, or your own
+    'my_pkg.module:function' / 'file.py:function' (see cohort.algo.LossInputs for the signature)."""
+    aggregation: str | None = None
+    """How per-token losses are averaged: grpo, bnpo, dapo or dr_grpo; None uses the loss type's own (dapo for
+    your own losses)."""
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword parameters of the loss: cispo {max_ratio: 5.0, min_ratio: null}, sapo {tau_pos: 1.0, tau_neg:
+    1.05}, gmpo {clip: 0.4}, or your own loss's."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo (group z-score, with scale / std / adv_eps), rloo, reinforce_pp,
+    reinforce_pp_baseline, or your own 'my_pkg.module:function'."""
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of your own advantage estimator."""
+    top_entropy_quantile: float = 1.0
+    """Keep only this top share of each micro-batch's tokens by entropy in the policy loss ("Beyond the 80/20
+    Rule" uses 0.2; 1.0 keeps every token)."""
+    cov_method: str = "none"
+    """Entropy control by covariance (Cui et al. 2025): none, clip_cov (detach the gradient of a few tokens of
+    high log-prob/advantage covariance) or kl_cov (penalise |log(pi/pi_old)| on the top-covariance tokens)."""
+    cov_ratio: float | None = None
+    """Share of tokens clip_cov / kl_cov act on (None: the paper's, 2e-4 for clip_cov and 2e-3 for kl_cov)."""
+    clip_cov_bounds: list[float] = field(default_factory=lambda: [1.0, 5.0])
+    """clip_cov draws its tokens among those whose covariance lies in [low, high] (the paper's 1 and 5)."""
+    kl_cov_coef: float = 1.0
+    """kl_cov's penalty coefficient (the paper's 1)."""
+    sampler_correction: str = "none"
+    """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype):
+    none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis, sequence_mis (drop
+    tokens / sequences whose ratio leaves [sampler_is_min, sampler_is_max])."""
+    sampler_is_max: float = 2.0
+    """Upper bound of the sampler importance ratio (TIS's C = 2)."""
+    sampler_is_min: float | None = None
+    """Lower bound of the sampler importance ratio (None: none)."""
+
+    def advantage_arguments(self) -> dict[str, Any]:
+        """Return the keyword arguments the chosen advantage estimator is called with."""
+        if self.advantage == "grpo":
+            return {"scale": self.scale, "std": self.std, "eps": self.adv_eps}
+        if self.advantage in ("reinforce_pp", "reinforce_pp_baseline"):
+            return {"std": self.std, "eps": self.adv_eps}
+        return dict(self.advantage_kwargs)  # rloo takes none; a user estimator its own
+
     scale: str = "group"
     """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""
     std: str = "sample"
@@ -380,7 +429,6 @@ class TrainConfig:
         if not 0 < r.top_p <= 1:
             raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
         _check_choice("rollout.engine", r.engine, ENGINES)
-        _check_choice("algo.loss_type", a.loss_type, LOSS_TYPES)
         _check_choice("algo.scale", a.scale, SCALES)
         _check_choice("algo.std", a.std, STDS)
         _check_choice("algo.importance", a.importance, IMPORTANCE)
@@ -424,10 +472,93 @@ class TrainConfig:
                 "task (addition, multistep)"
             )
         self._validate_ranges()
+        self._validate_objective()
         self._validate_fast()
         if self.preset is not None:
             _check_choice("preset", self.preset, tuple(PRESETS))
         return self
+
+    def _validate_objective(self) -> None:
+        """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
+        run as configured (user code named by spec is imported and its signature checked here)."""
+        from cohort.algo import AGGREGATIONS, POLICY_LOSSES, clip_loss
+        from cohort.plugins import resolve_advantage, resolve_loss
+
+        a, r = self.algo, self.rollout
+        for key in ("loss_kwargs", "advantage_kwargs"):
+            if not isinstance(getattr(a, key), dict):
+                raise ConfigError(f"algo.{key}={getattr(a, key)!r} must be a mapping of keyword arguments")
+        from cohort.algo.estimators import ADVANTAGE_TYPES
+
+        if a.advantage in ADVANTAGE_TYPES and a.advantage_kwargs:
+            raise ConfigError(
+                f"algo.advantage_kwargs={a.advantage_kwargs!r} is for your own estimator; the built-in "
+                f"{a.advantage!r} reads algo.std and algo.adv_eps (grpo also algo.scale)"
+            )
+        try:
+            resolve_loss(a.loss_type, a.loss_kwargs)
+            resolve_advantage(a.advantage, a.advantage_arguments())
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if a.aggregation is not None:
+            _check_choice("algo.aggregation", a.aggregation, AGGREGATIONS)
+        spec = POLICY_LOSSES[a.loss_type]
+        if spec.fn is not clip_loss:
+            for key, value in (("delta", a.delta), ("eps_high", a.eps_high)):
+                if value is not None:
+                    raise ConfigError(
+                        f"algo.{key}={value} belongs to PPO's clip loss, which loss_type={a.loss_type!r} does not use; "
+                        f"set algo.{key}=null (its own parameters go in algo.loss_kwargs)"
+                    )
+        if spec.token_importance and a.importance != "token":
+            raise ConfigError(
+                f"loss_type={a.loss_type!r} is built on token-level ratios; set algo.importance=token"
+            )
+        if a.advantage != "grpo":
+            if a.scale != "group":
+                raise ConfigError(
+                    f"algo.scale={a.scale!r} applies to the grpo estimator; algo.advantage={a.advantage!r} "
+                    "has its own normalisation: set algo.scale=group"
+                )
+            if a.reward_mode != "sum":
+                raise ConfigError(
+                    f"algo.reward_mode={a.reward_mode!r} computes GDPO's own advantages; it needs "
+                    f"algo.advantage=grpo, not {a.advantage!r}"
+                )
+        if not 0 < a.top_entropy_quantile <= 1:
+            raise ConfigError(
+                f"algo.top_entropy_quantile={a.top_entropy_quantile} must be in (0, 1] (the share of highest-"
+                "entropy tokens kept; the paper uses 0.2, 1.0 keeps all)"
+            )
+        _check_choice("algo.cov_method", a.cov_method, COV_METHODS)
+        if a.cov_ratio is not None and not 0 < a.cov_ratio <= 1:
+            raise ConfigError(
+                f"algo.cov_ratio={a.cov_ratio} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)"
+            )
+        bounds = a.clip_cov_bounds
+        if (
+            not isinstance(bounds, (list, tuple))
+            or len(bounds) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+            or not bounds[0] < bounds[1]
+        ):
+            raise ConfigError(
+                f"algo.clip_cov_bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
+            )
+        if a.kl_cov_coef < 0:
+            raise ConfigError(f"algo.kl_cov_coef={a.kl_cov_coef} must be >= 0 (the paper uses 1)")
+        if a.cov_method == "kl_cov" and a.num_iterations * a.num_minibatches == 1:
+            raise ConfigError(
+                "algo.cov_method=kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
+                "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
+            )
+        _check_choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
+        if not a.sampler_is_max > 1:
+            raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
+        if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
+            raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
+        if r.sampler_dtype is not None:
+            _check_choice("rollout.sampler_dtype", str(r.sampler_dtype).lower(), SAMPLER_DTYPES)
 
     def _validate_ranges(self) -> None:
         """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""

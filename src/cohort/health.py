@@ -263,7 +263,7 @@ class HealthMonitor:
                 f"below the step's best (threshold {100 * c.collapse_max:.0f}%): the policy collapsed onto one "
                 "answer per prompt; raise rollout.temperature, or check the rewards for a degenerate answer",
             )
-        gap = _value(metrics.get("health/logprob_gap"))
+        gap = _value(metrics.get("sampler/logprob_gap"))
         if gap is not None and self.num_iterations == 1:
             check(
                 "logprob_gap",

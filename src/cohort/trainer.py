@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
-from cohort.algo import combine_rewards, group_advantages, zero_std_group_mask
+from cohort.algo import combine_rewards, zero_std_group_mask
+from cohort.algo.estimators import estimate_advantages
 from cohort.checkpoint import (
     find_resume_dir,
     list_checkpoints,
@@ -44,6 +45,7 @@ from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.health import HealthAbort, HealthMonitor, collapsed_share
 from cohort.models import (
+    DTYPES,
     fix_adapter_base_path,
     load_model,
     load_tokenizer,
@@ -63,6 +65,7 @@ from cohort.rewards import (
     score,
 )
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
+from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
@@ -345,6 +348,10 @@ class GRPOTrainer:
         eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
         options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
         self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
+        sampler_dtype = cfg.rollout.sampler_dtype
+        self.sampler_copy = (
+            SamplerCopy(self.model, DTYPES[str(sampler_dtype).lower()]) if sampler_dtype is not None else None
+        )
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
         self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729 + dist.rank())
@@ -622,7 +629,8 @@ class GRPOTrainer:
                 per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
             )
         else:
-            adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)  # [N]
+            lengths = [len(c) for c in rollout.completion_ids]
+            adv = estimate_advantages(a.advantage, reward, G, lengths, **a.advantage_arguments())  # [N]
         in_loss = torch.ones_like(adv, dtype=torch.bool)
         zero_std = zero_std_group_mask(reward, G)  # [N]
         if a.filter_zero_std:
@@ -687,7 +695,7 @@ class GRPOTrainer:
         with self.autocast():
             try:
                 return self.engine.generate(
-                    self.model,
+                    self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model),
                     [self.train_prompt_ids[i] for i in idx],
                     self.cfg.rollout.group_size,
                     self.sampling_params(),

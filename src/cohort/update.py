@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from cohort import distributed as dist
-from cohort.algo import loss_normalisers, policy_loss
+from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
+from cohort.algo.offpolicy import sampler_correction
+from cohort.algo.selection import clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 from cohort.config import AlgoConfig
 from cohort.errors import TrainingError
 from cohort.fastpath import FastConfig
@@ -120,6 +122,9 @@ class UpdateStats:
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded) and with
     the chunked head, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
 
+    controls: dict[str, float] = field(default_factory=dict)
+    """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
+
     def metrics(self) -> dict[str, float | None]:
         """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
         out: dict[str, float | None] = {
@@ -134,8 +139,9 @@ class UpdateStats:
         out["ratio/mean"] = self.ratio_mean
         out["rows_computed_frac"] = self.rows_computed_frac
         if self.logprob_gap is not None:
-            out["health/logprob_gap"] = self.logprob_gap
+            out["sampler/logprob_gap"] = self.logprob_gap
         out.update({f"fast/{k}": v for k, v in self.paths.items()})
+        out.update(self.controls)
         return out
 
 
@@ -184,13 +190,22 @@ class PolicyUpdater:
         self.reference = reference
         self.autocast = autocast
         self.fast = (FastConfig() if fast is None else fast).validate()
+        selection = (
+            f"algo.cov_method={algo.cov_method}"
+            if algo.cov_method != "none"
+            else "algo.top_entropy_quantile"
+            if algo.top_entropy_quantile < 1
+            else None
+        )
+        builtin_loss = algo.loss_type in LOSS_TYPES
         # `on` that cannot be honoured fails here, before any work.
         self.skip_zero = choose(
             self.fast.skip_zero_advantage,
             "skip_zero_advantage",
             model,
-            worth=algo.beta == 0,  # at beta > 0 auto simply computes every row; `on` is an error
-            unavailable=lambda: skip_unavailable(algo.beta),
+            # where it cannot apply, auto simply computes every row; `on` is an error
+            worth=algo.beta == 0 and builtin_loss and selection is None,
+            unavailable=lambda: skip_unavailable(algo.beta, builtin_loss=builtin_loss, selection=selection),
         )
         # Zero (not None) gradients make a step whose rows were all skipped identical to one that
         # back-propagated zeros: AdamW still advances its moments and applies weight decay.
@@ -256,6 +271,64 @@ class PolicyUpdater:
             chosen = part.tolist()
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
+    def _token_controls(
+        self,
+        lp,
+        old: torch.Tensor | None,
+        sampled: torch.Tensor | None,
+        adv: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """Returns (token_weights, kl_cov_mask, metrics) for one micro-batch: the top-entropy mask, Clip-Cov's
+        detached tokens and the sampler's importance weights as one [n, T] multiplier, and KL-Cov's tokens."""
+        a = self.algo
+        mask = lp.mask
+        weights: torch.Tensor | None = None
+        kl_cov: torch.Tensor | None = None
+        out: dict[str, float] = {}
+
+        def times(w: torch.Tensor) -> torch.Tensor:
+            w = w.to(lp.logp.dtype)
+            return w if weights is None else weights * w
+
+        n_tok = max(float(mask.sum()), 1.0)
+        if a.top_entropy_quantile < 1:
+            if lp.entropy is None:
+                raise TrainingError("top_entropy_quantile needs token entropies, but none were computed")
+            kept = top_entropy_mask(lp.entropy.detach(), mask, a.top_entropy_quantile)
+            weights = times(kept)
+            out["entropy_mask/kept_frac"] = float(kept.sum()) / n_tok
+        if a.cov_method != "none":
+            cov = token_covariance(lp.logp.detach(), adv, mask)
+            if a.cov_method == "clip_cov":
+                low, high = a.clip_cov_bounds
+                ratio = 2e-4 if a.cov_ratio is None else a.cov_ratio
+                chosen = clip_cov_mask(cov, mask, ratio=ratio, low=low, high=high, generator=generator)
+                weights = times(~chosen)
+            else:
+                ratio = 2e-3 if a.cov_ratio is None else a.cov_ratio
+                chosen = kl_cov = kl_cov_mask(cov, mask, ratio=ratio)
+            out["cov/selected_frac"] = float(chosen.sum()) / n_tok
+        if a.sampler_correction != "none":
+            if sampled is None:
+                raise TrainingError(
+                    f"algo.sampler_correction={a.sampler_correction} needs the sampler's log-probs, but this rollout "
+                    "engine returned none; use rollout.engine=builtin or hf"
+                )
+            level, kind = a.sampler_correction.split("_")
+            w, m = sampler_correction(
+                lp.logp.detach() if old is None else old,
+                sampled,
+                mask,
+                level=level,
+                mode="truncate" if kind == "tis" else "mask",
+                max_ratio=a.sampler_is_max,
+                min_ratio=a.sampler_is_min,
+            )
+            weights = times(w)
+            out.update({f"sampler/is_ratio_{k.split('/')[-1]}": float(v) for k, v in m.items()})
+        return weights, kl_cov, out
+
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
         """Returns the UpdateStats of μ × num_minibatches optimizer steps on `batch`."""
@@ -273,31 +346,57 @@ class PolicyUpdater:
         adv = batch.advantages
         means, paths = _Means(), _Means()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
+        extremes: dict[str, float] = {}
+        control_names: set[str] = set()
         gap = 0.0
 
         for it in range(a.num_iterations):
-            for mb_rows in self._minibatches(batch, generator):
+            for mb_index, mb_rows in enumerate(self._minibatches(batch, generator)):
                 rows = [r for r in mb_rows if in_loss[r]]
                 num_items, num_seq = loss_normalisers(
-                    a.loss_type, [lengths[r] for r in rows], dist.all_sum_int, dist.world_size()
+                    a.loss_type,
+                    [lengths[r] for r in rows],
+                    dist.all_sum_int,
+                    dist.world_size(),
+                    aggregation=a.aggregation,
                 )
                 skip = set(zero_advantage_rows(adv, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
                 for micro in self._micro_batches(batch, work):
-                    lp = self._logprobs(self.model, batch, micro, paths, with_entropy=(it == 0))
+                    with_entropy = it == 0 or a.top_entropy_quantile < 1
+                    lp = self._logprobs(self.model, batch, micro, paths, with_entropy=with_entropy)
                     width = lp.logp.shape[1]
-                    if it == 0 and batch.sampling_logprobs is not None:
+                    old_mb = self._stack(old, micro, width) if old is not None else None
+                    sampled_mb = None
+                    if batch.sampling_logprobs is not None:
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
-                        diff = (lp.logp.detach().float() - self._stack(sampled, micro, width)).abs() * lp.mask
+                        sampled_mb = self._stack(sampled, micro, width)
+                    # Only before the first optimizer step does the policy still equal the sampler's.
+                    if it == 0 and mb_index == 0 and sampled_mb is not None:
+                        diff = (lp.logp.detach().float() - sampled_mb.float()).abs() * lp.mask
                         gap = max(gap, float(diff.max())) if diff.numel() else gap
+                    adv_mb = adv[micro].to(lp.logp.device)
+                    weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, generator)
+                    control_names.update(extra)
+                    for k, v in extra.items():
+                        if k.endswith(("_min", "_max")):  # extremes over the update, not means
+                            pick = min if k.endswith("_min") else max
+                            extremes[k] = pick(extremes.get(k, v), v)
+                        else:
+                            means.add(k, v, float(lp.mask.sum()))
                     loss, metrics = policy_loss(
                         lp.logp,
-                        self._stack(old, micro, width) if old is not None else None,
-                        adv[micro].to(lp.logp.device),
+                        old_mb,
+                        adv_mb,
                         lp.mask,
                         loss_type=a.loss_type,
+                        aggregation=a.aggregation,
+                        loss_kwargs=a.loss_kwargs,
+                        token_weights=weights,
+                        kl_cov_mask=kl_cov,
+                        kl_cov_coef=a.kl_cov_coef,
                         eps_low=a.eps_low,
                         eps_high=a.eps_high,
                         delta=a.delta,
@@ -362,4 +461,5 @@ class PolicyUpdater:
             rows_computed_frac=means.get("rows_computed_frac", 1.0),
             logprob_gap=gap if batch.sampling_logprobs is not None else None,
             paths=taken,
+            controls={k: extremes[k] if k in extremes else means.get(k, 0.0) for k in sorted(control_names)},
         )

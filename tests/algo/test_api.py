@@ -35,6 +35,11 @@ def test_contract_signatures():
         "num_sequences": None,
         "importance": "token",
         "kl_kind": "k3",
+        "aggregation": None,
+        "loss_kwargs": None,
+        "token_weights": None,
+        "kl_cov_mask": None,
+        "kl_cov_coef": 1.0,
     }
     sig = inspect.signature(algo.group_advantages)
     assert {k: p.default for k, p in sig.parameters.items() if k in ("scale", "std", "eps")} == {
@@ -59,7 +64,8 @@ def test_option_tuples_are_accepted():
         algo.combine_rewards(torch.zeros(4, 2), None, 2, mode=mode)
     for kind in algo.KL_KINDS:
         algo.kl_estimate(z, z, kind)
-    assert set(algo.LOSS_TYPES) == set(algo.LOSS_AGGREGATIONS) == {"grpo", "bnpo", "dapo", "dr_grpo"}
+    assert set(algo.LOSS_AGGREGATIONS) == {"grpo", "bnpo", "dapo", "dr_grpo"}
+    assert set(algo.LOSS_TYPES) == set(algo.LOSS_AGGREGATIONS) | {"cispo", "sapo", "gmpo"}
 
 
 @pytest.mark.parametrize("bad", [2.0, "4", True])

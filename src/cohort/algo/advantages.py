@@ -270,3 +270,83 @@ def process_advantages_to_tokens(
     positions = torch.arange(length, device=device).expand(n, length).contiguous()  # [N, T]
     step_of_token = torch.searchsorted(ends_pad, positions)  # [N, T], first j with end_j >= t
     return adv_pad.gather(1, step_of_token)  # [N, T]
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Return RLOO's advantages [N]: each reward minus the mean of the other rewards of its group.
+
+    REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740):
+    A_i = r_i - sum_{j != i} r_j / (G - 1) = G / (G - 1) * (r_i - mean_g). NaN rewards get 0 and are left out
+    of the others' means; a row with no valid other in its group gets 0. No scaling by a std.
+    """
+    r = as_float("rewards", rewards)
+    out_dtype, r = r.dtype, _wide(r)
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
+    n = r.shape[0]
+    g = check_group_size(n, group_size)
+    grouped = r.view(n // g, g)  # [B, G]
+    valid = ~torch.isnan(grouped)  # [B, G]
+    values = torch.where(valid, grouped, 0)  # [B, G]
+    total, count = values.sum(-1, keepdim=True), valid.sum(-1, keepdim=True)  # [B, 1]
+    others = count - valid.to(count.dtype)  # [B, G], valid others of each row
+    baseline = (total - values) / others.clamp(min=1)  # [B, G]
+    adv = torch.where(valid & (others > 0), grouped - baseline, 0)  # [B, G]
+    return adv.reshape(n).to(out_dtype)
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    baseline: bool = True,
+    std: str = "sample",
+    eps: float = 1e-4,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return REINFORCE++'s advantages [N]: rewards whitened over the whole batch.
+
+    REINFORCE++ (Hu 2025, arXiv 2501.03262): A = (r - mean_batch(r)) / (std_batch(r) + eps). With
+    baseline=True (REINFORCE++-baseline) each group's mean is subtracted first, a_i = r_i - mean_g, and then
+    a is whitened over the batch the same way. `weights` [N] (e.g. token counts: a whitening over the batch's
+    tokens, as OpenRLHF does) weigh the batch mean and std (std="sample" uses the frequency-weighted
+    unbiased form, dividing by sum(w) - 1); None weighs every completion once. NaN rewards get 0 and are left
+    out; a batch whose values are all equal gives exactly 0.
+    """
+    check_choice("std", std, STD_KINDS)
+    eps = check_nonneg("eps", eps)
+    r = as_float("rewards", rewards)
+    out_dtype, r = r.dtype, _wide(r)
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
+    n = r.shape[0]
+    g = check_group_size(n, group_size)
+    valid = ~torch.isnan(r)  # [N]
+    if weights is None:
+        w = torch.ones_like(r)
+    else:
+        w = as_float("weights", weights).to(r)
+        if w.shape != r.shape:
+            raise ValueError(f"weights has shape {tuple(w.shape)}; it must be [N]={n}, one per completion.")
+        if bool((w < 0).any()):
+            raise ValueError("weights must be >= 0 (token counts or importance of each completion).")
+    w = torch.where(valid, w, 0)  # [N]
+    values = r
+    if baseline:
+        grouped = r.view(n // g, g)
+        gvalid = valid.view(n // g, g)
+        gmean = torch.where(gvalid, grouped, 0).sum(-1, keepdim=True) / gvalid.sum(-1, keepdim=True).clamp(
+            min=1
+        )
+        values = (grouped - gmean).reshape(n)  # [N]
+    values = torch.where(valid, values, 0)
+    total = w.sum()
+    mean = (w * values).sum() / total.clamp(min=torch.finfo(r.dtype).tiny)
+    dev = torch.where(valid, values - mean, 0)
+    dof = total - 1 if std == "sample" else total
+    sd = ((w * dev * dev).sum() / dof.clamp(min=1)).sqrt()
+    hi = torch.where(valid & (w > 0), values, float("-inf")).max()
+    lo = torch.where(valid & (w > 0), values, float("inf")).min()
+    constant = bool(hi == lo) or int((valid & (w > 0)).sum()) <= 1
+    adv = torch.zeros_like(values) if constant else torch.where(valid, dev / (sd + eps), 0)
+    return adv.to(out_dtype)

@@ -1,9 +1,26 @@
-"""The clipped policy-gradient loss of GRPO and its descendants (DAPO, Dr. GRPO, GSPO), as one pure function.
+"""The policy-gradient losses of GRPO and its descendants, as pure functions.
 
-Per token t of completion i, with ratio rho = pi_theta / pi_old and advantage A (per sequence or per token):
+A loss type is a per-token loss (what each completion token contributes) and an aggregation (how those are
+averaged into one scalar). Per token t of completion i, with ratio rho = pi_theta / pi_old and advantage A:
 
-    objective_it = min(min(rho, delta) * A, clip(rho, 1 - eps_low, 1 + eps_high) * A) - beta * k3_it
-    loss         = aggregate(-objective)          (the loss is the negated objective, to minimise)
+    clip  (grpo, bnpo, dapo, dr_grpo; PPO, DeepSeekMath arXiv 2402.03300):
+          l_it = -min(min(rho, delta) * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
+    cispo (MiniMax-M1 arXiv 2506.13585, ScaleRL arXiv 2510.13786): the clipped, detached ratio weighs a plain
+          policy gradient, so no token's gradient is ever zeroed: l_it = -sg(clip(rho, min_ratio, max_ratio)) * A * r
+    sapo  (Soft Adaptive Policy Optimization, arXiv 2511.20347): a sigmoid gate instead of the hard clip,
+          l_it = -sigma(tau * (rho - 1)) * 4 / tau * A, tau = tau_pos for A > 0 and tau_neg otherwise
+    gmpo  (Geometric-Mean Policy Optimization, arXiv 2507.20673): the sequence's geometric-mean ratio,
+          R_i = exp(mean_t pess_t), pess_t the token log-ratio clipped to [-clip, clip] on the side the
+          advantage pushes; every token of i carries l_it = -R_i * A_i (so the "grpo" mean gives -mean_i R_i A_i)
+    loss = aggregate(l + beta * k3)   (plus KL-Cov's penalty and token weights when given, see policy_loss)
+
+Here r = exp(log pi_theta - sg(log pi_theta)) (value 1, gradient grad log pi_theta): cispo's loss then has
+the value -w * A and the gradient -w * A * grad log pi_theta, so its logged loss reads like the others'.
+
+Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729) bounds the loss of a negative advantage by c * |A|:
+-max(min(rho A, clip(rho) A), c A) for A < 0. That is `delta` = c here (INTELLECT-2's two-sided clipping,
+arXiv 2505.07291, is the same cap): capping rho at delta inside the unclipped term gives the same value and
+gradient for either sign of A (a test checks this against the dual-clip form).
 
 Where cohort departs from the papers (each one is a named option, see docs/algorithms.md):
 - The default aggregation is "grpo" (DeepSeekMath's mean of per-sequence token means); TRL now defaults to
@@ -17,11 +34,18 @@ Where cohort departs from the papers (each one is a named option, see docs/algor
   rho_it = sg[s_i] * pi_theta(y_it) / sg[pi_theta(y_it)] with s_i = exp(mean_t log(pi_theta / pi_old)):
   the value of every token's ratio is s_i (so clipping acts on s_i) and its gradient is s_i * grad log
   pi_theta(y_it); with loss_type="grpo" and per-sequence advantages this is exactly GSPO's gradient.
+
+A loss from the user's own module is registered under its spec (`algo.loss_type: my_pkg.losses:my_loss`):
+`my_loss(inputs: LossInputs, **loss_kwargs) -> Tensor [N, T]` (the per-token loss to minimise, or a LossTerms
+to report clipped tokens); cohort masks it, adds the KL term and aggregates it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -104,7 +128,7 @@ def _aggregate_dr_grpo(
     return per_token.sum() / (n * max_completion_length)
 
 
-LOSS_TYPES = tuple(LOSS_AGGREGATIONS)
+AGGREGATIONS = tuple(LOSS_AGGREGATIONS)
 
 TOKEN_COUNT_SCOPE: dict[str, str | None] = {
     "grpo": None,
@@ -112,13 +136,222 @@ TOKEN_COUNT_SCOPE: dict[str, str | None] = {
     "dapo": "global",
     "dr_grpo": None,
 }
-"""Which token count each loss type divides by: this process's minibatch ("process", BNPO), the minibatch
+"""Which token count each aggregation divides by: this process's minibatch ("process", BNPO), the minibatch
 summed over every process ("global", DAPO: every token of the batch weighs the same), or none (the grpo
 and dr_grpo normalisers count sequences). On one process bnpo and dapo are the same loss."""
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What a per-token policy loss sees: one micro-batch of N completions padded to T tokens."""
+
+    logp: torch.Tensor
+    """[N, T] log pi_theta of the completion tokens (differentiable; 0 at masked positions)."""
+    old_logp: torch.Tensor
+    """[N, T] log pi_old (detached; equal to logp's value on-policy)."""
+    log_ratio: torch.Tensor
+    """[N, T] log(pi_theta / pi_old) clamped to +-LOG_RATIO_CLAMP (GSPO-token form at importance="sequence")."""
+    advantages: torch.Tensor
+    """[N, T] detached advantages, one per token (0 at masked positions)."""
+    seq_advantages: torch.Tensor | None
+    """[N] the per-completion advantages when they were given that way (None for per-token advantages)."""
+    mask: torch.Tensor
+    """[N, T] bool, True on completion tokens."""
+    eps_low: float
+    """Lower clip range of the clip loss."""
+    eps_high: float
+    """Upper clip range of the clip loss."""
+    delta: float | None
+    """Cap on rho in the clip loss's unclipped term (dual-clip's c), None for none."""
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Return each completion's token count, [N], at least 1."""
+        return self.mask.sum(-1).clamp(min=1)
+
+    def policy_gradient_term(self) -> torch.Tensor:
+        """Return exp(logp - sg(logp)), [N, T]: value 1, gradient grad log pi_theta (REINFORCE's carrier)."""
+        return torch.exp(self.logp - self.logp.detach())
+
+
+class LossTerms(NamedTuple):
+    """A per-token loss and, where the loss clips, which tokens were clipped (for the clip_ratio metrics)."""
+
+    loss: torch.Tensor
+    """[N, T] the loss to minimise per token (masked positions are ignored)."""
+    clipped_low: torch.Tensor | None = None
+    """[N, T] bool: tokens whose ratio was clipped from below while the advantage was negative."""
+    clipped_high: torch.Tensor | None = None
+    """[N, T] bool: tokens whose ratio was clipped from above while the advantage was positive."""
+
+
+#: (inputs, **loss_kwargs) -> LossTerms or a [N, T] tensor of per-token losses
+PerTokenLoss = Callable[..., "LossTerms | torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered loss type: its per-token loss and the aggregation it uses unless told otherwise."""
+
+    fn: PerTokenLoss
+    aggregation: str
+    sequence_advantages: bool = False
+    """True when the loss is defined for one advantage per completion only (gmpo)."""
+    token_importance: bool = False
+    """True when the loss needs token-level ratios (importance="sequence" is refused)."""
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+"""Every loss type by name: the built-in ones and those registered from user modules."""
+
+
+def register_loss(
+    name: str,
+    fn: PerTokenLoss,
+    aggregation: str = "dapo",
+    *,
+    sequence_advantages: bool = False,
+    token_importance: bool = False,
+) -> PolicyLoss:
+    """Return the PolicyLoss registered under `name` (replacing any earlier one of that name)."""
+    check_choice("aggregation", aggregation, LOSS_AGGREGATIONS)
+    if not callable(fn):
+        raise TypeError(f"loss {name!r} must be a function (inputs: LossInputs, **kwargs) -> Tensor [N, T]")
+    POLICY_LOSSES[name] = PolicyLoss(fn, aggregation, sequence_advantages, token_importance)
+    return POLICY_LOSSES[name]
+
+
+def clip_loss(x: LossInputs) -> LossTerms:
+    """Return PPO's clipped per-token loss -min(min(rho, delta) A, clip(rho, 1-eps_low, 1+eps_high) A)."""
+    ratio = torch.exp(x.log_ratio)  # [N, T]
+    low, high = 1.0 - x.eps_low, 1.0 + x.eps_high
+    capped = ratio if x.delta is None else ratio.clamp(max=x.delta)  # [N, T]
+    adv = x.advantages
+    surrogate = torch.minimum(capped * adv, ratio.clamp(low, high) * adv)  # [N, T]
+    with torch.no_grad():
+        # A clip only matters in the direction the advantage pushes (TRL's definition).
+        clipped_low = (ratio < low) & (adv < 0)
+        clipped_high = (ratio > high) & (adv > 0)
+    return LossTerms(-surrogate, clipped_low, clipped_high)
+
+
+def cispo_loss(x: LossInputs, *, max_ratio: float = 5.0, min_ratio: float | None = None) -> LossTerms:
+    """Return CISPO's per-token loss -sg(clip(rho, min_ratio, max_ratio)) * A * r (r: value 1, grad log pi)."""
+    ratio = torch.exp(x.log_ratio)  # [N, T]
+    weight = ratio.detach().clamp(min=min_ratio, max=max_ratio)  # [N, T]
+    with torch.no_grad():
+        clipped_high = (ratio > max_ratio) & (x.advantages > 0)
+        clipped_low = (ratio < min_ratio) & (x.advantages < 0) if min_ratio is not None else None
+    return LossTerms(-weight * x.advantages * x.policy_gradient_term(), clipped_low, clipped_high)
+
+
+def sapo_loss(x: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> LossTerms:
+    """Return SAPO's per-token loss -sigma(tau (rho - 1)) * 4 / tau * A, with tau by the advantage's sign."""
+    ratio = torch.exp(x.log_ratio)  # [N, T]
+    tau = torch.full_like(ratio, tau_neg).masked_fill(x.advantages > 0, tau_pos)  # [N, T]
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau  # [N, T]; slope 1 at rho = 1, like the plain gradient
+    return LossTerms(-gate * x.advantages)
+
+
+def gmpo_loss(x: LossInputs, *, clip: float = 0.4) -> LossTerms:
+    """Return GMPO's per-token loss: -R_i A_i on every token of i, R_i the clipped geometric-mean ratio."""
+    if x.seq_advantages is None:
+        raise ValueError(
+            "loss_type='gmpo' needs one advantage per completion (its objective is R_i * A_i per sequence); "
+            "got per-token advantages. Fix: use another loss type with process rewards."
+        )
+    adv = x.seq_advantages.detach()[:, None]  # [N, 1]
+    clipped = x.log_ratio.clamp(-clip, clip)  # [N, T]
+    # Pessimistic per token: for A > 0 the smaller log-ratio, for A < 0 the larger (PPO's min, in log space).
+    pess = torch.where(adv > 0, torch.minimum(x.log_ratio, clipped), torch.maximum(x.log_ratio, clipped))
+    pess = torch.where(x.mask, pess, 0)  # [N, T]
+    seq_ratio = torch.exp(pess.sum(-1, keepdim=True) / x.lengths[:, None])  # [N, 1]
+    with torch.no_grad():
+        clipped_low = (x.log_ratio < -clip) & (adv < 0)
+        clipped_high = (x.log_ratio > clip) & (adv > 0)
+    return LossTerms((-seq_ratio * adv).expand_as(x.log_ratio), clipped_low, clipped_high)
+
+
+for _name in AGGREGATIONS:
+    register_loss(_name, clip_loss, _name)
+register_loss("cispo", cispo_loss, "dapo")  # MiniMax-M1 and ScaleRL normalise over all tokens of the batch
+register_loss("sapo", sapo_loss, "grpo")  # SAPO averages per sequence, then over sequences
+register_loss("gmpo", gmpo_loss, "grpo", sequence_advantages=True, token_importance=True)
+
+LOSS_TYPES = tuple(POLICY_LOSSES)
+"""The built-in loss types (user losses registered later are in POLICY_LOSSES only)."""
+
+LOSS_PARAMETERS: dict[str, dict[str, tuple[str, float | None]]] = {
+    "cispo": {"max_ratio": ("> 1", 5.0), "min_ratio": ("in [0, 1)", None)},
+    "sapo": {"tau_pos": ("> 0", 1.0), "tau_neg": ("> 0", 1.05)},
+    "gmpo": {"clip": ("> 0", 0.4)},
+}
+"""Each built-in loss's keyword parameters: (valid range, default). Sources: cispo's max_ratio 5.0 is the value
+TRL's documentation gives as ScaleRL's recommendation; sapo's temperatures are the SAPO paper's; gmpo's 0.4
+(a ratio range of [e^-0.4, e^0.4]) is the GMPO paper's."""
+
+
+def check_loss_kwargs(loss_type: str, kwargs: Mapping[str, object]) -> dict[str, object]:
+    """Return `kwargs` after checking each is a parameter of `loss_type` inside its valid range."""
+    if loss_type not in POLICY_LOSSES:
+        valid = ", ".join(repr(o) for o in POLICY_LOSSES)
+        raise ValueError(
+            f"unknown loss_type {loss_type!r}; valid options: {valid}, or 'my_pkg.module:function' for your own."
+        )
+    kwargs = dict(kwargs)
+    spec = LOSS_PARAMETERS.get(loss_type)
+    if spec is None:
+        fn = POLICY_LOSSES[loss_type].fn
+        if fn is not clip_loss:
+            check_loss_signature(loss_type, fn, kwargs)
+        elif kwargs:
+            raise ValueError(f"loss_type={loss_type!r} takes no parameters, got {sorted(kwargs)}")
+        return kwargs
+    for key, value in kwargs.items():
+        if key not in spec:
+            raise ValueError(
+                f"loss_type={loss_type!r} has no parameter {key!r}; its parameters are {sorted(spec)}"
+            )
+        rule = spec[key][0]
+        if value is None and spec[key][1] is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ValueError(f"{loss_type} parameter {key} must be a number {rule}, got {value!r}")
+        ok = {"> 1": value > 1, "> 0": value > 0, "in [0, 1)": 0 <= value < 1}[rule]
+        if not ok:
+            raise ValueError(f"{loss_type} parameter {key} must be {rule} (the paper's range), got {value!r}")
+    return kwargs
+
+
+def check_loss_signature(name: str, fn: Callable, kwargs: Mapping[str, object]) -> None:
+    """Raise a ValueError naming the expected signature when fn(inputs, **kwargs) cannot be called."""
+    try:
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as exc:
+        raise ValueError(
+            f"loss {name!r} cannot be called as fn(inputs, **{dict(kwargs)!r}): {exc}. Expected signature: "
+            "def my_loss(inputs: cohort.algo.LossInputs, **loss_kwargs) -> torch.Tensor  "
+            "(the per-token loss [N, T] to minimise; algo.loss_kwargs supplies the keyword arguments)"
+        ) from None
+    except ValueError:  # builtins without an introspectable signature: checked when called
+        return
+
+
+def aggregation_of(loss_type: str, aggregation: str | None = None) -> str:
+    """Return the aggregation a loss type uses: `aggregation` when given, else the loss type's own."""
+    if aggregation is not None:
+        return check_choice("aggregation", aggregation, LOSS_AGGREGATIONS)
+    if loss_type in POLICY_LOSSES:
+        return POLICY_LOSSES[loss_type].aggregation
+    return check_choice("loss_type", loss_type, POLICY_LOSSES)
+
+
 def loss_normalisers(
-    loss_type: str, lengths: Sequence[int], all_sum: Callable[[int], int] = int, world_size: int = 1
+    loss_type: str,
+    lengths: Sequence[int],
+    all_sum: Callable[[int], int] = int,
+    world_size: int = 1,
+    aggregation: str | None = None,
 ) -> tuple[int, int]:
     """Returns (num_items, num_sequences) to pass to policy_loss for a minibatch whose in-loss rows on this
     process have token counts `lengths`; all_sum(x) sums an int over the `world_size` processes (identity on
@@ -126,16 +359,16 @@ def loss_normalisers(
 
     The loss of a batch split over processes is the sum of the per-process losses (gradients are summed
     across processes), so num_sequences counts every process's sequences, and num_items is the token count
-    of TOKEN_COUNT_SCOPE[loss_type]: for "global" (dapo) the tokens of every process; for "process" (bnpo)
-    this process's tokens times world_size, which makes the summed gradient the mean of the per-process
-    token means (what TRL gets from DDP's gradient averaging) instead of world_size times it. Both are at
-    least 1, so an empty minibatch gives a zero loss instead of a division by zero.
+    of TOKEN_COUNT_SCOPE of the loss type's aggregation: for "global" (dapo) the tokens of every process; for
+    "process" (bnpo) this process's tokens times world_size, which makes the summed gradient the mean of the
+    per-process token means (what TRL gets from DDP's gradient averaging) instead of world_size times it.
+    Both are at least 1, so an empty minibatch gives a zero loss instead of a division by zero.
     """
-    check_choice("loss_type", loss_type, LOSS_AGGREGATIONS)
+    agg = aggregation_of(loss_type, aggregation)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     tokens = int(sum(lengths))
-    scope = TOKEN_COUNT_SCOPE.get(loss_type)
+    scope = TOKEN_COUNT_SCOPE.get(agg)
     num_items = (
         all_sum(tokens) if scope == "global" else tokens * world_size if scope == "process" else tokens
     )
@@ -177,6 +410,8 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     loss_type: str = "grpo",
+    aggregation: str | None = None,
+    loss_kwargs: Mapping[str, object] | None = None,
     eps_low: float = 0.2,
     eps_high: float | None = None,
     delta: float | None = None,
@@ -187,17 +422,24 @@ def policy_loss(
     num_sequences: Normaliser = None,
     importance: str = "token",
     kl_kind: str = "k3",
+    token_weights: torch.Tensor | None = None,
+    kl_cov_mask: torch.Tensor | None = None,
+    kl_cov_coef: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Return (loss, metrics): the negated clipped-surrogate objective (scalar) and detached tensor metrics.
+    """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
 
     logp [N, T]: log pi_theta of the completion tokens (differentiable); old_logp [N, T] or None
     (on-policy: the ratio is taken against logp.detach(), value 1, gradient grad log pi_theta);
     advantages [N] (one per completion) or [N, T] (per token, process supervision); mask [N, T], True on
     completion tokens. Masked positions may hold anything (even inf/NaN): they get exactly zero gradient.
-    loss_type "grpo" | "bnpo" | "dapo" | "dr_grpo" (see LOSS_AGGREGATIONS); eps_high None means eps_low;
-    delta caps rho from above for the unclipped term (two-sided clipping), None = no cap; beta > 0 adds
-    beta * KL(logp, ref_logp) with the estimator kl_kind ("k1" | "k2" | "k3", see kl_estimate; k3 is
-    DeepSeekMath's) and needs ref_logp; importance "token" | "sequence" (GSPO).
+    loss_type: a name in POLICY_LOSSES (grpo, bnpo, dapo, dr_grpo: the clip loss with that aggregation;
+    cispo, sapo, gmpo; or a registered user loss), called with `loss_kwargs`; aggregation None uses the loss
+    type's own. eps_high None means eps_low; delta caps rho from above for the unclipped term (two-sided /
+    dual clipping), None = no cap; beta > 0 adds beta * KL(logp, ref_logp) with the estimator kl_kind
+    ("k1" | "k2" | "k3", see kl_estimate; k3 is DeepSeekMath's) and needs ref_logp; importance "token" |
+    "sequence" (GSPO). token_weights [N] or [N, T] (detached) multiply each token's policy loss before the KL
+    term is added: entropy masks, Clip-Cov's detached tokens, importance weights for the sampler. kl_cov_mask
+    [N, T] bool adds KL-Cov's kl_cov_coef * |log(pi_theta / pi_old)| on the selected tokens.
     num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo) are the counts of the whole batch this
     micro-batch belongs to (None: its own); summing the micro-batch losses then equals the full-batch loss.
     Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, ratio/mean, and kl (masked
@@ -222,8 +464,15 @@ def policy_loss(
             f"advantages has shape {tuple(advantages.shape)}; it must be [N]={n} (one per completion) or "
             f"[N, T]={tuple(shape)} (per token) to match logp."
         )
-    check_choice("loss_type", loss_type, LOSS_AGGREGATIONS)
+    agg = aggregation_of(loss_type, aggregation)
+    spec = POLICY_LOSSES[loss_type]
+    kwargs = check_loss_kwargs(loss_type, loss_kwargs or {})
     check_choice("importance", importance, IMPORTANCE_LEVELS)
+    if spec.token_importance and importance != "token":
+        raise ValueError(
+            f"loss_type={loss_type!r} is built on token-level ratios; importance={importance!r} is not defined "
+            "for it. Fix: importance='token'."
+        )
     check_choice("kl_kind", kl_kind, KL_KINDS)
     eps_low = check_nonneg("eps_low", eps_low)
     if eps_low >= 1:
@@ -255,43 +504,74 @@ def policy_loss(
                 f"max_completion_length must be an int >= T={t} (the padded completion length), got "
                 f"{max_completion_length!r}. Fix: pass the generation limit used for these completions."
             )
-    elif loss_type == "dr_grpo":
+    elif agg == "dr_grpo":
         raise ValueError(
-            "loss_type='dr_grpo' divides by N * max_completion_length, but max_completion_length is None. "
+            "aggregation 'dr_grpo' divides by N * max_completion_length, but max_completion_length is None. "
             "Fix: pass max_completion_length (the generation limit)."
         )
     _check_normaliser("num_items", num_items)
     _check_normaliser("num_sequences", num_sequences)
+    if token_weights is not None:
+        check_tensor("token_weights", token_weights)
+        if token_weights.shape not in ((n,), shape):
+            raise ValueError(
+                f"token_weights has shape {tuple(token_weights.shape)}; it must be [N] or [N, T]."
+            )
+    if kl_cov_mask is not None:
+        check_tensor("kl_cov_mask", kl_cov_mask)
+        _check_same_shape("kl_cov_mask", kl_cov_mask, shape)
+        kl_cov_coef = check_nonneg("kl_cov_coef", kl_cov_coef)
 
     mask = mask.bool()  # [N, T]
     # Sanitise masked positions before any arithmetic: where() alone would still send 0 * inf = NaN
     # gradients through exp() at padding that holds -inf or garbage.
     logp = torch.where(mask, logp, 0)  # [N, T]
     old = logp.detach() if old_logp is None else torch.where(mask, old_logp.detach(), 0)  # [N, T]
+    seq_adv = advantages.detach() if advantages.dim() == 1 else None  # [N]
+    if spec.sequence_advantages and seq_adv is None:
+        raise ValueError(
+            f"loss_type={loss_type!r} needs one advantage per completion ([N]), got per-token advantages "
+            f"{tuple(advantages.shape)}. Fix: use another loss type with process rewards."
+        )
     adv = advantages.detach()
     adv = adv[:, None] if adv.dim() == 1 else adv  # [N, 1] or [N, T]
     adv = torch.where(mask, adv, 0)  # [N, T]
 
     log_ratio = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [N, T]
+    token_log_ratio = log_ratio
     if importance == "sequence":
         lengths = mask.sum(-1).clamp(min=1)  # [N]
         seq_log_ratio = log_ratio.sum(-1) / lengths  # [N], masked entries are already 0
         log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]  # [N, T], value log s_i
-    ratio = torch.exp(log_ratio)  # [N, T]
 
-    low, high = 1.0 - eps_low, 1.0 + eps_high
-    capped = ratio if delta is None else ratio.clamp(max=delta)  # [N, T]
-    surrogate = torch.minimum(capped * adv, ratio.clamp(low, high) * adv)  # [N, T]
-    objective = surrogate
+    inputs = LossInputs(logp, old, log_ratio, adv, seq_adv, mask, eps_low, eps_high, delta)
+    terms = spec.fn(inputs, **kwargs)
+    if not isinstance(terms, LossTerms):
+        terms = LossTerms(terms)
+    per_token_policy = terms.loss
+    if not isinstance(per_token_policy, torch.Tensor) or per_token_policy.shape != shape:
+        got = (
+            tuple(per_token_policy.shape) if isinstance(per_token_policy, torch.Tensor) else type(terms.loss)
+        )
+        raise ValueError(
+            f"loss {loss_type!r} returned {got}; a loss must return the per-token loss as a tensor of shape "
+            f"[N, T]={tuple(shape)} (or a cohort.algo.LossTerms holding one)."
+        )
+    if token_weights is not None:
+        w = token_weights.detach().to(per_token_policy.dtype)
+        per_token_policy = per_token_policy * (w[:, None] if w.dim() == 1 else w)
+    if kl_cov_mask is not None and kl_cov_coef > 0:
+        per_token_policy = per_token_policy + kl_cov_coef * token_log_ratio.abs() * kl_cov_mask.bool()
+    per_token = per_token_policy
     kl = None
     if ref_logp is not None:
         ref = torch.where(mask, ref_logp.detach(), 0)  # [N, T]
         kl = kl_estimate(logp, ref, kl_kind)  # [N, T]
         if beta > 0:
-            objective = surrogate - beta * kl
-    per_token = torch.where(mask, -objective, 0)  # [N, T]
+            per_token = per_token + beta * kl
+    per_token = torch.where(mask, per_token, 0)  # [N, T]
 
-    loss = LOSS_AGGREGATIONS[loss_type](
+    loss = LOSS_AGGREGATIONS[agg](
         per_token,
         mask,
         num_items=num_items,
@@ -301,11 +581,10 @@ def policy_loss(
 
     with torch.no_grad():
         # Metrics in at least float32: bf16 cannot even count past 256 exactly.
-        ratio_d = ratio.detach().to(torch.promote_types(ratio.dtype, torch.float32))  # [N, T]
-        # A clip only matters in the direction the advantage pushes: below 1 - eps_low for A < 0, above
-        # 1 + eps_high for A > 0 (TRL's definition).
-        is_low = (ratio_d < low) & (adv < 0) & mask  # [N, T]
-        is_high = (ratio_d > high) & (adv > 0) & mask  # [N, T]
+        ratio_d = torch.exp(log_ratio.detach()).to(torch.promote_types(logp.dtype, torch.float32))  # [N, T]
+        none = torch.zeros_like(mask)
+        is_low = (none if terms.clipped_low is None else terms.clipped_low.bool()) & mask  # [N, T]
+        is_high = (none if terms.clipped_high is None else terms.clipped_high.bool()) & mask  # [N, T]
         metrics = {
             "clip_ratio/low_mean": masked_mean(is_low.to(ratio_d.dtype), mask),
             "clip_ratio/high_mean": masked_mean(is_high.to(ratio_d.dtype), mask),

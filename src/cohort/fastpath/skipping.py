@@ -4,7 +4,9 @@ With beta = 0 a completion whose advantage is exactly 0 contributes 0 to the cli
 token and so 0 to the loss and its gradient (its ratio multiplies a zero advantage). Late in a run most
 groups have all-equal rewards, so most rows are such rows. The loss normalisers (`num_items`,
 `num_sequences`) still count them, so the gradient is the one of the whole batch. With beta > 0 the KL
-term of those rows does carry a gradient, so nothing is skipped.
+term of those rows does carry a gradient, so nothing is skipped; nor with a user's own loss (it may not
+vanish at A = 0) or token selections made per micro-batch (entropy, covariance: skipping rows would change
+which tokens they select).
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ from collections.abc import Sequence
 import torch
 
 
-def skip_unavailable(beta: float) -> str | None:
+def skip_unavailable(beta: float, *, builtin_loss: bool = True, selection: str | None = None) -> str | None:
     """Returns why zero-advantage rows cannot be skipped (None: they can)."""
-    return None if beta == 0 else f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
+    if beta != 0:
+        return f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
+    if not builtin_loss:
+        return "a user loss may not vanish where the advantage is 0"
+    if selection is not None:
+        return f"{selection} selects tokens per micro-batch, among zero-advantage rows too"
+    return None
 
 
 def zero_advantage_rows(advantages: torch.Tensor, rows: Sequence[int]) -> list[int]:

@@ -17,19 +17,15 @@ One spec alone (a string, a path, a callable, a model) counts as a list of one.
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib
-import importlib.util
 import os
 import re
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cohort.plugins import load_function
 from cohort.rewards.builtin import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
 from cohort.rewards.models import RewardModel
 from cohort.rewards.scoring import reward_signature
@@ -70,40 +66,6 @@ def _call_factory(name: str, args_text: str, spec: str) -> Callable:
         return REWARD_FACTORIES[name](*args, **kwargs)
     except TypeError as exc:
         raise ValueError(f"reward spec {spec!r}: {exc}") from exc
-
-
-def _load_file(path_text: str, spec: str) -> Any:
-    """Returns the module executed from a Python file (cached under a name derived from its path)."""
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise ValueError(f"reward spec {spec!r}: file {path_text!r} not found (resolved to {str(path)!r})")
-    module_name = f"cohort_user_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    file_spec = importlib.util.spec_from_file_location(module_name, path)
-    if file_spec is None or file_spec.loader is None:
-        raise ValueError(f"reward spec {spec!r}: cannot import {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(file_spec)
-    sys.modules[module_name] = module
-    try:
-        file_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise ValueError(f"reward spec {spec!r}: {_import_failure(exc, path)}") from exc
-    return module
-
-
-def _import_failure(exc: BaseException, path: Path | None = None) -> str:
-    """Returns one line saying where importing a user's reward code failed: the error and its file:line."""
-    if isinstance(exc, SyntaxError):
-        where = f"{exc.filename or path}:{exc.lineno}"
-        return f"{where}: SyntaxError: {exc.msg}; fix the file"
-    frames = traceback.extract_tb(exc.__traceback__)
-    # The innermost frame in the user's file says which of its lines failed (not importlib's frames).
-    own = [f for f in frames if path is not None and Path(f.filename).resolve() == path] or frames[-1:]
-    where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
-    fix = "install it" if isinstance(exc, ImportError) else "fix the file"
-    return f"importing it raised {type(exc).__name__}: {exc}{where}; {fix}"
 
 
 def _model_folder(key: str) -> Path | None:
@@ -152,7 +114,7 @@ def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -
             )
         return RewardModel(str(folder), tokenizer)
     if ":" in key:
-        return _load_function(key, spec)
+        return load_function(key, f"reward spec {spec!r}")
     if _HUB_ID.fullmatch(key) and not key.endswith(".py"):
         try:
             return RewardModel(key, tokenizer)
@@ -173,39 +135,6 @@ def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -
         f"unknown reward {spec!r}; built-in rewards are: {_known()}; or give 'package.module:function', "
         "'path/to/file.py:function', a reward model folder or an 'org/name' hub id"
     )
-
-
-def _load_function(key: str, spec: str) -> Callable:
-    """Returns the function a ``module:function`` or ``file.py:function`` spec names."""
-    target, attr = key.rsplit(":", 1)
-    if not attr.strip():
-        raise ValueError(
-            f"reward spec {spec!r} names no function after the ':'; write e.g. '{target}:my_reward'"
-        )
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(target, spec)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ValueError(
-                f"reward spec {spec!r}: cannot import module {target!r} ({exc}); check that it is installed "
-                "or on PYTHONPATH, or use 'path/to/file.py:function'"
-            ) from exc
-        except Exception as exc:  # the module exists but its own code fails (SyntaxError included)
-            raise ValueError(f"reward spec {spec!r}: module {target!r}: {_import_failure(exc)}") from exc
-    func = getattr(module, attr, None)
-    if func is None:
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ValueError(
-            f"reward spec {spec!r}: {target!r} has no attribute {attr!r}; its callables are {public}"
-        )
-    if not callable(func):
-        raise ValueError(
-            f"reward spec {spec!r}: {attr!r} is a {type(func).__name__}, not a function; "
-            "name a function defined in it"
-        )
-    return func
 
 
 def _tokenizers(given: Any, n: int) -> list[Any]:
