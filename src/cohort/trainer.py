@@ -348,9 +348,10 @@ class GRPOTrainer:
         eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
         options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
         self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
-        sampler_dtype = cfg.rollout.sampler_dtype
+        # rollout.sampler_dtype: sample from a low-precision copy, as an inference engine would.
+        sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
         self.sampler_copy = (
-            SamplerCopy(self.model, DTYPES[str(sampler_dtype).lower()]) if sampler_dtype is not None else None
+            SamplerCopy(self.model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
         )
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())

@@ -380,12 +380,12 @@ class PolicyUpdater:
                     adv_mb = adv[micro].to(lp.logp.device)
                     weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, generator)
                     control_names.update(extra)
-                    for k, v in extra.items():
+                    for k, val in extra.items():
                         if k.endswith(("_min", "_max")):  # extremes over the update, not means
                             pick = min if k.endswith("_min") else max
-                            extremes[k] = pick(extremes.get(k, v), v)
+                            extremes[k] = pick(extremes.get(k, val), val)
                         else:
-                            means.add(k, v, float(lp.mask.sum()))
+                            means.add(k, val, float(lp.mask.sum()))
                     loss, metrics = policy_loss(
                         lp.logp,
                         old_mb,

@@ -257,3 +257,17 @@ def test_gmpo_refuses_per_token_advantages_and_sequence_importance():
         policy_loss(z, None, z, m, loss_type="gmpo")
     with pytest.raises(ValueError, match="token-level ratios"):
         policy_loss(z, None, torch.zeros(2, dtype=F64), m, loss_type="gmpo", importance="sequence")
+
+
+def test_on_policy_the_off_policy_losses_give_the_plain_gradient():
+    # With one optimizer step per batch every ratio is 1: CISPO's weight is 1 (dapo's gradient), SAPO's gate
+    # has slope 1 (grpo's), GMPO's geometric mean is 1 (grpo's). They differ only once the policy has moved.
+    rng = random.Random(7)
+    logp0 = torch.tensor([[rng.uniform(-3, 0) for _ in range(6)] for _ in range(4)], dtype=F64)
+    adv = torch.tensor([1.0, -0.5, 0.3, -2.0], dtype=F64)
+    mask = torch.tensor([[t < k for t in range(6)] for k in (6, 3, 1, 5)])
+    for mine, plain in (("cispo", "dapo"), ("sapo", "grpo"), ("gmpo", "grpo")):
+        a, b = logp0.clone().requires_grad_(), logp0.clone().requires_grad_()
+        ga = _grad(policy_loss(a, None, adv, mask, loss_type=mine)[0], a)
+        gb = _grad(policy_loss(b, None, adv, mask, loss_type=plain)[0], b)
+        torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,1 @@
+"""Ablation of the GRPO family on the demo task (see run.py)."""
