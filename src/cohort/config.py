@@ -299,6 +299,15 @@ class HealthConfig:
 
 
 @dataclass
+class ProcessConfig:
+    """Process supervision: reward functions that score each reasoning step (see cohort.rewards.process)."""
+
+    step_separator: str = "\n"
+    """Where a step ends in the completion's text when a reward gives step rewards without explicit ends
+    (also where a process reward model reads each step's score)."""
+
+
+@dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule."""
 
@@ -338,6 +347,8 @@ class TrainConfig:
     """Prompt selection by pass rate (off by default)."""
     health: HealthConfig = field(default_factory=HealthConfig)
     """Live health checks and their thresholds."""
+    process: ProcessConfig = field(default_factory=ProcessConfig)
+    """Process supervision (rewards per reasoning step)."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None
@@ -559,6 +570,10 @@ class TrainConfig:
             raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
         if r.sampler_dtype is not None:
             _check_choice("rollout.sampler_dtype", str(r.sampler_dtype).lower(), SAMPLER_DTYPES)
+        if not isinstance(self.process.step_separator, str) or not self.process.step_separator:
+            raise ConfigError(
+                f"process.step_separator={self.process.step_separator!r} must be a non-empty string (e.g. '\\n')"
+            )
 
     def _validate_ranges(self) -> None:
         """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
-from cohort.algo import combine_rewards, zero_std_group_mask
+from cohort.algo import combine_rewards, process_advantages, process_advantages_to_tokens, zero_std_group_mask
 from cohort.algo.estimators import estimate_advantages
 from cohort.checkpoint import (
     find_resume_dir,
@@ -58,12 +58,14 @@ from cohort.reference import Reference
 from cohort.report import MetricsLogger, Progress, quiet_hf_progress, read_jsonl, write_report, write_summary
 from cohort.rewards import (
     RewardLogs,
+    StepRewards,
     check_reward_columns,
     resolve_reward_funcs,
     reward_name,
     reward_weights,
     score,
 )
+from cohort.rewards.process import process_metrics, resolve_step_ends
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
@@ -165,6 +167,8 @@ class Drawn:
     logs: RewardLogs
     seconds_generate: float
     seconds_score: float
+    steps: list[tuple[list[float], list[int]] | None] | None = None
+    """Per completion the process reward function's (step rewards, step end token indices); None without one."""
     rounds: int = 1
     groups_generated: int | None = None
     """Set by dynamic sampling only: groups generated over every round."""
@@ -262,11 +266,13 @@ class GRPOTrainer:
             reward_funcs if reward_funcs else cfg.rewards,
             max_completion_length=cfg.rollout.max_completion_length,
             reward_processing_classes=self.reward_processing_classes,
+            step_separator=cfg.process.step_separator,
         )
         for func in self.reward_funcs:  # reward models score on the policy's device
             if callable(getattr(func, "to", None)):
                 func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        self.process_column: int | None = None  # the reward function that returns step rewards, once seen
         self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
         if train_rows is None:
             train_rows, loaded_eval = load_prompt_rows(cfg)
@@ -625,7 +631,10 @@ class GRPOTrainer:
         a = cfg.algo
         reward = drawn.reward  # [N], logged
         # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
-        if a.reward_mode == "decoupled":
+        token_adv = None
+        if drawn.steps is not None:  # process supervision: per-token advantages (outcome part + return-to-go)
+            adv, token_adv = self._process_advantages(drawn)
+        elif a.reward_mode == "decoupled":
             adv = combine_rewards(
                 per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
             )
@@ -644,7 +653,13 @@ class GRPOTrainer:
         # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
         with self._committing():
             batch = PolicyBatch(
-                rollout.prompt_ids, rollout.completion_ids, G, adv, in_loss, rollout.sampling_logprobs
+                rollout.prompt_ids,
+                rollout.completion_ids,
+                G,
+                adv,
+                in_loss,
+                rollout.sampling_logprobs,
+                token_advantages=token_adv,
             )
             try:
                 stats = self.updater.update(batch, self.shuffle_generator)
@@ -668,6 +683,8 @@ class GRPOTrainer:
             synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         metrics.update(drawn.metrics())
+        if drawn.steps is not None:
+            metrics.update(process_metrics(drawn.steps))
         if self.reference is not None and self.reference.follows_policy:
             metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
         if self.curriculum is not None:
@@ -682,8 +699,39 @@ class GRPOTrainer:
                 "time/update": t_update - t_score,
             }
         )
-        samples = self._sample_rows(rows, rollout, completions, per_func, reward, adv, in_loss)
+        samples = self._sample_rows(
+            rows, rollout, completions, per_func, reward, adv, in_loss, token_adv, drawn.steps
+        )
         return StepResult(metrics, samples)
+
+    def _process_advantages(self, drawn: Drawn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Returns (per-row mean advantage [N], per-token advantages, one [T_i] tensor per row) of a batch with a
+        process reward: A_it = A_outcome_i + w_p * A_process_it, where A_outcome is the chosen estimator over the
+        other (outcome) reward functions (0 when there are none) and A_process the return-to-go of the
+        group-normalised step rewards (DeepSeekMath), w_p the process function's reward weight."""
+        a, G = self.cfg.algo, drawn.rollout.group_size
+        j = self.process_column
+        lengths = [len(c) for c in drawn.rollout.completion_ids]
+        others = [k for k in range(drawn.per_func.shape[1]) if k != j]
+        if others:
+            outcome = combine_rewards(drawn.per_func[:, others], self.reward_weights[others], G, mode="sum")
+            adv_out = estimate_advantages(a.advantage, outcome, G, lengths, **a.advantage_arguments())  # [N]
+        else:
+            adv_out = torch.zeros(len(lengths))
+        assert drawn.steps is not None
+        step_rewards = [torch.tensor(s[0] if s else [], dtype=torch.float64) for s in drawn.steps]
+        per_step = process_advantages(step_rewards, G, std=a.std, eps=a.adv_eps)  # N tensors [K_i]
+        weight = float(self.reward_weights[j])
+        token_adv = []
+        for i, (s, steps_adv) in enumerate(zip(drawn.steps, per_step, strict=True)):
+            if s is None or lengths[i] == 0:
+                tok = torch.zeros(lengths[i], dtype=torch.float64)
+            else:
+                ends = torch.tensor(s[1], dtype=torch.long)
+                tok = process_advantages_to_tokens([steps_adv], [ends], lengths[i])[0]
+            token_adv.append((float(adv_out[i]) + weight * tok).to(torch.float32))
+        row_mean = torch.tensor([float(t.mean()) if t.numel() else 0.0 for t in token_adv])
+        return row_mean, token_adv
 
     def _collapse(self, drawn: Drawn) -> float | None:
         """Returns the share of drawn groups collapsed onto one sub-par answer (None when that check is off)."""
@@ -721,12 +769,12 @@ class GRPOTrainer:
         rollout = self._generate(idx)
         t1 = time.perf_counter()
         completions = self._decode(rollout, rows)
-        per_func, logs = self._score(rows, rollout, completions)
+        per_func, logs, steps = self._score(rows, rollout, completions)
         if curriculum is not None:
             curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
         reward = combine_rewards(per_func, self.reward_weights, rollout.group_size, mode="sum")
         return Drawn(
-            idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1
+            idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1, steps
         )
 
     def _refill(self, first: Drawn) -> Drawn:
@@ -783,6 +831,9 @@ class GRPOTrainer:
             ],
             per_func=torch.cat([d.per_func[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
             reward=torch.cat([d.reward[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
+            steps=None
+            if first.steps is None
+            else [(d.steps or [])[r] for (d, _), rows in zip(chosen, rows_of, strict=True) for r in rows],
             logs=RewardLogs.merged(
                 [(d.logs, rows) for (d, _), rows in zip(chosen, rows_of, strict=True)] + unused
             ),
@@ -795,10 +846,11 @@ class GRPOTrainer:
         )
 
     def _sample_rows(
-        self, rows, rollout, completions, per_func, reward, adv, in_loss
+        self, rows, rollout, completions, per_func, reward, adv, in_loss, token_adv=None, steps=None
     ) -> list[dict[str, Any]]:
         """Returns the completions logged this step: whole groups, each completion with every reward function's
-        score, the combined reward, its advantage and whether it was in the loss."""
+        score, the combined reward, its advantage and whether it was in the loss (with a process reward also the
+        step rewards, their end tokens and every token's advantage)."""
         G, wanted = rollout.group_size, self.cfg.num_samples_logged
         n_groups = min(len(rows), -(-wanted // G))  # whole groups, at least num_samples_logged completions
         if n_groups == 0:
@@ -826,6 +878,10 @@ class GRPOTrainer:
                         **self.reward_logs.extras_at(i),  # columns from log_extra
                     }
                 )
+                if token_adv is not None and steps is not None:
+                    out[-1]["step_rewards"] = steps[i][0] if steps[i] else None
+                    out[-1]["step_ends"] = steps[i][1] if steps[i] else None
+                    out[-1]["token_advantages"] = [round(float(x), 6) for x in token_adv[i]]
         return out
 
     def _committing(self) -> contextlib.AbstractContextManager:
@@ -874,13 +930,14 @@ class GRPOTrainer:
 
     def _score(
         self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]
-    ) -> tuple[torch.Tensor, RewardLogs]:
+    ) -> tuple[torch.Tensor, RewardLogs, list[tuple[list[float], list[int]] | None] | None]:
         G, pc = rollout.group_size, self.cfg.data.prompt_column
         columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
         # Reward functions get the live state, as in TRL, brought to the step being scored.
         self.state.global_step = self.step_idx
         self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
         logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
+        steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
         scores = score(
             self.reward_funcs,
             prompts=[r[pc] for r in rows for _ in range(G)],
@@ -889,8 +946,26 @@ class GRPOTrainer:
             columns=columns,
             trainer_state=self.state,
             logs=logs,
+            steps=steps,
         )  # [N, R]
-        return scores, logs
+        if not steps:
+            return scores, logs, None
+        if len(steps) > 1:
+            names = [self.reward_names[j] for j in steps]
+            raise TrainingError(
+                f"reward functions {names} all returned step rewards; one process reward per run is supported "
+                "(combine them into one function)"
+            )
+        ((j, parsed),) = steps.items()
+        resolved = resolve_step_ends(
+            parsed,
+            rollout.completion_ids,
+            lambda ids: [self.tokenizer.decode([t]) for t in ids],
+            self.cfg.process.step_separator,
+            self.reward_names[j],
+        )
+        self.process_column = j
+        return scores, logs, resolved
 
     def _metrics(self, rollout, per_func, reward, zero_std, stats: UpdateStats) -> dict[str, Any]:
         G = rollout.group_size

@@ -42,6 +42,8 @@ class PolicyBatch:
     in_loss: torch.Tensor  # [N] bool: False for rows removed by filters
     sampling_logprobs: list[torch.Tensor] | None = None
     """Per row the sampler's log-prob of each sampled token (the rollout's), to measure the trainer's gap to it."""
+    token_advantages: list[torch.Tensor] | None = None
+    """Per row one advantage per completion token (process supervision); then `advantages` holds row means."""
 
     @property
     def lengths(self) -> list[int]:
@@ -344,6 +346,13 @@ class PolicyUpdater:
             with self.reference() as ref_model:
                 ref = self._frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
+        token_adv = batch.token_advantages
+        # A row can be skipped when every one of its tokens has advantage 0.
+        row_zero = (
+            adv
+            if token_adv is None
+            else torch.tensor([float(t.abs().max()) if t.numel() else 0.0 for t in token_adv])
+        )
         means, paths = _Means(), _Means()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
         extremes: dict[str, float] = {}
@@ -360,7 +369,7 @@ class PolicyUpdater:
                     dist.world_size(),
                     aggregation=a.aggregation,
                 )
-                skip = set(zero_advantage_rows(adv, rows)) if self.skip_zero else set()
+                skip = set(zero_advantage_rows(row_zero, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
@@ -377,7 +386,11 @@ class PolicyUpdater:
                     if it == 0 and mb_index == 0 and sampled_mb is not None:
                         diff = (lp.logp.detach().float() - sampled_mb.float()).abs() * lp.mask
                         gap = max(gap, float(diff.max())) if diff.numel() else gap
-                    adv_mb = adv[micro].to(lp.logp.device)
+                    if token_adv is None:
+                        adv_mb = adv[micro].to(lp.logp.device)
+                    else:
+                        tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
+                        adv_mb = self._stack(tok, micro, width)
                     weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, generator)
                     control_names.update(extra)
                     for k, val in extra.items():

@@ -9,6 +9,8 @@ Spec forms:
 - ``"path/to/reward_model"`` (a folder with ``config.json``) or ``"org/name"`` (a hub id: one slash, no
   colon, not a built-in name), or a ``transformers.PreTrainedModel`` object: a reward model
   (sequence classification, ``num_labels == 1``), wrapped in :class:`cohort.rewards.models.RewardModel`;
+  a folder of a token-classification model is a process reward model
+  (:class:`cohort.rewards.process.ProcessRewardModel`, one score per step, steps split by `step_separator`);
 - any other callable, used as is.
 
 One spec alone (a string, a path, a callable, a model) counts as a list of one.
@@ -77,7 +79,20 @@ def _model_folder(key: str) -> Path | None:
         return None
 
 
-def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -> Callable:
+def _is_token_classifier(folder: Path) -> bool:
+    """Returns whether a model folder's config names a token-classification architecture (a process RM)."""
+    import json
+
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForTokenClassification") for a in archs)
+
+
+def _resolve_one(
+    spec: Any, max_completion_length: int | None, tokenizer: Any, separator: str = "\n"
+) -> Callable:
     """Returns the reward function for one spec (`tokenizer`: the reward model's, when it is one)."""
     if isinstance(spec, RewardModel):
         return spec
@@ -112,6 +127,10 @@ def _resolve_one(spec: Any, max_completion_length: int | None, tokenizer: Any) -
                 f"reward {spec!r} is a folder without config.json; a reward model folder is one written by "
                 "save_pretrained (AutoModelForSequenceClassification with num_labels=1)"
             )
+        if _is_token_classifier(folder):
+            from cohort.rewards.process import ProcessRewardModel
+
+            return ProcessRewardModel(str(folder), tokenizer, separator=separator)
         return RewardModel(str(folder), tokenizer)
     if ":" in key:
         return load_function(key, f"reward spec {spec!r}")
@@ -155,6 +174,7 @@ def resolve_reward_funcs(
     *,
     max_completion_length: int | None = None,
     reward_processing_classes: Sequence[Any] | Any = None,
+    step_separator: str = "\n",
 ) -> list[Callable]:
     """Returns one reward function per spec (see the module docstring for the accepted forms).
 
@@ -168,7 +188,9 @@ def resolve_reward_funcs(
     if not specs:
         raise ValueError(f"no reward functions given; use at least one of: {_known()}")
     tokenizers = _tokenizers(reward_processing_classes, len(specs))
-    funcs = [_resolve_one(spec, max_completion_length, tok) for spec, tok in zip(specs, tokenizers)]
+    funcs = [
+        _resolve_one(spec, max_completion_length, tok, step_separator) for spec, tok in zip(specs, tokenizers)
+    ]
     for func in funcs:
         reward_signature(func)  # cached for score(); refuses functions that cannot take keyword arguments
     return funcs

@@ -45,6 +45,7 @@ __all__ = [
     "RewardFunctionError",
     "RewardLogs",
     "RewardSignature",
+    "StepRewards",
     "check_reward_columns",
     "reward_name",
     "reward_signature",
@@ -453,13 +454,87 @@ def _to_float(name: str, index: int, value: Any, out: list[Any]) -> float:
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
-def _column(name: str, result: Any, n: int) -> torch.Tensor:
-    """Returns one function's output as a float32 tensor [N] (NaN for None), or raises naming what is wrong."""
+@dataclass
+class StepRewards:
+    """One completion's process reward: a reward per reasoning step and, optionally, where each step ends.
+
+    `ends` are 0-based indices, in the completion's tokens, of each step's last token (strictly increasing);
+    None lets the trainer find them by `process.step_separator` in the completion's text.
+    """
+
+    rewards: list[float]
+    ends: list[int] | None = None
+
+
+def _is_step_entry(value: Any) -> bool:
+    """Returns whether one entry of a reward function's output is a process reward (several numbers)."""
+    if isinstance(value, (StepRewards, Mapping, list, tuple)):
+        return True
+    return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 1
+
+
+def _step_entry(name: str, index: int, value: Any, out: list[Any]) -> StepRewards | None:
+    """Returns one completion's step rewards as StepRewards (None for None), or raises naming the entry."""
+    if value is None:
+        return None
+    ends = None
+    if isinstance(value, StepRewards):
+        rewards, ends = value.rewards, value.ends
+    elif isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"rewards", "ends"})
+        if "rewards" not in value or unknown:
+            raise RewardFunctionError(
+                name,
+                f"returned the mapping {_repr.repr(value)} at index {index}; a process reward is "
+                "{'rewards': [one per step], 'ends': [token index of each step's last token] (optional)}",
+            )
+        rewards, ends = value["rewards"], value.get("ends")
+    elif _is_step_entry(value):
+        rewards = value
+    else:
+        raise RewardFunctionError(
+            name,
+            f"returned {type(value).__name__} {_repr.repr(value)} at index {index} among step rewards: "
+            f"{_repr.repr(out)}; every entry must be a list of step rewards (or None)",
+        )
+    steps = [_to_float(name, index, v, out) for v in _as_list(name, rewards)]
+    if any(math.isnan(v) for v in steps):
+        raise RewardFunctionError(name, f"returned None among the step rewards of completion {index}")
+    if ends is not None:
+        ends = [int(e) for e in _as_list(name, ends)]
+        if len(ends) != len(steps):
+            raise RewardFunctionError(
+                name,
+                f"completion {index}: {len(steps)} step rewards but {len(ends)} step ends; give one end per step",
+            )
+    return StepRewards(steps, ends)
+
+
+def _column(
+    name: str, result: Any, n: int, steps: dict[int, list[StepRewards | None]] | None = None, j: int = 0
+) -> torch.Tensor:
+    """Returns one function's output as a float32 tensor [N] (NaN for None), or raises naming what is wrong.
+
+    A process reward (each entry a list of step rewards) is stored in steps[j] and its column holds each
+    completion's mean step reward; without `steps` it is refused."""
     values = _as_list(name, result)
     if len(values) != n:
         raise RewardFunctionError(
             name,
             f"returned {len(values)} values for {n} completions: {_repr.repr(values)}; return exactly one per completion",
+        )
+    if any(_is_step_entry(v) for v in values):
+        if steps is None:
+            raise RewardFunctionError(
+                name,
+                "returned step rewards (process supervision), which only training uses: here every function "
+                "must return one number per completion",
+            )
+        parsed = [_step_entry(name, i, v, values) for i, v in enumerate(values)]
+        steps[j] = parsed
+        return torch.tensor(
+            [math.nan if p is None or not p.rewards else sum(p.rewards) / len(p.rewards) for p in parsed],
+            dtype=torch.float32,
         )
     return torch.tensor([_to_float(name, i, v, values) for i, v in enumerate(values)], dtype=torch.float32)
 
@@ -473,6 +548,7 @@ def score(
     columns: Mapping[str, Sequence[Any]] | None = None,
     trainer_state: Any = None,
     logs: RewardLogs | None = None,
+    steps: dict[int, list[StepRewards | None]] | None = None,
 ) -> torch.Tensor:
     """Returns the rewards [N, R] float32 of N completions under R functions, NaN where a function gave None.
 
@@ -483,6 +559,9 @@ def score(
     What the functions log goes to `logs` (discarded when None); `trainer_state` is passed as is: the
     trainer gives its ``state`` (``global_step``, ``max_steps``, ``epoch``, ...), None outside training. Weights are not applied here: see :func:`reward_weights` and
     ``cohort.algo.combine_rewards``.
+    A function may return step rewards instead (process supervision: per completion a list of step rewards,
+    a {"rewards", "ends"} mapping or a StepRewards) when `steps` is given: they are stored in steps[j] (j the
+    function's position) and its column holds the mean step reward of each completion.
     """
     funcs = list(funcs)
     columns = dict(columns or {})
@@ -535,7 +614,7 @@ def score(
             if inspect.isawaitable(result):
                 pending[j] = result
             else:
-                out[:, j] = _column(name, result, n)
+                out[:, j] = _column(name, result, n, steps, j)
         if pending:
             for j, result in zip(pending, run_awaitables(list(pending.values()))):
                 name = reward_name(funcs[j])
@@ -543,7 +622,7 @@ def score(
                     raise RewardFunctionError(name, f"raised {type(result).__name__}: {result}") from result
                 if isinstance(result, BaseException):
                     raise result
-                out[:, j] = _column(name, result, n)
+                out[:, j] = _column(name, result, n, steps, j)
     finally:
         for awaitable in pending.values():  # not started when an earlier function failed: closed quietly
             if inspect.iscoroutine(awaitable):
