@@ -1,4 +1,4 @@
-"""`cohort demo | train | sft | eval | sample | generate | chat | merge | report | config`: the command-line entry points."""
+"""`cohort demo | train | rm | sft | eval | sample | generate | chat | merge | report | config`: the command-line entry points."""
 
 from __future__ import annotations
 
@@ -167,6 +167,33 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     print(f"saved the fine-tuned model to {out}")
+    return 0
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    from cohort.rm import RMConfig, train_reward_model
+
+    _check_output(args.out, folder=True)
+    cfg = RMConfig(
+        model=args.model,
+        data=args.data,
+        eval_data=args.eval_data,
+        eval_fraction=args.eval_fraction,
+        out_dir=args.out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        max_length=args.max_length,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+        prompt_column=args.prompt_column,
+    ).validate()
+    for path, flag in ((cfg.data, "--data"), (cfg.eval_data, "--eval-data")):
+        if path and Path(path).suffix in (".jsonl", ".json") and not Path(path).is_file():
+            raise ValueError(f"{flag} {path!r} does not exist; give a JSONL file or a `datasets` name")
+    train_reward_model(cfg)
     return 0
 
 
@@ -485,6 +512,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("config", help="pipeline YAML file (out_dir, model, stages)")
     p.set_defaults(func=_cmd_pipeline)
+
+    p = sub.add_parser(
+        "rm",
+        help="train a reward model: pairwise (prompt/chosen/rejected) or pointwise (prompt/completion/label)",
+    )
+    p.add_argument(
+        "--model", required=True, help="causal LM (a score head is added) or reward model to start from"
+    )
+    p.add_argument("--data", required=True, help="JSONL file or `datasets` name")
+    p.add_argument("--eval-data", default=None, help="held-out examples (default: --eval-fraction of --data)")
+    p.add_argument("--eval-fraction", type=_finite_float(0.0, strict=True), default=0.1)
+    p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--steps", type=_positive_int, default=200)
+    p.add_argument("--batch-size", type=_positive_int, default=16)
+    p.add_argument("--lr", type=_finite_float(0.0, strict=True), default=1e-4)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--max-length", type=_positive_int, default=1024)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="run directory (the model goes to OUT/model; reruns resume)")
+    p.set_defaults(func=_cmd_rm)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on prompt/completion pairs (cold start)")
     _data_args(p)
