@@ -308,6 +308,34 @@ class ProcessConfig:
 
 
 @dataclass
+class IterativeConfig:
+    """Iterative GRPO: reset the reference and retrain the reward model on fresh policy samples (cohort.iterative)."""
+
+    every: int = 0
+    """Steps between iterations (0: off)."""
+    reward: str | None = None
+    """The reward function (by name) that is the reward model to retrain; None: the run's only reward model."""
+    labeler: str = "accuracy"
+    """Reward spec that labels fresh completions (a verifier; it sees the dataset's columns)."""
+    label_threshold: float = 1.0
+    """A completion is correct when the labeler scores it at least this."""
+    prompts: int = 16
+    """Training prompts sampled afresh per iteration (G completions each)."""
+    max_pairs_per_prompt: int = 8
+    """(correct, incorrect) pairs kept per prompt."""
+    replay: float = 0.1
+    """Share of each retraining's examples drawn from earlier pairs (the replay buffer)."""
+    initial_data: str | None = None
+    """The reward model's earlier training pairs (prompt/chosen/rejected JSONL): the replay buffer's start."""
+    rm_steps: int = 50
+    """Reward-model optimizer steps per iteration."""
+    rm_batch_size: int = 16
+    """Pairs per reward-model step."""
+    rm_lr: float = 1e-4
+    """Reward-model learning rate (AdamW)."""
+
+
+@dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule."""
 
@@ -349,6 +377,8 @@ class TrainConfig:
     """Live health checks and their thresholds."""
     process: ProcessConfig = field(default_factory=ProcessConfig)
     """Process supervision (rewards per reasoning step)."""
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    """Iterative GRPO with a learned reward model (off by default)."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None
@@ -570,6 +600,23 @@ class TrainConfig:
             raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
         if r.sampler_dtype is not None:
             _check_choice("rollout.sampler_dtype", str(r.sampler_dtype).lower(), SAMPLER_DTYPES)
+        it = self.iterative
+        if it.every < 0:
+            raise ConfigError(f"iterative.every={it.every} must be >= 0 (0 turns iterative GRPO off)")
+        if it.every:
+            for name in ("prompts", "max_pairs_per_prompt", "rm_steps", "rm_batch_size"):
+                if getattr(it, name) < 1:
+                    raise ConfigError(f"iterative.{name}={getattr(it, name)} must be >= 1")
+            if not 0 <= it.replay < 1:
+                raise ConfigError(f"iterative.replay={it.replay} must be in [0, 1) (the seed's 10 %: 0.1)")
+            if not it.rm_lr > 0:
+                raise ConfigError(f"iterative.rm_lr={it.rm_lr} must be > 0")
+            if (
+                it.initial_data
+                and Path(it.initial_data).suffix in (".jsonl", ".json")
+                and not Path(it.initial_data).is_file()
+            ):
+                raise ConfigError(f"iterative.initial_data={it.initial_data!r} does not exist")
         if not isinstance(self.process.step_separator, str) or not self.process.step_separator:
             raise ConfigError(
                 f"process.step_separator={self.process.step_separator!r} must be a non-empty string (e.g. '\\n')"

@@ -78,8 +78,17 @@ class Reference:
         return False
 
     @torch.no_grad()
-    def sync(self) -> None:
-        """Moves the reference to α·policy + (1 - α)·reference."""
+    def sync(self, alpha: float | None = None) -> None:
+        """Moves the reference to α·policy + (1 - α)·reference (`alpha` overrides the configured α; 1 resets)."""
+        saved = self.alpha
+        if alpha is not None:
+            self.alpha = alpha
+        try:
+            self._sync()
+        finally:
+            self.alpha = saved
+
+    def _sync(self) -> None:
         if self.copy is not None:
             # named_parameters lists a tied weight (embeddings = LM head) once, so it is mixed once.
             current = dict(self.model.named_parameters())

@@ -44,6 +44,7 @@ from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.health import HealthAbort, HealthMonitor, collapsed_share
+from cohort.iterative import IterativeRM, fresh_generator, load_initial_pairs
 from cohort.models import (
     DTYPES,
     fix_adapter_base_path,
@@ -65,6 +66,7 @@ from cohort.rewards import (
     reward_weights,
     score,
 )
+from cohort.rewards.models import RewardModel
 from cohort.rewards.process import process_metrics, resolve_step_ends
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
 from cohort.rollout.sampler_copy import SamplerCopy
@@ -403,6 +405,10 @@ class GRPOTrainer:
         self.num_tokens = 0
         self._warned: set[str] = set()
         self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
+        self.iterative: IterativeRM | None = None
+        self.labeler: Any = None
+        if cfg.iterative.every:
+            self.iterative, self.labeler = self._make_iterative()
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
         self._resume()
@@ -557,6 +563,10 @@ class GRPOTrainer:
                 self.curriculum.load_state_dict(extra["curriculum"])
             if "health" in extra:
                 self.health.load_state_dict(extra["health"])
+            if self.iterative is not None and (ckpt / "iterative.pt").is_file():
+                self.iterative.load_state_dict(
+                    torch.load(ckpt / "iterative.pt", map_location="cpu", weights_only=False)
+                )
             self.num_tokens = extra.get("num_tokens", 0)
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
@@ -681,10 +691,16 @@ class GRPOTrainer:
             # 6. Reference sync (recipes that let the anchor follow the policy).
             self.step_idx += 1
             synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
+            it_metrics = (
+                self._iterate()
+                if self.iterative is not None and self.step_idx % cfg.iterative.every == 0
+                else {}
+            )
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         metrics.update(drawn.metrics())
         if drawn.steps is not None:
             metrics.update(process_metrics(drawn.steps))
+        metrics.update(it_metrics)
         if self.reference is not None and self.reference.follows_policy:
             metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
         if self.curriculum is not None:
@@ -732,6 +748,62 @@ class GRPOTrainer:
             token_adv.append((float(adv_out[i]) + weight * tok).to(torch.float32))
         row_mean = torch.tensor([float(t.mean()) if t.numel() else 0.0 for t in token_adv])
         return row_mean, token_adv
+
+    def _make_iterative(self) -> tuple[IterativeRM, Any]:
+        """Returns the iterative-GRPO state (the reward model to retrain, its replay buffer) and the labeler."""
+        it = self.cfg.iterative
+        models = [(n, f) for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, RewardModel)]
+        if it.reward is not None:
+            models = [(n, f) for n, f in models if n == it.reward]
+        if len(models) != 1:
+            names = [n for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, RewardModel)]
+            raise ConfigError(
+                f"iterative GRPO retrains one reward model, but the rewards hold {len(names)} ({names}); "
+                + ("set iterative.reward to one of them" if names else "add a reward model folder to rewards")
+            )
+        labeler = resolve_reward_funcs(
+            [it.labeler], max_completion_length=self.cfg.rollout.max_completion_length
+        )[0]
+        check_reward_columns([labeler], [c for c in self.train_rows[0] if c != self.cfg.data.prompt_column])
+        try:
+            initial = load_initial_pairs(it.initial_data)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return IterativeRM(models[0][1], it, initial), labeler
+
+    def _iterate(self) -> dict[str, float]:
+        """Returns the metrics of one iterative-GRPO iteration: reference reset, fresh labelled samples, the
+        reward model retrained on them with replay (its pairwise accuracy on them before and after)."""
+        cfg, it, G = self.cfg, self.cfg.iterative, self.cfg.rollout.group_size
+        assert self.iterative is not None and self.labeler is not None
+        if self.reference is not None:
+            self.reference.sync(alpha=1.0)
+        pick = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx)
+        idx = torch.randperm(len(self.train_rows), generator=pick)[: it.prompts].tolist()
+        rows = [self.train_rows[i] for i in idx]
+        with self.autocast():
+            rollout = self.engine.generate(
+                self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model),
+                [self.train_prompt_ids[i] for i in idx],
+                G,
+                self.sampling_params(),
+                fresh_generator(self.device, cfg.seed, self.step_idx),
+            )
+        completions = self._decode(rollout, rows)
+        pc = cfg.data.prompt_column
+        prompts = [r[pc] for r in rows for _ in range(G)]
+        verdict = score(
+            [self.labeler],
+            prompts=prompts,
+            completions=completions,
+            completion_ids=rollout.completion_ids,
+            columns={k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc},
+        )[:, 0]
+        labels = [bool(v >= it.label_threshold) for v in verdict.tolist()]  # NaN (no verdict) counts as wrong
+        fresh = self.iterative.pairs(prompts, completions, labels, G)
+        out = self.iterative.retrain(fresh, seed=cfg.seed * 31 + self.step_idx)
+        out["iterative/fresh_correct_frac"] = sum(labels) / max(len(labels), 1)
+        return out
 
     def _collapse(self, drawn: Drawn) -> float | None:
         """Returns the share of drawn groups collapsed onto one sub-par answer (None when that check is off)."""
@@ -1040,6 +1112,8 @@ class GRPOTrainer:
         files = {}
         if self.reference is not None and self.reference.syncs:
             files["reference.pt"] = self.reference.state_dict()
+        if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
+            files["iterative.pt"] = self.iterative.state_dict()
         with quiet_hf_progress():  # no "Writing model shards" bar
             folder = save_checkpoint(
                 self.run_dir,
