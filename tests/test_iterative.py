@@ -92,11 +92,24 @@ def a_fresh_last(trainer) -> int:
         ({"iterative.rm_steps": 0}, "iterative.rm_steps=0 must be >= 1"),
         ({"iterative.every": -1}, "iterative.every=-1 must be >= 0"),
         ({"iterative.initial_data": "/no/such/pairs.jsonl"}, "does not exist"),
+        ({"iterative.labeler": ""}, "source of labels"),
     ],
 )
 def test_bad_iterative_settings(tiny_model_dir, rm_dir, tmp_path, over, fragment):
     with pytest.raises(ConfigError, match=fragment):
         GRPOTrainer(_it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **over))
+
+
+def test_a_reward_model_with_another_models_tokenizer_is_refused(tiny_model_dir, rm_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from cohort.rewards import RewardModel
+
+    model = AutoModelForSequenceClassification.from_pretrained(rm_dir)
+    tok = AutoTokenizer.from_pretrained(rm_dir)
+    tok.add_tokens([f"<extra{i}>" for i in range(200)])
+    with pytest.raises(ValueError, match="not this model's tokenizer"):
+        RewardModel(model, tok)
 
 
 def test_two_reward_models_need_a_name(tiny_model_dir, rm_dir, tmp_path):

@@ -26,7 +26,7 @@ DIGITS = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 TIMING = ("step_time", "time/generate", "time/score", "time/update")
 
 
-def _command(model_dir: Path, out: Path) -> list[str]:
+def _command(model_dir: Path, out: Path, rm_dir: Path) -> list[str]:
     overrides = {
         "model.name_or_path": str(model_dir),
         "data.task": "addition",
@@ -47,7 +47,16 @@ def _command(model_dir: Path, out: Path) -> list[str]:
         "curriculum.enabled": "true",
         "curriculum.pass_threshold": 0.5,
         "curriculum.retry_after": 4,
-        "rewards": f"[{DIGITS}]",
+        # A learned reward model next to the rule, retrained every 5 steps (iterative GRPO): its weights,
+        # optimizer and replay buffer are state too.
+        "rewards": f"[{DIGITS},{rm_dir}]",
+        "reward_weights": "[1.0,0.5]",
+        "iterative.every": 5,
+        "iterative.labeler": DIGITS.replace("digit_fraction", "first_char_parity"),
+        "iterative.label_threshold": 0.5,
+        "iterative.prompts": 4,
+        "iterative.rm_steps": 2,
+        "iterative.rm_batch_size": 4,
         "steps": STEPS,
         "save_every": 1,
         "eval_every": 6,
@@ -60,9 +69,24 @@ def _command(model_dir: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "cohort.cli", "train", *[f"{k}={v}" for k, v in overrides.items()]]
 
 
-def _run(model_dir: Path, out: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(model_dir: Path, out: Path, rm_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(_command(model_dir, out), capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        _command(model_dir, out, rm_dir), capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tiny_model_dir, tmp_path_factory):
+    """A reward model: the tiny causal LM with a fresh one-output score head."""
+    from cohort.rm import load_reward_model_for_training
+
+    torch.manual_seed(0)
+    model, tok = load_reward_model_for_training(tiny_model_dir)
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def _rows(path: Path) -> list[dict]:
@@ -74,9 +98,11 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tmp_path):
+def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(
+    tiny_model_dir, rm_dir, tmp_path
+):
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    done = _run(tiny_model_dir, ref_dir)
+    done = _run(tiny_model_dir, ref_dir, rm_dir)
     assert done.returncode == 0, done.stderr[-2000:]
 
     rng = random.Random(
@@ -86,7 +112,7 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
     kills = []
     for attempt in range(12):
         proc = subprocess.Popen(
-            _command(tiny_model_dir, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            _command(tiny_model_dir, run_dir, rm_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
         )
         # Wait until this attempt has trained at least one more step than the last, then kill it a random
         # moment later: every attempt makes progress, and the kill falls in any phase of a step.
@@ -112,7 +138,7 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
             assert ok, err.decode()[-2000:]
         if proc.returncode == 0:
             break
-    final = _run(tiny_model_dir, run_dir)
+    final = _run(tiny_model_dir, run_dir, rm_dir)
     assert final.returncode == 0, final.stderr[-2000:]
     assert len(kills) >= 3, kills
 
@@ -136,3 +162,9 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(tin
     assert metrics[-1]["ref/syncs"] > STEPS // 3
     assert any(r["curriculum/aside_solved"] + r["curriculum/aside_unsolved"] > 0 for r in metrics)
     assert any(r["sampling/rounds"] > 1 for r in metrics)
+    assert metrics[-1]["iterative/retrainings"] == STEPS // 5
+    a_rm = torch.load(ref_dir / "checkpoints" / f"step-{STEPS}" / "iterative.pt", weights_only=False)
+    b_rm = torch.load(run_dir / "checkpoints" / f"step-{STEPS}" / "iterative.pt", weights_only=False)
+    for k, v in a_rm["weights"].items():  # the retrained reward model, too
+        torch.testing.assert_close(b_rm["weights"][k], v, rtol=0, atol=1e-6, msg=k)
+    assert len(a_rm["buffer"]) == len(b_rm["buffer"]) > 0

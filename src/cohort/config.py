@@ -604,6 +604,11 @@ class TrainConfig:
         if it.every < 0:
             raise ConfigError(f"iterative.every={it.every} must be >= 0 (0 turns iterative GRPO off)")
         if it.every:
+            if not isinstance(it.labeler, str) or not it.labeler.strip():
+                raise ConfigError(
+                    "iterative.every is set but iterative.labeler is empty: the fresh samples need a source of labels "
+                    "(a verifier reward such as accuracy, or your own 'module:function')"
+                )
             for name in ("prompts", "max_pairs_per_prompt", "rm_steps", "rm_batch_size"):
                 if getattr(it, name) < 1:
                     raise ConfigError(f"iterative.{name}={getattr(it, name)} must be >= 1")

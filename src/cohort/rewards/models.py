@@ -38,6 +38,17 @@ def _check_num_labels(config: Any, name: str) -> None:
         )
 
 
+def check_tokenizer_fits(model: Any, tokenizer: Any, name: str) -> None:
+    """Raises ValueError when the tokenizer has ids beyond the model's embedding table (not the model's own)."""
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:
+        raise ValueError(
+            f"the tokenizer given for reward model {name!r} has {len(tokenizer)} tokens but the model embeds "
+            f"{rows}: it is not this model's tokenizer; pass the model's own (or leave it out to load it)"
+        )
+
+
 class RewardModel:
     """A reward function backed by a sequence-classification model with one output (TRL's reward models).
 
@@ -103,6 +114,7 @@ class RewardModel:
         text_config = getattr(model_config, "get_text_config", None)
         if callable(text_config):
             text_config().pad_token_id = tokenizer.pad_token_id
+        check_tokenizer_fits(model, tokenizer, self.__name__)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size

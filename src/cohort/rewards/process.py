@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cohort.rewards.builtin import completion_text
+from cohort.rewards.models import check_tokenizer_fits
 from cohort.rewards.scoring import StepRewards
 
 __all__ = ["ProcessRewardModel", "step_char_ends", "step_token_ends"]
@@ -151,6 +152,7 @@ class ProcessRewardModel:
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+        check_tokenizer_fits(model, tokenizer, self.__name__)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.separator = separator

@@ -523,7 +523,8 @@ def _column(
             name,
             f"returned {len(values)} values for {n} completions: {_repr.repr(values)}; return exactly one per completion",
         )
-    if any(_is_step_entry(v) for v in values):
+    kinds = [_is_step_entry(v) for v in values if v is not None]
+    if kinds and all(kinds):  # every entry a list of step rewards (a mixed list fails below, naming the entry)
         if steps is None:
             raise RewardFunctionError(
                 name,
