@@ -524,12 +524,16 @@ def _column(
             f"returned {len(values)} values for {n} completions: {_repr.repr(values)}; return exactly one per completion",
         )
     kinds = [_is_step_entry(v) for v in values if v is not None]
-    if kinds and all(kinds):  # every entry a list of step rewards (a mixed list fails below, naming the entry)
+    if kinds and all(
+        kinds
+    ):  # every entry a list of step rewards (a mixed list fails below, naming the entry)
         if steps is None:
+            at = next(i for i, v in enumerate(values) if v is not None)
             raise RewardFunctionError(
                 name,
-                "returned step rewards (process supervision), which only training uses: here every function "
-                "must return one number per completion",
+                f"returned a {type(values[at]).__name__} {_repr.repr(values[at])} at index {at}: several numbers per "
+                "completion read as step rewards (process supervision), which only training uses; here every "
+                "function must return one number per completion",
             )
         parsed = [_step_entry(name, i, v, values) for i, v in enumerate(values)]
         steps[j] = parsed
