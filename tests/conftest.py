@@ -36,3 +36,18 @@ def peaky_model():
     EOS gets a -1e4 bias: it is never sampled, so every row has exactly max_completion_length tokens.
     """
     return tiny_model(seed=1, logit_scale=6.0, eos_bias=-1e4)
+
+
+@pytest.fixture(scope="session")
+def rm_dir(tiny_model_dir, tmp_path_factory):
+    """Return the folder of a reward model: the tiny causal LM with a fresh one-output score head."""
+    import torch
+
+    from cohort.rm import load_reward_model_for_training
+
+    torch.manual_seed(0)
+    model, tok = load_reward_model_for_training(tiny_model_dir)
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -15,19 +15,6 @@ from cohort.trainer import GRPOTrainer
 PARITY = DIGITS.replace("digit_fraction", "first_char_parity")
 
 
-@pytest.fixture(scope="module")
-def rm_dir(tiny_model_dir, tmp_path_factory):
-    """A reward model: the tiny causal LM with a fresh one-output score head, saved with save_pretrained."""
-    from cohort.rm import load_reward_model_for_training
-
-    torch.manual_seed(0)
-    model, tok = load_reward_model_for_training(tiny_model_dir)
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def _it_cfg(model_dir, rm, out, **over):
     base = {
         "rewards": [str(rm)],

@@ -18,6 +18,16 @@ from cohort.trainer import GRPOTrainer
 A = math.sqrt(3.98)  # makes the 10 step rewards below have mean 0 and population std 1 (2.04 + 2 * 3.98 = 10)
 SEED_STEPS = {0: [0.5, -0.2, 0.8, 0.3], 1: [-0.5, 0.2, -0.8, -0.3], 2: [A, -A]}
 SEED_ENDS = {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [0, 1]}
+# One group of 3 completions of 4 tokens, population std and (almost) no eps: r~ = r exactly.
+ONE_GROUP = {
+    "rollout.group_size": 3,
+    "rollout.batch_size": 3,
+    "rollout.max_completion_length": 4,
+    "algo.std": "population",
+    "algo.adv_eps": 1e-12,
+    "num_samples_logged": 3,
+    "steps": 1,
+}
 
 
 def seed_example(completions, **kwargs):
@@ -34,16 +44,7 @@ def _no_eos(trainer):
 
 
 def test_the_seeds_worked_example_through_the_trainer(tiny_model_dir, tmp_path):
-    over = {
-        "rollout.group_size": 3,
-        "rollout.batch_size": 3,
-        "rollout.max_completion_length": 4,
-        "algo.std": "population",
-        "algo.adv_eps": 1e-12,
-        "num_samples_logged": 3,
-        "steps": 1,
-    }
-    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path, **over), reward_funcs=[seed_example])
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path, **ONE_GROUP), reward_funcs=[seed_example])
     _no_eos(t)
     result = t.step()
     got = {i: s["token_advantages"] for i, s in enumerate(result.samples)}
@@ -62,15 +63,7 @@ def test_outcome_and_process_rewards_add(tiny_model_dir, tmp_path):
     def outcome(completions, **kwargs):
         return [float(i % 3 == 0) for i in range(len(completions))]  # group z-score: [2/sqrt(2)... ] below
 
-    over = {
-        "rollout.group_size": 3,
-        "rollout.batch_size": 3,
-        "rollout.max_completion_length": 4,
-        "algo.std": "population",
-        "algo.adv_eps": 1e-12,
-        "num_samples_logged": 3,
-        "reward_weights": [1.0, 0.5],
-    }
+    over = {**ONE_GROUP, "reward_weights": [1.0, 0.5]}
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path, **over), reward_funcs=[outcome, seed_example])
     _no_eos(t)
     got = [s["token_advantages"] for s in t.step().samples]

@@ -76,19 +76,6 @@ def _run(model_dir: Path, out: Path, rm_dir: Path, timeout: float = 300) -> subp
     )
 
 
-@pytest.fixture(scope="module")
-def rm_dir(tiny_model_dir, tmp_path_factory):
-    """A reward model: the tiny causal LM with a fresh one-output score head."""
-    from cohort.rm import load_reward_model_for_training
-
-    torch.manual_seed(0)
-    model, tok = load_reward_model_for_training(tiny_model_dir)
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

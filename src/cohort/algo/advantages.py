@@ -272,6 +272,15 @@ def process_advantages_to_tokens(
     return adv_pad.gather(1, step_of_token)  # [N, T]
 
 
+def _scalar_rewards(rewards: object, group_size: int) -> tuple[torch.Tensor, torch.dtype, int, int]:
+    """Returns (rewards [N] widened to float64, their dtype, N, G) after checking one reward per completion."""
+    r = as_float("rewards", rewards)
+    out_dtype, r = r.dtype, _wide(r)
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
+    return r, out_dtype, r.shape[0], check_group_size(r.shape[0], group_size)
+
+
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Return RLOO's advantages [N]: each reward minus the mean of the other rewards of its group.
 
@@ -279,12 +288,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     A_i = r_i - sum_{j != i} r_j / (G - 1) = G / (G - 1) * (r_i - mean_g). NaN rewards get 0 and are left out
     of the others' means; a row with no valid other in its group gets 0. No scaling by a std.
     """
-    r = as_float("rewards", rewards)
-    out_dtype, r = r.dtype, _wide(r)
-    if r.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
-    n = r.shape[0]
-    g = check_group_size(n, group_size)
+    r, out_dtype, n, g = _scalar_rewards(rewards, group_size)
     grouped = r.view(n // g, g)  # [B, G]
     valid = ~torch.isnan(grouped)  # [B, G]
     values = torch.where(valid, grouped, 0)  # [B, G]
@@ -315,12 +319,7 @@ def reinforce_pp_advantages(
     """
     check_choice("std", std, STD_KINDS)
     eps = check_nonneg("eps", eps)
-    r = as_float("rewards", rewards)
-    out_dtype, r = r.dtype, _wide(r)
-    if r.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
-    n = r.shape[0]
-    g = check_group_size(n, group_size)
+    r, out_dtype, n, g = _scalar_rewards(rewards, group_size)
     valid = ~torch.isnan(r)  # [N]
     if weights is None:
         w = torch.ones_like(r)
