@@ -85,8 +85,11 @@ def train(out: Path, model: Path, rm: Path, pairs: Path, steps: int, seed: int, 
             }
         )
     cfg = load_config(None, over, base=base)
-    summary = GRPOTrainer(cfg).train()
+    done = out / "summary.json"
+    # A finished run is read back rather than trained again (the script can be re-issued).
+    summary = json.loads(done.read_text()) if done.is_file() else GRPOTrainer(cfg).train()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    true = next(k for k in rows[0] if k.startswith("rewards/accuracy") and k.endswith("/mean"))
     evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines() if x.strip()]
     proxy = next(
         k for k in rows[0] if k.startswith("rewards/") and k.endswith("/mean") and "accuracy" not in k
@@ -94,7 +97,7 @@ def train(out: Path, model: Path, rm: Path, pairs: Path, steps: int, seed: int, 
     return {
         "steps": [r["step"] for r in rows],
         "proxy": [r[proxy] for r in rows],
-        "true": [r["rewards/accuracy/mean"] for r in rows],
+        "true": [r[true] for r in rows],
         "evals": [(e["step"], e["accuracy"]) for e in evals if "accuracy" in e],
         "iterative": [
             {k: r[k] for k in r if k.startswith("iterative/")} | {"step": r["step"]}
@@ -128,18 +131,27 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = warm_start(Path(args.warm))
     pairs = out / "pairs.jsonl"
-    counts = make_pairs(model, pairs, args.rm_prompts, args.seed)
+    counts = (
+        make_pairs(model, pairs, args.rm_prompts, args.seed)
+        if not pairs.is_file()
+        else {"pairs": sum(1 for _ in pairs.open())}
+    )
     print("reward-model data:", counts, flush=True)
-    rm_summary = train_reward_model(
-        RMConfig(
-            model=str(model),
-            data=str(pairs),
-            out_dir=str(out / "rm"),
-            steps=args.rm_steps,
-            batch_size=32,
-            lr=1e-3,
-            eval_every=100,
-            save_every=0,
+    rm_done = out / "rm" / "summary.json"
+    rm_summary = (
+        json.loads(rm_done.read_text())
+        if rm_done.is_file()
+        else train_reward_model(
+            RMConfig(
+                model=str(model),
+                data=str(pairs),
+                out_dir=str(out / "rm"),
+                steps=args.rm_steps,
+                batch_size=32,
+                lr=1e-3,
+                eval_every=100,
+                save_every=0,
+            )
         )
     )
     rm = out / "rm" / "model"

@@ -103,3 +103,25 @@ def assert_in_sync(model: torch.nn.Module) -> None:
         raise RuntimeError(
             f"processes hold different parameters after training (checksums {values}); this is a bug"
         )
+
+
+def all_gather_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Return (every process's rows of `t` concatenated in rank order, the index of this process's first row).
+
+    `t` is [n, ...] with n free to differ between processes (the trailing shape must match). On one process
+    it is `t` itself and 0.
+    """
+    if not is_distributed():
+        return t, 0
+    device = _device()
+    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world_size())]
+    tdist.all_gather(sizes, n)
+    counts = [int(c) for c in sizes]
+    width = max(counts)
+    padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=device)
+    padded[: t.shape[0]] = t.to(device)
+    parts = [torch.zeros_like(padded) for _ in counts]
+    tdist.all_gather(parts, padded)
+    rows = torch.cat([p[:c] for p, c in zip(parts, counts)]).to(t.device)
+    return rows, sum(counts[: rank()])

@@ -363,7 +363,8 @@ class GRPOTrainer:
         )
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
-        self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729 + dist.rank())
+        # The same on every process: minibatches are drawn from the global batch (cohort.update).
+        self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729)
         o = cfg.optim
         self.optimizer = make_adamw(
             (p for p in self.model.parameters() if p.requires_grad),
@@ -644,13 +645,8 @@ class GRPOTrainer:
         token_adv = None
         if drawn.steps is not None:  # process supervision: per-token advantages (outcome part + return-to-go)
             adv, token_adv = self._process_advantages(drawn)
-        elif a.reward_mode == "decoupled":
-            adv = combine_rewards(
-                per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
-            )
         else:
-            lengths = [len(c) for c in rollout.completion_ids]
-            adv = estimate_advantages(a.advantage, reward, G, lengths, **a.advantage_arguments())  # [N]
+            adv = self._advantages(per_func, reward, rollout)  # [N]
         in_loss = torch.ones_like(adv, dtype=torch.bool)
         zero_std = zero_std_group_mask(reward, G)  # [N]
         if a.filter_zero_std:
@@ -660,6 +656,10 @@ class GRPOTrainer:
         t_score = time.perf_counter()
         t_gen = t_score - drawn.seconds_score  # scoring may interleave with generation rounds
         self._check_learnable(per_func, adv, in_loss)
+        # Where this process's groups sit in the global batch (minibatches are drawn from it).
+        counts, _ = dist.all_gather_rows(torch.tensor([len(rollout.prompt_ids)]))
+        total_groups = int(counts.sum())
+        group_offset = int(counts[: dist.rank()].sum())
         # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
         with self._committing():
             batch = PolicyBatch(
@@ -670,6 +670,8 @@ class GRPOTrainer:
                 in_loss,
                 rollout.sampling_logprobs,
                 token_advantages=token_adv,
+                group_offset=group_offset,
+                total_groups=total_groups,
             )
             try:
                 stats = self.updater.update(batch, self.shuffle_generator)
@@ -720,6 +722,28 @@ class GRPOTrainer:
         )
         return StepResult(metrics, samples)
 
+    def _advantages(
+        self, per_func: torch.Tensor, reward: torch.Tensor, rollout: RolloutBatch
+    ) -> torch.Tensor:
+        """Returns this process's rows of the advantages [N], computed over the global batch (every process's
+        rewards), so batch statistics (scale=batch, REINFORCE++, GDPO) do not depend on the process count."""
+        a, G = self.cfg.algo, rollout.group_size
+        if a.reward_mode != "decoupled":
+            return self._estimate(reward, rollout)
+        rows, start = dist.all_gather_rows(per_func)
+        adv = combine_rewards(rows, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps)
+        return adv[start : start + reward.shape[0]]
+
+    def _estimate(self, reward: torch.Tensor, rollout: RolloutBatch) -> torch.Tensor:
+        """Returns this process's rows of the chosen estimator's advantages over every process's rewards [N]."""
+        a = self.cfg.algo
+        rows, start = dist.all_gather_rows(reward)
+        lengths, _ = dist.all_gather_rows(rollout.completion_lengths.cpu().to(torch.float64))
+        adv = estimate_advantages(
+            a.advantage, rows, rollout.group_size, lengths.tolist(), **a.advantage_arguments()
+        )
+        return adv[start : start + reward.shape[0]]
+
     def _process_advantages(self, drawn: Drawn) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Returns (per-row mean advantage [N], per-token advantages, one [T_i] tensor per row) of a batch with a
         process reward: A_it = A_outcome_i + w_p * A_process_it, where A_outcome is the chosen estimator over the
@@ -731,7 +755,7 @@ class GRPOTrainer:
         others = [k for k in range(drawn.per_func.shape[1]) if k != j]
         if others:
             outcome = combine_rewards(drawn.per_func[:, others], self.reward_weights[others], G, mode="sum")
-            adv_out = estimate_advantages(a.advantage, outcome, G, lengths, **a.advantage_arguments())  # [N]
+            adv_out = self._estimate(outcome, drawn.rollout)  # [N]
         else:
             adv_out = torch.zeros(len(lengths))
         assert drawn.steps is not None

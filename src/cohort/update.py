@@ -44,6 +44,11 @@ class PolicyBatch:
     """Per row the sampler's log-prob of each sampled token (the rollout's), to measure the trainer's gap to it."""
     token_advantages: list[torch.Tensor] | None = None
     """Per row one advantage per completion token (process supervision); then `advantages` holds row means."""
+    group_offset: int = 0
+    """Global index of this process's first group (several processes: the groups of lower ranks before it)."""
+    total_groups: int | None = None
+    """Groups in the whole batch over every process (None: this process's own), so minibatches are drawn from
+    the global batch the same way whatever the number of processes."""
 
     @property
     def lengths(self) -> list[int]:
@@ -261,16 +266,20 @@ class PolicyUpdater:
         return out  # [n, T]
 
     def _minibatches(self, batch: PolicyBatch, generator: torch.Generator | None) -> Iterator[list[int]]:
-        groups = len(batch.prompt_ids)
+        local = len(batch.prompt_ids)
+        total = local if batch.total_groups is None else batch.total_groups
+        lo = batch.group_offset
+        # The permutation is of the global batch's groups (every process draws the same one), and each process
+        # keeps its own groups of each part: K processes make the minibatches one process would.
         order = (
-            torch.randperm(groups, generator=generator).tolist()
+            torch.randperm(total, generator=generator).tolist()
             if self.algo.num_minibatches > 1
-            else list(range(groups))
+            else list(range(total))
         )
         # Near-equal parts: a batch that dynamic sampling could not fill may not divide evenly, and no group
         # is left out (a part may be empty when there are fewer groups than minibatches).
         for part in torch.tensor(order, dtype=torch.long).tensor_split(self.algo.num_minibatches):
-            chosen = part.tolist()
+            chosen = [g - lo for g in part.tolist() if lo <= g < lo + local]
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
     def _token_controls(
@@ -353,6 +362,12 @@ class PolicyUpdater:
             if token_adv is None
             else torch.tensor([float(t.abs().max()) if t.numel() else 0.0 for t in token_adv])
         )
+        # Clip-Cov's random draws: a stream per process, seeded from the shared one, so the shared stream
+        # (the minibatch permutations) advances the same on every process.
+        cov_gen = None
+        if a.cov_method == "clip_cov":
+            seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
+            cov_gen = torch.Generator().manual_seed(seed + dist.rank())
         means, paths = _Means(), _Means()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
         extremes: dict[str, float] = {}
@@ -391,7 +406,7 @@ class PolicyUpdater:
                     else:
                         tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
                         adv_mb = self._stack(tok, micro, width)
-                    weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, generator)
+                    weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
                     control_names.update(extra)
                     for k, val in extra.items():
                         if k.endswith(("_min", "_max")):  # extremes over the update, not means

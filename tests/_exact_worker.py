@@ -1,0 +1,103 @@
+"""Runs one policy update case on this process's share of a fixed global batch (for test_distributed_exact)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from pathlib import Path
+
+import torch
+from _tiny import VOCAB, random_prompts, tiny_model
+
+from cohort.algo import group_advantages
+from cohort.config import AlgoConfig, LoraConfig
+from cohort.fastpath import FastConfig
+from cohort.models import wrap_lora
+from cohort.update import PolicyBatch, PolicyUpdater
+
+GROUPS, G = 7, 3
+
+
+def global_batch(equal_lengths: bool = False, groups: int = GROUPS):
+    """Returns (prompts, completions, advantages [N]) of the fixed global batch: 7 groups of 3, two of them
+    with all-equal rewards (zero advantage), completions of 1..6 tokens (all 4 with equal_lengths)."""
+    prompts = random_prompts(GROUPS, seed=1)
+    g = torch.Generator().manual_seed(2)
+    lengths = (
+        [4] * (GROUPS * G) if equal_lengths else torch.randint(1, 7, (GROUPS * G,), generator=g).tolist()
+    )
+    completions = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    rewards = torch.rand(groups * G, generator=g, dtype=torch.float64)
+    rewards[0:3] = 1.0  # group 0 all equal
+    rewards[9:12] = 0.0  # group 3 all equal
+    return prompts, completions, group_advantages(rewards, G)
+
+
+def run_case(case: dict, rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Returns the trainable parameters after two updates of this process's groups (float64)."""
+    torch.manual_seed(0)
+    model = tiny_model(seed=0).double()
+    if case.get("lora"):
+        model = wrap_lora(model, LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+        model.double()
+    reference = None
+    if case.get("beta"):
+        frozen = copy.deepcopy(model).requires_grad_(False)
+        reference = lambda: contextlib.nullcontext(frozen)  # noqa: E731
+    algo = AlgoConfig(
+        loss_type=case["loss_type"],
+        beta=case.get("beta", 0.0),
+        num_iterations=case.get("mu", 1),
+        num_minibatches=case.get("minibatches", 1),
+        eps_high=0.28 if case["loss_type"] in ("grpo", "bnpo", "dapo", "dr_grpo") else None,
+    )
+    # SGD: AdamW divides each step by sqrt(v), which turns the rounding noise (~1e-17) of an element whose true
+    # gradient is 0 into a step of ~lr * 1e-9 in either direction; the gradients themselves agree to rounding.
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    updater = PolicyUpdater(
+        model,
+        optimizer,
+        None,
+        algo,
+        temperature=1.0,
+        max_completion_length=6,
+        micro_batch_tokens=case.get("micro_batch_tokens", 10**6),
+        max_grad_norm=1.0,
+        reference=reference,
+        # The plain log-prob layout: the grouped layouts pack a micro-batch's groups into shared rows, and a
+        # float64 model's result then moves at the 1e-9 level with which groups share a row (measured: 4e-9
+        # between the grouped and padded layouts on one process), which is not what this test is about.
+        fast=FastConfig.all("off").replace(skip_zero_advantage=case.get("skip", "auto")),
+    )
+    groups = case.get("groups", GROUPS)
+    prompts, completions, adv = global_batch(case.get("equal_lengths", False), groups)
+    mine = torch.arange(groups).tensor_split(world)[rank].tolist()
+    rows = [g * G + i for g in mine for i in range(G)]
+    batch = PolicyBatch(
+        [prompts[g] for g in mine],
+        [completions[r] for r in rows],
+        G,
+        adv[rows].float(),
+        torch.ones(len(rows), dtype=torch.bool),
+        group_offset=mine[0] if mine else 0,
+        total_groups=groups,
+    )
+    shuffle = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        updater.update(batch, shuffle)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict]) -> None:
+    """Runs every case on one process of a gloo group and saves each result to out/<case>-<rank>.pt."""
+    import torch.distributed as tdist
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        for name, case in cases.items():
+            torch.save(run_case(case, rank, world), Path(out) / f"{name}-{rank}.pt")
+    finally:
+        tdist.destroy_process_group()
