@@ -275,3 +275,15 @@ def test_a_reward_model_by_path(tiny_model_dir, tmp_path):
     trainer.train()
     assert _changed(before, trainer.model)
     assert trainer.state.log_history[0]["rewards/rm/std"] > 0
+
+
+def test_the_batch_is_per_process_under_torchrun(monkeypatch):
+    from cohort import GRPOConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = GRPOConfig(
+        output_dir="o", per_device_train_batch_size=8, gradient_accumulation_steps=2, num_train_epochs=1
+    )
+    cfg = args.to_train_config("m", 64)
+    # Each of the 2 processes samples 16 completions (2 groups of 8): 4 prompts per step over both, 64 rows.
+    assert cfg.rollout.batch_size == 16 and cfg.steps == 16

@@ -41,7 +41,9 @@ TRL_FIELDS: dict[str, Field] = {
     "seed": Field(42, "seed"),
     # batch shape
     "per_device_train_batch_size": Field(
-        8, "rollout.batch_size", "completions per step = this x gradient_accumulation_steps x processes"
+        8,
+        "rollout.batch_size",
+        "completions per step and process = this x gradient_accumulation_steps (whole groups on each process)",
     ),
     "gradient_accumulation_steps": Field(
         1,
@@ -203,10 +205,11 @@ class GRPOConfig:
         out: dict[str, Any] = {"model.name_or_path": model, "rewards": [], "progress": True}
         out["out_dir"] = g.get("output_dir") or "trainer_output"
         out["seed"] = g.get("seed", 42)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        # cohort's rollout.batch_size is per process (each process samples whole groups of its own prompts),
+        # TRL's generation batch is per_device x accumulation on each device: the same count per process.
         per_device = g.get("per_device_train_batch_size", 8)
         accumulation = g.get("gradient_accumulation_steps", 1)
-        out["rollout.batch_size"] = per_device * accumulation * world
+        out["rollout.batch_size"] = per_device * accumulation
         out["rollout.group_size"] = g.get("num_generations", 8)
         for name in ("max_completion_length", "temperature", "top_p"):
             out[f"rollout.{name}"] = getattr(self, name)
@@ -316,7 +319,8 @@ class GRPOConfig:
                 raise ConfigError(
                     "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
                 )
-            prompts_per_step = max(1, out["rollout.batch_size"] // max(1, out["rollout.group_size"]))
+            world = int(os.environ.get("WORLD_SIZE", "1"))  # every process samples its own prompts
+            prompts_per_step = world * max(1, out["rollout.batch_size"] // max(1, out["rollout.group_size"]))
             if not self.num_train_epochs > 0:
                 raise ConfigError(
                     f"GRPOConfig(num_train_epochs={self.num_train_epochs}) with max_steps={self.max_steps} trains "
