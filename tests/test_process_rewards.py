@@ -148,6 +148,11 @@ def test_a_process_reward_model_by_path_scores_each_step(tiny_model_dir, tmp_pat
     out = model(["1+1=", "2+2="], ["2\n3\n4", "5"])
     assert [len(s.rewards) for s in out] == [3, 1]
     assert all(0.0 < r < 1.0 for s in out for r in s.rewards)  # probabilities of label 1
+    # First among the rewards with evaluation on: refused (evaluation needs one number per completion).
+    from cohort.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="is a process reward model"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "e", **{"rewards": [str(folder)], "eval_at_ends": True}))
     # Through the trainer, by path, as any reward model.
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", **{"rewards": [str(folder)], "steps": 1}))
     assert type(t.reward_funcs[0]).__name__ == "ProcessRewardModel"

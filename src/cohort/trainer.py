@@ -274,6 +274,14 @@ class GRPOTrainer:
             if callable(getattr(func, "to", None)):
                 func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        from cohort.rewards.process import ProcessRewardModel
+
+        if isinstance(self.reward_funcs[0], ProcessRewardModel) and (cfg.eval_every or cfg.eval_at_ends):
+            raise ConfigError(
+                f"the first reward, {self.reward_names[0]!r}, is a process reward model, but evaluation scores "
+                "held-out completions with the first reward and needs one number per completion: put an outcome "
+                "reward (e.g. accuracy) first, or set eval_every=0 and eval_at_ends=false"
+            )
         self.process_column: int | None = None  # the reward function that returns step rewards, once seen
         self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
         if train_rows is None:
