@@ -1,6 +1,6 @@
 """Does a policy trained against a narrow learned reward model hack it, and does iterative GRPO prevent it?
 
-    python benchmarks/reward_hacking/run.py --out runs/hacking            # about 8 minutes on 2 CPU cores
+    python benchmarks/reward_hacking/run.py --out runs/hacking     # plain, then iterative every 100 and 20 steps
 
 1. The demo's warm start (built once by benchmarks/ablation/run.py's `warm_start`, the SFT model at ~25 %).
 2. A narrow reward model: the warm start sampled on --rm-prompts training prompts (G = 8, temperature 1.2),
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     p.add_argument("--rm-prompts", type=int, default=300)
     p.add_argument("--rm-steps", type=int, default=300)
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--every", type=int, default=100)
+    p.add_argument("--every", type=int, nargs="+", default=[100, 20], help="iterative GRPO schedules to run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--figure", default="docs/img/reward_hacking.png")
     args = p.parse_args(argv)
@@ -156,7 +156,8 @@ def main(argv=None) -> None:
     )
     rm = out / "rm" / "model"
     results = {"rm_data": counts, "rm": rm_summary}
-    for name, every in (("plain", 0), ("iterative", args.every)):
+    runs = [("plain", 0)] + [(f"iterative-every{e}", e) for e in args.every]
+    for name, every in runs:
         results[name] = train(out / name, model, rm, pairs, args.steps, args.seed, every)
         print(name, results[name]["summary"], flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -167,12 +168,10 @@ def main(argv=None) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    for name, color in (("plain", "C3"), ("iterative", "C2")):
+    for (name, every), color in zip(runs, ("C3", "C2", "C0", "C1")):
         r = results[name]
         label = (
-            "GRPO on the reward model"
-            if name == "plain"
-            else f"+ iterative retraining every {args.every} steps"
+            "GRPO on the reward model" if name == "plain" else f"+ iterative retraining every {every} steps"
         )
         axes[0].plot(r["steps"], smooth(r["proxy"]), color=color, label=label)
         axes[1].plot(r["steps"], [100 * v for v in smooth(r["true"])], color=color, label=f"{label}: sampled")
@@ -184,8 +183,8 @@ def main(argv=None) -> None:
             marker="o",
             label=f"{label}: held-out greedy",
         )
-    axes[0].set_title("reward-model score of the sampled completions (mean, 25-step trailing)")
-    axes[1].set_title("true accuracy (%)")
+    axes[0].set_title("reward-model score of the samples (25-step mean)")
+    axes[1].set_title("true accuracy (%): samples (25-step mean) and held-out greedy")
     for ax in axes:
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
@@ -197,7 +196,7 @@ def main(argv=None) -> None:
         "\n| run | proxy reward, first -> last 50 steps | sampled accuracy, first -> last 50 steps | held-out greedy accuracy by evaluation |"
     )
     print("|---|---|---|---|")
-    for name in ("plain", "iterative"):
+    for name, _ in runs:
         r = results[name]
         first, last = slice(0, 50), slice(-50, None)
         ev = " / ".join(f"{100 * a:.1f}" for _, a in r["evals"])
