@@ -48,9 +48,10 @@ def _command(model_dir: Path, out: Path, rm_dir: Path) -> list[str]:
         "curriculum.pass_threshold": 0.5,
         "curriculum.retry_after": 4,
         # A learned reward model next to the rule, retrained every 5 steps (iterative GRPO): its weights,
-        # optimizer and replay buffer are state too.
+        # optimizer and replay buffer are state too. Weight 0: its scores are logged (and so compared) but
+        # the training reward stays the rule, whose all-equal groups make dynamic sampling refill.
         "rewards": f"[{DIGITS},{rm_dir}]",
-        "reward_weights": "[1.0,0.5]",
+        "reward_weights": "[1.0,0.0]",
         "iterative.every": 5,
         "iterative.labeler": DIGITS.replace("digit_fraction", "first_char_parity"),
         "iterative.label_threshold": 0.5,
