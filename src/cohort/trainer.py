@@ -67,7 +67,7 @@ from cohort.rewards import (
     score,
 )
 from cohort.rewards.models import RewardModel
-from cohort.rewards.process import process_metrics, resolve_step_ends
+from cohort.rewards.process import ProcessRewardModel, process_metrics, resolve_step_ends
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
@@ -274,8 +274,6 @@ class GRPOTrainer:
             if callable(getattr(func, "to", None)):
                 func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
         self.reward_names = [reward_name(f) for f in self.reward_funcs]
-        from cohort.rewards.process import ProcessRewardModel
-
         if isinstance(self.reward_funcs[0], ProcessRewardModel) and (cfg.eval_every or cfg.eval_at_ends):
             raise ConfigError(
                 f"the first reward, {self.reward_names[0]!r}, is a process reward model, but evaluation scores "

@@ -22,7 +22,7 @@ import torch
 from cohort import distributed as dist
 from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
 from cohort.algo.offpolicy import sampler_correction
-from cohort.algo.selection import clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
+from cohort.algo.selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 from cohort.config import AlgoConfig
 from cohort.errors import TrainingError
 from cohort.fastpath import FastConfig
@@ -313,11 +313,11 @@ class PolicyUpdater:
             cov = token_covariance(lp.logp.detach(), adv, mask)
             if a.cov_method == "clip_cov":
                 low, high = a.clip_cov_bounds
-                ratio = 2e-4 if a.cov_ratio is None else a.cov_ratio
+                ratio = COV_RATIOS["clip_cov"] if a.cov_ratio is None else a.cov_ratio
                 chosen = clip_cov_mask(cov, mask, ratio=ratio, low=low, high=high, generator=generator)
                 weights = times(~chosen)
             else:
-                ratio = 2e-3 if a.cov_ratio is None else a.cov_ratio
+                ratio = COV_RATIOS["kl_cov"] if a.cov_ratio is None else a.cov_ratio
                 chosen = kl_cov = kl_cov_mask(cov, mask, ratio=ratio)
             out["cov/selected_frac"] = float(chosen.sum()) / n_tok
         if a.sampler_correction != "none":

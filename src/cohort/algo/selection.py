@@ -18,6 +18,9 @@ import torch
 
 from ._checks import check_tensor
 
+COV_RATIOS = {"clip_cov": 2e-4, "kl_cov": 2e-3}
+"""The share of tokens each covariance method acts on in Cui et al. 2025 (Clip-Cov r, KL-Cov k)."""
+
 
 def _check_ratio(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
