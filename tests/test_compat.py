@@ -287,3 +287,24 @@ def test_the_batch_is_per_process_under_torchrun(monkeypatch):
     cfg = args.to_train_config("m", 64)
     # Each of the 2 processes samples 16 completions (2 groups of 8): 4 prompts per step over both, 64 rows.
     assert cfg.rollout.batch_size == 16 and cfg.steps == 16
+
+
+def test_gradient_checkpointing_maps_and_trains(tiny_model_dir, tmp_path):
+    from test_trainer import _cfg
+
+    from cohort import GRPOConfig
+    from cohort.trainer import GRPOTrainer
+
+    assert (
+        GRPOConfig(output_dir="o").to_train_config("m", 8).model.gradient_checkpointing is True
+    )  # TRL's default
+    assert (
+        GRPOConfig(output_dir="o", gradient_checkpointing=False)
+        .to_train_config("m", 8)
+        .model.gradient_checkpointing
+        is False
+    )
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path, **{"model.gradient_checkpointing": True, "steps": 2}))
+    t.train()
+    layers = [m for m in t.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    assert layers and not any(m.training for m in layers)  # checkpointed, and back in eval mode after updates

@@ -256,3 +256,33 @@ def test_small_budget_keeps_groups_separate_and_large_budget_packs_all():
     rows = list(range(8))
     assert len(plan_micro_batches(rows, G, [5] * 4, [5] * 8, token_budget=10_000)) == 1
     assert len(plan_micro_batches(rows, G, [5] * 4, [5] * 8, token_budget=15)) == 4
+
+
+def test_gradient_checkpointing_recomputes_and_gives_the_same_gradient(batch):
+    from _tiny import tiny_model
+
+    plain = tiny_model(seed=3).double()
+    ckpt = tiny_model(seed=3).double()
+    ckpt.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    calls = {"plain": 0, "ckpt": 0}
+    for name, model in (("plain", plain), ("ckpt", ckpt)):
+        # Counted in forward itself: transformers' recomputation runs without module hooks.
+        mlp = model.model.layers[0].mlp
+        mlp.forward = _counted(mlp.forward, calls, name)
+    fast = FastConfig(skip_zero_advantage="off")
+    want, _ = _gradient(plain, batch, "dapo", fast, 10**6)
+    got, stats = _gradient(ckpt, batch, "dapo", fast, 10**6)
+    _assert_same(got, want, "checkpointing")
+    assert calls["ckpt"] == calls["plain"] + 1  # the one micro-batch ran the layer again in the backward pass
+    assert stats.paths.get("segments", 0.0) == 0.0  # segment attention cannot be recomputed: not taken
+    assert not ckpt.model.layers[0].training  # back in eval mode after the update (dropout stays off)
+    with pytest.raises(FastPathError, match="gradient checkpointing"):
+        _gradient(ckpt, batch, "dapo", FastConfig(segments="on", grouped="on"), 10**6)
+
+
+def _counted(forward, calls: dict, name: str):
+    def wrapped(*args, **kwargs):
+        calls[name] += 1
+        return forward(*args, **kwargs)
+
+    return wrapped

@@ -54,7 +54,7 @@ def main(argv=None) -> None:
         run = Path(args.out) / "".join(c if c.isalnum() else "_" for c in name)
         base = demo_config(run, model, steps=args.steps, seed=args.seed)
         base.eval_every, base.save_every, base.progress = args.steps, 0, False
-        cfg = load_config(None, {**{k: v for k, v in COMMON.items()}, **over}, base=base)
+        cfg = load_config(None, over, base=load_config(None, COMMON, base=base))
         assert to_dict(cfg)["rollout"]["sampler_dtype"] == over.get("rollout.sampler_dtype")
         summary = GRPOTrainer(cfg).train()
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -1,18 +1,26 @@
 """Every loss type, advantage estimator and entropy control on the demo task, from one warm start, several seeds.
 
-    python benchmarks/ablation/run.py --out runs/ablation                    # 14 variants x 3 seeds x 800 steps
-    python benchmarks/ablation/run.py --out runs/ablation --variants cispo,sapo --seeds 0 --steps 100
-    python benchmarks/ablation/run.py --out runs/ablation --page-only        # redraw the page from the runs
+    python benchmarks/ablation/run.py --out runs/ablation                   # 14 variants x 3 seeds x 1000 steps
+    python benchmarks/ablation/run.py --out runs/ablation --variants cispo sapo --seeds 0 --steps 100
+    python benchmarks/ablation/run.py --out runs/ablation --page-only       # redraw the page from the runs
+    python benchmarks/ablation/page.py --out runs/ablation --page docs/ablation.md   # the same
 
 The warm start is the demo's (`cohort demo --seed 0`: the tiny Qwen2 model after its SFT cold start), built
-once under OUT/warm. Each variant is the demo's GRPO recipe (dapo loss, clip-higher, dynamic sampling,
-temperature 1.2, lr 1.5e-4) split into 4 minibatches (COMMON below: why) with only the listed options changed, trained with `cohort train` for --steps
-steps at each seed (the seed changes sampling and shuffling, not the warm start), evaluated on the 200
-held-out problems every --eval-every steps. A run already finished is not run again, so the command can be
-re-issued after an interruption. --workers runs that many trainings side by side, each on
---threads threads. Writes OUT/results.json and the page (--page, default docs/ablation.md) with its figures
-next to it (img/ablation_*.png): held-out accuracy against training wall time (the sum of step times, evaluation
-excluded), the mean over seeds bold and each seed faint.
+once under OUT/warm, or any model folder given with --warm-start. Each variant is the demo's GRPO recipe
+(`cohort.demo.DEMO_GRPO`: dapo loss, clip-higher, dynamic sampling, temperature 1.2, lr 1.5e-4) split into 4
+minibatches (COMMON below: why) with only the listed overrides changed. Each variant x seed is one
+`python -m cohort train OUT/runs/<variant>-s<seed>.yaml` in a subprocess (the YAML holds the whole config,
+so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps.
+The seed changes sampling and shuffling, not the warm start.
+
+A run whose summary.json says it reached --steps is not run again, so the command can be re-issued after an
+interruption (a run cut short restarts, `resume=auto` without checkpoints); a run that fails is reported with
+its stderr tail (the whole of it in OUT/runs/<variant>-s<seed>.log) and the others go on. --workers runs that
+many trainings side by side (default 1: one at a time, so the timings are not contended).
+
+Writes OUT/results.json after every run (settings, warm start, per run: held-out accuracy at each evaluation
+with its step and the training wall time so far, final and best accuracy, median s/step) and at the end the
+page (--page) with its figures next to it (img/ablation_*.png); page.py writes the page alone.
 """
 
 from __future__ import annotations
@@ -20,66 +28,95 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
+import os
+import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
 BASELINE = "dapo (the demo)"
 # The demo trains once per batch (one optimizer step), where every ratio is exactly 1 and the losses that
 # differ only off-policy coincide (cispo and sapo give dapo's and grpo's gradient there). Four minibatches
 # make three of every four steps off-policy, as TRL's steps_per_generation does, so the losses can differ.
-COMMON: dict[str, object] = {"algo.num_minibatches": 4}
-VARIANTS: dict[str, dict[str, object]] = {
-    BASELINE: {},
-    "grpo": {"algo.loss_type": "grpo"},
-    "bnpo": {"algo.loss_type": "bnpo"},
-    "dr_grpo": {"algo.loss_type": "dr_grpo", "algo.scale": "none"},
-    "gspo": {
-        "algo.loss_type": "grpo",
-        "algo.importance": "sequence",
-        "algo.eps_low": 3e-4,
-        "algo.eps_high": 4e-4,
-    },
-    "cispo": {"algo.loss_type": "cispo", "algo.eps_high": None},
-    "sapo": {"algo.loss_type": "sapo", "algo.eps_high": None},
-    "gmpo": {"algo.loss_type": "gmpo", "algo.eps_high": None},
-    "rloo": {"algo.advantage": "rloo"},
-    "reinforce++": {"algo.advantage": "reinforce_pp"},
-    "reinforce++ baseline": {"algo.advantage": "reinforce_pp_baseline"},
-    "top-20% entropy": {"algo.top_entropy_quantile": 0.2},
-    "clip-cov": {"algo.cov_method": "clip_cov"},
-    "kl-cov": {"algo.cov_method": "kl_cov"},
+COMMON: list[str] = ["algo.num_minibatches=4"]
+# Dotted `cohort train` overrides on top of DEMO_GRPO + COMMON, one change of recipe per variant. The
+# losses without a clip-higher bound (cispo, sapo, gmpo) get eps_high=null so the demo's 0.28 is not carried
+# over into their own parameters; gspo uses its paper's sequence-level epsilons (3e-4 / 4e-4).
+VARIANTS: dict[str, list[str]] = {
+    BASELINE: [],
+    "grpo": ["algo.loss_type=grpo"],
+    "bnpo": ["algo.loss_type=bnpo"],
+    "dr_grpo": ["algo.loss_type=dr_grpo", "algo.scale=none"],
+    "gspo": [
+        "algo.loss_type=grpo",
+        "algo.importance=sequence",
+        "algo.eps_low=0.0003",
+        "algo.eps_high=0.0004",
+    ],
+    "cispo": ["algo.loss_type=cispo", "algo.eps_high=null"],
+    "sapo": ["algo.loss_type=sapo", "algo.eps_high=null"],
+    "gmpo": ["algo.loss_type=gmpo", "algo.eps_high=null"],
+    "rloo": ["algo.advantage=rloo"],
+    "reinforce++": ["algo.advantage=reinforce_pp"],
+    "reinforce++ baseline": ["algo.advantage=reinforce_pp_baseline"],
+    "top-20% entropy": ["algo.top_entropy_quantile=0.2"],
+    "clip-cov": ["algo.cov_method=clip_cov"],
+    "kl-cov": ["algo.cov_method=kl_cov"],
 }
-PANELS = {
+# The figures: one panel per family, each with the baseline so every panel reads against the demo.
+PANELS: dict[str, list[str]] = {
     "losses": [BASELINE, "grpo", "bnpo", "dr_grpo", "gspo", "cispo", "sapo", "gmpo"],
     "advantages": [BASELINE, "rloo", "reinforce++", "reinforce++ baseline"],
     "entropy": [BASELINE, "top-20% entropy", "clip-cov", "kl-cov"],
 }
+PANEL_TITLES = {
+    "losses": "policy losses",
+    "advantages": "advantage estimators",
+    "entropy": "entropy control",
+}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """Returns the command-line options."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Returns the command-line options, with --variants checked against VARIANTS."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/ablation")
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument(
+        "--out", default="runs/ablation", help="folder of the warm start, the runs and results.json"
+    )
+    p.add_argument("--steps", type=int, default=1000, help="GRPO steps per run")
+    p.add_argument("--eval-every", type=int, default=250, help="held-out evaluation every this many steps")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of variant names")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--page", default="docs/ablation.md")
-    p.add_argument("--page-only", action="store_true")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        metavar="NAME",
+        help="variant names (quote the ones with spaces; a comma-separated list also works)",
+    )
+    p.add_argument(
+        "--warm-start", default=None, help="model folder to start from (default: build the demo's)"
+    )
+    p.add_argument("--workers", type=int, default=1, help="trainings run side by side")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads per training (default: cores / workers)"
+    )
+    p.add_argument("--page", default="docs/ablation.md", help="the Markdown page (figures go to its img/)")
+    p.add_argument("--page-only", action="store_true", help="write the page from the runs already in --out")
     args = p.parse_args(argv)
-    args.variants = [v for v in args.variants.split(",") if v]
+    args.variants = [
+        v.strip() for item in args.variants for v in (item.split(",") if "," in item else [item])
+    ]
+    args.variants = [v for v in args.variants if v]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     return args
 
 
@@ -88,220 +125,202 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+def run_dir(out: Path, name: str, seed: int) -> Path:
+    """Returns the run directory of one variant x seed under out."""
+    return out / "runs" / f"{slug(name)}-s{seed}"
+
+
+def warm_start_command(out: Path) -> list[str]:
+    """Returns the command that builds the demo's warm start under out/warm."""
+    # `cohort demo` needs at least one GRPO step; its SFT model is saved before that step, as sft-model.
+    return [sys.executable, "-m", "cohort", "demo", "--steps", "1", "--seed", "0", "--out", str(out / "warm")]
+
+
 def warm_start(out: Path) -> Path:
     """Returns the demo's SFT warm start under out/warm, building it with `cohort demo --steps 1` if needed."""
     model = out / "warm" / "sft-model"
     if not (model / "config.json").is_file():
-        cmd = [
-            sys.executable,
-            "-m",
-            "cohort",
-            "demo",
-            "--steps",
-            "1",
-            "--seed",
-            "0",
-            "--out",
-            str(out / "warm"),
-        ]
-        print("building the warm start:", " ".join(cmd), flush=True)
+        cmd = [*warm_start_command(out), "--no-progress"]
+        print("building the warm start:", shlex.join(cmd), flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return model
 
 
-def run_one(out: Path, model: Path, name: str, seed: int, args) -> dict:
-    """Returns the run's result after training it (or reading it when it already finished)."""
-    from cohort.config import save_config
+def read_jsonl(path: Path) -> list[dict]:
+    """Returns the rows of a JSON-lines file ([] when it is missing)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def finished_steps(run: Path) -> int | None:
+    """Returns the step count a run's summary.json says it completed (None: no summary, or interrupted)."""
+    path = run / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return None if summary.get("interrupted") else summary.get("steps")
+
+
+def write_run_config(out: Path, model: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
+    """Returns the path of the run's YAML config, written from the demo recipe plus the variant's overrides."""
+    from cohort.config import load_config, save_config
     from cohort.demo import demo_config
 
-    run = out / "runs" / f"{slug(name)}-s{seed}"
-    done = run / "summary.json"
-    if not done.is_file():
-        cfg = demo_config(run, model, steps=args.steps, seed=seed)
-        cfg.eval_every, cfg.save_every, cfg.progress = args.eval_every, 0, False
-        cfg.threads = args.threads
-        run.mkdir(parents=True, exist_ok=True)
-        path = run.parent / f"{run.name}.yaml"
-        save_config(cfg, path)
-        text = yaml.safe_load(path.read_text())
-        for key, value in {**COMMON, **VARIANTS[name]}.items():
-            node = text
-            *parents, last = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = value
-        path.write_text(yaml.safe_dump(text, sort_keys=False))
-        cmd = [sys.executable, "-m", "cohort", "train", str(path)]
-        t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"  {name} seed {seed}: FAILED\n{proc.stderr[-2000:]}", flush=True)
-            return {"variant": name, "seed": seed, "failed": proc.stderr[-2000:]}
-        print(f"  {name} seed {seed}: {time.time() - t0:.0f} s", flush=True)
+    run = run_dir(out, name, seed)
+    base = demo_config(run, model, steps=args.steps, seed=seed)
+    # save_every=0 keeps only the final checkpoint; resume=auto lets a re-issued command restart a run that
+    # was cut short (its logs are moved aside) instead of cohort refusing a folder that holds logs.
+    settings = [
+        f"eval_every={args.eval_every}",
+        "save_every=0",
+        "progress=false",
+        "resume=auto",
+        f"threads={args.threads}",
+    ]
+    cfg = load_config(None, [*COMMON, *VARIANTS[name], *settings], base=base)
+    path = run.parent / f"{run.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, path)
+    return path
+
+
+def run_one(out: Path, model: Path, name: str, seed: int, args: argparse.Namespace) -> dict:
+    """Returns the run's result after training it (or reading it when it already finished)."""
+    run = run_dir(out, name, seed)
+    done = finished_steps(run)
+    if done == args.steps:
+        print(f"  {name} seed {seed}: already finished, skipped", flush=True)
+        return collect(run, name, seed)
+    if done is not None and done > args.steps:
+        # cohort would refuse to resume a run past its end; another --out keeps both settings' runs apart.
+        msg = f"{run} already holds a {done}-step run, more than --steps {args.steps}: use another --out"
+        print(f"  {name} seed {seed}: FAILED\n{msg}", flush=True)
+        return {"variant": name, "seed": seed, "failed": msg}
+    path = write_run_config(out, model, name, seed, args)
+    cmd = [sys.executable, "-m", "cohort", "train", str(path)]
+    print(f"  {name} seed {seed}: {shlex.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    (run.parent / f"{run.name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or finished_steps(run) != args.steps:
+        tail = proc.stderr[-2000:] or proc.stdout[-2000:]
+        print(f"  {name} seed {seed}: FAILED (exit {proc.returncode})\n{tail}", flush=True)
+        return {"variant": name, "seed": seed, "failed": tail, "command": shlex.join(cmd)}
+    print(f"  {name} seed {seed}: done in {time.perf_counter() - t0:.0f} s", flush=True)
     return collect(run, name, seed)
 
 
 def collect(run: Path, name: str, seed: int) -> dict:
-    """Returns accuracy against step and training wall time from a finished run's logs."""
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    evals = [json.loads(x) for x in (run / "evals.jsonl").read_text().splitlines() if x.strip()]
+    """Returns accuracy against step and training wall time, final and best accuracy, median s/step of a run."""
+    # Later rows of a step win: a run restarted after an interruption may have logged a step twice.
+    step_time = {r["step"]: r["step_time"] for r in read_jsonl(run / "metrics.jsonl") if "step_time" in r}
+    evals = {e["step"]: e["accuracy"] for e in read_jsonl(run / "evals.jsonl") if "accuracy" in e}
+    # Wall time is the sum of the step times up to the evaluation: the evaluations themselves are excluded,
+    # so --eval-every does not change the time axis.
     elapsed, clock = {0: 0.0}, 0.0
-    for row in steps:
-        clock += row["step_time"]
-        elapsed[row["step"]] = clock
-    curve = [(e["step"], elapsed.get(e["step"], clock), e["accuracy"]) for e in evals if "accuracy" in e]
+    for step in sorted(step_time):
+        clock += step_time[step]
+        elapsed[step] = clock
+    curve = [
+        {"step": s, "seconds": round(elapsed.get(s, clock), 3), "accuracy": evals[s]} for s in sorted(evals)
+    ]
     return {
         "variant": name,
         "seed": seed,
+        "run_dir": str(run),
+        "command": shlex.join(["python", "-m", "cohort", "train", str(run.parent / f"{run.name}.yaml")]),
         "curve": curve,
-        "final": curve[-1][2] if curve else math.nan,
-        "best": max(a for _, _, a in curve) if curve else math.nan,
-        "s_per_step": statistics.median(r["step_time"] for r in steps),
+        "accuracy_start": curve[0]["accuracy"] if curve and curve[0]["step"] == 0 else None,
+        "final": curve[-1]["accuracy"] if curve else math.nan,
+        "best": max(p["accuracy"] for p in curve) if curve else math.nan,
+        "s_per_step": statistics.median(step_time.values()) if step_time else math.nan,
+        "steps": max(step_time, default=0),
     }
 
 
-def summarise(results: list[dict]) -> dict[str, dict]:
-    """Returns, per variant, the mean and spread of the final accuracies over seeds."""
-    out: dict[str, dict] = {}
-    for name in VARIANTS:
-        rows = [r for r in results if r["variant"] == name and "failed" not in r]
-        if not rows:
-            continue
-        finals = [r["final"] for r in rows]
-        out[name] = {
-            "seeds": [r["seed"] for r in rows],
-            "finals": finals,
-            "mean": statistics.mean(finals),
-            "sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-            "best": statistics.mean(r["best"] for r in rows),
-            "s_per_step": statistics.median(r["s_per_step"] for r in rows),
-        }
-    base = out.get(BASELINE)
-    for stats in out.values():
-        if base is None or len(stats["finals"]) < 2 or len(base["finals"]) < 2:
-            stats["diff"], stats["beyond_noise"] = None, None
-            continue
-        diff = stats["mean"] - base["mean"]
-        se = math.sqrt(stats["sd"] ** 2 / len(stats["finals"]) + base["sd"] ** 2 / len(base["finals"]))
-        stats["diff"], stats["se"] = diff, se
-        stats["beyond_noise"] = abs(diff) > 2 * se
-    return out
+def harness_command(args: argparse.Namespace) -> str:
+    """Returns the run.py command line that reproduces these settings (without --page-only)."""
+    cmd = ["python", "benchmarks/ablation/run.py", "--out", str(args.out), "--steps", str(args.steps)]
+    cmd += ["--eval-every", str(args.eval_every), "--seeds", *map(str, args.seeds)]
+    if args.variants != list(VARIANTS):
+        cmd += ["--variants", *args.variants]
+    if args.warm_start:
+        cmd += ["--warm-start", str(args.warm_start)]
+    cmd += ["--workers", str(args.workers), "--threads", str(args.threads), "--page", str(args.page)]
+    return shlex.join(cmd)
 
 
-def plot(results: list[dict], folder: Path) -> list[Path]:
-    """Returns the PNG files written: one panel per family, accuracy against training wall time."""
-    import matplotlib
+def write_results(out: Path, args: argparse.Namespace, warm: dict, results: list[dict]) -> Path:
+    """Returns the path of OUT/results.json after writing the settings, the warm start and the runs into it."""
+    from benchmarks.ablation.page import machine_info
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for panel, names in PANELS.items():
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for i, name in enumerate(names):
-            runs = [r for r in results if r["variant"] == name and r.get("curve")]
-            if not runs:
-                continue
-            color = f"C{i}"
-            for r in runs:
-                ax.plot(
-                    [t for _, t, _ in r["curve"]],
-                    [100 * a for _, _, a in r["curve"]],
-                    color=color,
-                    alpha=0.25,
-                    lw=1,
-                )
-            n = min(len(r["curve"]) for r in runs)
-            xs = [statistics.mean(r["curve"][k][1] for r in runs) for k in range(n)]
-            ys = [100 * statistics.mean(r["curve"][k][2] for r in runs) for k in range(n)]
-            ax.plot(xs, ys, color=color, lw=2.2 if name == BASELINE else 1.8, label=name, marker="o", ms=3)
-        ax.set_xlabel("training wall time (s, evaluation excluded)")
-        ax.set_ylabel("held-out greedy accuracy (%)")
-        ax.set_title(f"demo task: {panel} (mean over seeds bold, each seed faint)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        path = folder / f"ablation_{panel}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        files.append(path)
-    return files
+    settings = {
+        "command": harness_command(args),
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "seeds": args.seeds,
+        "variants": args.variants,
+        "workers": args.workers,
+        "threads": args.threads,
+        "common": COMMON,
+        "machine": machine_info(),
+    }
+    path = out / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"settings": settings, "warm_start": warm, "runs": results}, indent=1))
+    tmp.replace(path)  # a reader (page.py while the harness runs) never sees half a file
+    return path
 
 
-def write_page(page: Path, results: list[dict], args, warm_acc: float | None) -> None:
-    """Writes the Markdown page: commands, setting, the table and the figures."""
-    import torch
-    import transformers
-
-    import cohort
-
-    stats = summarise(results)
-    files = plot(results, page.parent / "img")
-    lines = [
-        "# Ablation: the GRPO family on the demo task",
-        "",
-        "<!-- generated by benchmarks/ablation/run.py; the prose below the table is written by hand -->",
-        "",
-        f"Command: `python benchmarks/ablation/run.py --out {args.out} --steps {args.steps} --eval-every "
-        f"{args.eval_every} --seeds {' '.join(map(str, args.seeds))} --workers {args.workers} --threads {args.threads}`",
-        "",
-        f"Setting: the demo's warm start (seed 0 SFT, held-out accuracy {'%.1f %%' % (100 * warm_acc) if warm_acc is not None else 'n/a'}), "
-        f"the demo's GRPO recipe split into 4 minibatches per batch (so that 3 of 4 optimizer steps are off-policy) "
-        f"with one change per row, {args.steps} steps, held-out greedy accuracy on 200 "
-        f"problems every {args.eval_every} steps, seeds {', '.join(map(str, args.seeds))}. "
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()} CPU ({args.workers} runs side by side, {args.threads} "
-        f"thread each), torch {torch.__version__}, transformers {transformers.__version__}, cohort {cohort.__version__}.",
-        "",
-        f"Noise rule: a difference from `{BASELINE}` counts when |mean difference| > 2 x its standard error "
-        "(sqrt(sd_a^2 / n_a + sd_b^2 / n_b) over seeds).",
-        "",
-        "| variant | options | final accuracy, mean ± sd | per seed | best (mean) | s/step | vs the demo |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, s in stats.items():
-        opts = ", ".join(f"`{k}={v}`" for k, v in VARIANTS[name].items()) or "(the demo's recipe)"
-        if s.get("diff") is None or name == BASELINE:
-            versus = "—"
-        else:
-            versus = f"{100 * s['diff']:+.1f} pts ({'beyond' if s['beyond_noise'] else 'within'} noise)"
-        per_seed = " / ".join(f"{100 * f:.1f}" for f in s["finals"])
-        lines.append(
-            f"| {name} | {opts} | {100 * s['mean']:.1f} ± {100 * s['sd']:.1f} % | {per_seed} | "
-            f"{100 * s['best']:.1f} % | {s['s_per_step']:.3f} | {versus} |"
-        )
-    failed = [r for r in results if "failed" in r]
-    if failed:
-        lines += ["", "Failed runs: " + ", ".join(f"{r['variant']} (seed {r['seed']})" for r in failed)]
-    lines += [""]
-    for f in files:
-        lines += [f"![{f.stem}](img/{f.name})", ""]
-    marker = "<!-- hand-written below -->"
-    old = page.read_text().split(marker, 1)[1] if page.is_file() and marker in page.read_text() else "\n"
-    page.write_text("\n".join(lines) + "\n" + marker + old)
+def warm_start_info(out: Path, args: argparse.Namespace) -> tuple[Path, dict]:
+    """Returns the warm-start model folder and its description (how it was made, its held-out accuracy)."""
+    if args.warm_start:
+        model = Path(args.warm_start)
+        if not (model / "config.json").is_file():
+            raise SystemExit(f"--warm-start {model}: no config.json there (pass a saved model folder)")
+        return model, {"model": str(model), "command": None, "accuracy": None}
+    model = warm_start(out)
+    summary = out / "warm" / "summary.json"
+    # The trainer's step-0 evaluation of the demo run is the held-out greedy accuracy of the SFT model.
+    acc = json.loads(summary.read_text()).get("accuracy_before") if summary.is_file() else None
+    return model, {
+        "model": str(model),
+        "command": shlex.join(["python", *warm_start_command(out)[1:]]),
+        "accuracy": acc,
+    }
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Runs (or reads) every variant x seed, then writes results.json and the page."""
+    from benchmarks.ablation.page import write_page
+
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = warm_start(out)
-    warm = out / "warm" / "summary.json"
-    warm_acc = json.loads(warm.read_text()).get("accuracy_before") if warm.is_file() else None
-    jobs = [(name, seed) for seed in args.seeds for name in args.variants]
     if args.page_only:
-        results = [
-            collect(out / "runs" / f"{slug(n)}-s{s}", n, s)
-            for n, s in jobs
-            if (out / "runs" / f"{slug(n)}-s{s}" / "summary.json").is_file()
-        ]
-    else:
-        with ThreadPoolExecutor(max_workers=args.workers) as pool:
-            results = list(pool.map(lambda job: run_one(out, model, job[0], job[1], args), jobs))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    write_page(Path(args.page), results, args, warm_acc)
-    print(f"wrote {args.page} and {out / 'results.json'}")
+        write_page(Path(args.page), out)
+        print(f"wrote {args.page}")
+        return
+    model, warm = warm_start_info(out, args)
+    jobs = [(name, seed) for seed in args.seeds for name in args.variants]
+    print(f"{len(jobs)} runs of {args.steps} steps from {model}, {args.workers} at a time", flush=True)
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def job(item: tuple[str, int]) -> dict:
+        result = run_one(out, model, item[0], item[1], args)
+        with lock:  # results.json grows run by run, so an interrupted ablation still leaves its numbers
+            results.append(result)
+            write_results(out, args, warm, results)
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        ordered = list(pool.map(job, jobs))
+    write_results(out, args, warm, ordered)
+    write_page(Path(args.page), out)
+    failed = [r for r in ordered if "failed" in r]
+    print(f"wrote {args.page} and {out / 'results.json'}; {len(failed)} of {len(ordered)} runs failed")
 
 
 if __name__ == "__main__":

@@ -98,9 +98,7 @@ TRL_FIELDS: dict[str, Field] = {
     "disable_dropout": Field(
         False, None, "cohort always runs the policy in eval mode: dropout is off whatever this says"
     ),
-    "gradient_checkpointing": Field(
-        True, None, "not implemented: micro_batch_tokens bounds activation memory"
-    ),
+    "gradient_checkpointing": Field(True, "model.gradient_checkpointing"),
     # logging and saving
     "logging_steps": Field(
         10,
@@ -171,11 +169,7 @@ class GRPOConfig:
             raise ConfigError("; ".join(_unknown_message(k) for k in unknown))
         for name, value in given.items():
             spec = TRL_FIELDS[name]
-            if (
-                spec.cohort is None
-                and value != spec.default
-                and not (name == "gradient_checkpointing" and value is False)
-            ):
+            if spec.cohort is None and value != spec.default:
                 raise ConfigError(
                     f"GRPOConfig({name}={value!r}) is not implemented by cohort; nearest: {spec.note}. "
                     f"Leave it out (TRL's default is {spec.default!r})"
@@ -274,6 +268,7 @@ class GRPOConfig:
         if self.bf16 is not None:
             out["model.bf16_autocast"] = bool(self.bf16)
         out["model.trust_remote_code"] = self.trust_remote_code
+        out["model.gradient_checkpointing"] = bool(self.gradient_checkpointing)
         for key, value in (self.model_init_kwargs or {}).items():
             target = {
                 "dtype": "model.dtype",

@@ -84,6 +84,10 @@ class ModelConfig:
     """cpu, cuda, cuda:N or auto (CUDA when available)."""
     bf16_autocast: bool = True
     """On CUDA, run forward passes under bfloat16 autocast."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant checkpointing): less memory per micro-batch for about one more forward. The dense-mask
+    grouped layout works with it; segment attention does not (fast.segments falls back, `on` is refused)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter settings."""
 

@@ -335,6 +335,22 @@ class GRPOTrainer:
             self.model = wrap_lora(self.model, cfg.model.lora)  # a model object given with a LoRA config
         self.model.to(self.device)
         self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
+        if cfg.model.gradient_checkpointing:
+            # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
+            # recomputation sees the same masks; the layers train only during updates (cohort.update).
+            if callable(getattr(self.model, "activation_checkpointing_enable", None)):  # transformers >= 5
+                self.model.activation_checkpointing_enable(  # type: ignore[operator]
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
+            elif callable(getattr(self.model, "gradient_checkpointing_enable", None)):
+                self.model.gradient_checkpointing_enable(  # type: ignore[operator]
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                raise ConfigError(
+                    f"model.gradient_checkpointing=true, but {type(self.model).__name__} cannot checkpoint "
+                    "activations (not a transformers model); set it to false"
+                )
         _check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
         # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.

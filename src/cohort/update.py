@@ -56,6 +56,25 @@ class PolicyBatch:
         return [len(c) for c in self.completion_ids]
 
 
+@contextlib.contextmanager
+def checkpointing_layers(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with the model's gradient-checkpointed layers in training mode, restoring them after.
+
+    transformers recomputes a layer in the backward pass only when the layer is training; cohort keeps the
+    policy in eval mode (no dropout), so only the checkpointed layers themselves are switched (not their
+    submodules: dropout stays off) and only for the update's forward and backward passes.
+    """
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, flag in zip(layers, before):
+            m.training = flag
+
+
 def plan_micro_batches(
     rows: Sequence[int],
     group_size: int,
@@ -343,6 +362,10 @@ class PolicyUpdater:
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
         """Returns the UpdateStats of μ × num_minibatches optimizer steps on `batch`."""
+        with checkpointing_layers(self.model):
+            return self._update(batch, generator)
+
+    def _update(self, batch: PolicyBatch, generator: torch.Generator | None) -> UpdateStats:
         a = self.algo
         n = len(batch.completion_ids)
         in_loss = batch.in_loss.tolist()
