@@ -35,7 +35,7 @@ TRL_RUNTIME = {
     "use_cpu": True,
     "bf16": False,
     "fp16": False,
-    "gradient_checkpointing": False,  # TRL defaults to True; cohort does not recompute activations
+    "gradient_checkpointing": False,  # TRL defaults to True; cohort's model.gradient_checkpointing is off here too
     "report_to": "none",
     "save_strategy": "no",
     "logging_steps": 1,
