@@ -827,23 +827,15 @@ class GRPOTrainer:
         pick = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx)
         idx = torch.randperm(len(self.train_rows), generator=pick)[: it.prompts].tolist()
         rows = [self.train_rows[i] for i in idx]
-        with self.autocast():
-            rollout = self.engine.generate(
-                self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model),
-                [self.train_prompt_ids[i] for i in idx],
-                G,
-                self.sampling_params(),
-                fresh_generator(self.device, cfg.seed, self.step_idx),
-            )
+        rollout = self._generate(idx, fresh_generator(self.device, cfg.seed, self.step_idx))
         completions = self._decode(rollout, rows)
-        pc = cfg.data.prompt_column
-        prompts = [r[pc] for r in rows for _ in range(G)]
+        prompts, columns = self._reward_inputs(rows, G)
         verdict = score(
             [self.labeler],
             prompts=prompts,
             completions=completions,
             completion_ids=rollout.completion_ids,
-            columns={k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc},
+            columns=columns,
         )[:, 0]
         labels = [bool(v >= it.label_threshold) for v in verdict.tolist()]  # NaN (no verdict) counts as wrong
         fresh = self.iterative.pairs(prompts, completions, labels, G)
@@ -857,8 +849,9 @@ class GRPOTrainer:
             return None
         return collapsed_share(drawn.rollout.completion_ids, drawn.reward.tolist(), drawn.rollout.group_size)
 
-    def _generate(self, idx: list[int]) -> RolloutBatch:
-        """Returns G completions for each training prompt in `idx`, sampled from the current policy."""
+    def _generate(self, idx: list[int], generator: torch.Generator | None = None) -> RolloutBatch:
+        """Returns G completions for each training prompt in `idx`, sampled from the current policy (on the
+        training stream unless `generator` is given)."""
         with self.autocast():
             try:
                 return self.engine.generate(
@@ -866,7 +859,7 @@ class GRPOTrainer:
                     [self.train_prompt_ids[i] for i in idx],
                     self.cfg.rollout.group_size,
                     self.sampling_params(),
-                    self.generator,
+                    self.generator if generator is None else generator,
                 )
             except RuntimeError as e:
                 if "inf" in str(e) and "nan" in str(e):
@@ -1046,11 +1039,16 @@ class GRPOTrainer:
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         return as_completions(texts, rows[0][self.cfg.data.prompt_column])
 
+    def _reward_inputs(self, rows: list[dict], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
+        """Returns (prompts, other columns) for reward functions, each repeated once per completion of a group."""
+        pc = self.cfg.data.prompt_column
+        columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
+        return [r[pc] for r in rows for _ in range(G)], columns
+
     def _score(
         self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]
     ) -> tuple[torch.Tensor, RewardLogs, list[tuple[list[float], list[int]] | None] | None]:
-        G, pc = rollout.group_size, self.cfg.data.prompt_column
-        columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
+        prompts, columns = self._reward_inputs(rows, rollout.group_size)
         # Reward functions get the live state, as in TRL, brought to the step being scored.
         self.state.global_step = self.step_idx
         self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
@@ -1058,7 +1056,7 @@ class GRPOTrainer:
         steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
         scores = score(
             self.reward_funcs,
-            prompts=[r[pc] for r in rows for _ in range(G)],
+            prompts=prompts,
             completions=completions,
             completion_ids=rollout.completion_ids,
             columns=columns,

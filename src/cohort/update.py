@@ -224,6 +224,8 @@ class PolicyUpdater:
             else None
         )
         builtin_loss = algo.loss_type in LOSS_TYPES
+        # Any per-token control at all (most runs have none: the micro-batch loop then skips them entirely).
+        self.controls_on = selection is not None or algo.sampler_correction != "none"
         # `on` that cannot be honoured fails here, before any work.
         self.skip_zero = choose(
             self.fast.skip_zero_advantage,
@@ -416,12 +418,14 @@ class PolicyUpdater:
                     lp = self._logprobs(self.model, batch, micro, paths, with_entropy=with_entropy)
                     width = lp.logp.shape[1]
                     old_mb = self._stack(old, micro, width) if old is not None else None
+                    # Only before the first optimizer step does the policy still equal the sampler's: the gap is
+                    # measured there; the sampler's log-probs are stacked only where something reads them.
+                    gap_here = it == 0 and mb_index == 0
                     sampled_mb = None
-                    if batch.sampling_logprobs is not None:
+                    if batch.sampling_logprobs is not None and (gap_here or a.sampler_correction != "none"):
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
                         sampled_mb = self._stack(sampled, micro, width)
-                    # Only before the first optimizer step does the policy still equal the sampler's.
-                    if it == 0 and mb_index == 0 and sampled_mb is not None:
+                    if gap_here and sampled_mb is not None:
                         diff = (lp.logp.detach().float() - sampled_mb.float()).abs() * lp.mask
                         gap = max(gap, float(diff.max())) if diff.numel() else gap
                     if token_adv is None:
@@ -429,7 +433,11 @@ class PolicyUpdater:
                     else:
                         tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
                         adv_mb = self._stack(tok, micro, width)
-                    weights, kl_cov, extra = self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
+                    weights, kl_cov, extra = (
+                        self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
+                        if self.controls_on
+                        else (None, None, {})
+                    )
                     control_names.update(extra)
                     for k, val in extra.items():
                         if k.endswith(("_min", "_max")):  # extremes over the update, not means

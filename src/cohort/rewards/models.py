@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import PurePath
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -49,7 +49,32 @@ def check_tokenizer_fits(model: Any, tokenizer: Any, name: str) -> None:
         )
 
 
-class RewardModel:
+_M = TypeVar("_M", bound="ModelReward")
+
+
+class ModelReward:
+    """What the reward functions backed by a transformers model share: the model, its device, its name."""
+
+    model: torch.nn.Module
+
+    @staticmethod
+    def name_of(source: str, model: torch.nn.Module) -> str:
+        """Returns the name a model's reward is logged under: its folder's or hub id's last part."""
+        return PurePath(source.rstrip("/\\")).name or type(model).__name__
+
+    @property
+    def device(self) -> torch.device:
+        """Returns the device the model's weights are on."""
+        first = next(self.model.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def to(self: _M, device: str | torch.device) -> _M:
+        """Returns self, after moving the model to `device`."""
+        self.model.to(device)
+        return self
+
+
+class RewardModel(ModelReward):
     """A reward function backed by a sequence-classification model with one output (TRL's reward models).
 
     `model`: a local folder written by ``save_pretrained``, a hub id, or a loaded ``PreTrainedModel``
@@ -89,7 +114,7 @@ class RewardModel:
         assert isinstance(model, torch.nn.Module)
         self.name_or_path = source
         # The name the reward is reported under: the model folder's or hub id's last part.
-        self.__name__ = PurePath(source.rstrip("/\\")).name or type(model).__name__
+        self.__name__ = self.name_of(source, model)
         _check_num_labels(model.config, source or self.__name__)
         if tokenizer is None:
             if not source:
@@ -123,17 +148,6 @@ class RewardModel:
 
     def __repr__(self) -> str:
         return f"RewardModel({self.name_or_path or self.__name__!r}, batch_size={self.batch_size}, device={self.device})"
-
-    @property
-    def device(self) -> torch.device:
-        """Returns the device the model's weights are on."""
-        first = next(self.model.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
-
-    def to(self, device: str | torch.device) -> RewardModel:
-        """Returns self, after moving the model to `device`."""
-        self.model.to(device)
-        return self
 
     def texts(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[str]:
         """Returns the texts the model scores: prompt + completion, or the chat template over the messages."""

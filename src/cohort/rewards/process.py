@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import PurePath
 from typing import Any
 
 import torch
 
 from cohort.rewards.builtin import completion_text
-from cohort.rewards.models import check_tokenizer_fits
+from cohort.rewards.models import ModelReward, check_tokenizer_fits
 from cohort.rewards.scoring import StepRewards
 
 __all__ = ["ProcessRewardModel", "step_char_ends", "step_token_ends"]
@@ -108,7 +107,7 @@ def resolve_step_ends(
     return out
 
 
-class ProcessRewardModel:
+class ProcessRewardModel(ModelReward):
     """A process reward function backed by a token-classification model: one score per step, one forward pass.
 
     `model`: a folder written by save_pretrained, a hub id or a loaded model (AutoModelForTokenClassification
@@ -143,7 +142,7 @@ class ProcessRewardModel:
         assert isinstance(model, torch.nn.Module)
         _check_labels(model.config, source)
         self.name_or_path = source
-        self.__name__ = PurePath(source.rstrip("/\\")).name or type(model).__name__
+        self.__name__ = self.name_of(source, model)
         if tokenizer is None:
             if not source:
                 raise ValueError(
@@ -160,17 +159,6 @@ class ProcessRewardModel:
 
     def __repr__(self) -> str:
         return f"ProcessRewardModel({self.name_or_path or self.__name__!r})"
-
-    @property
-    def device(self) -> torch.device:
-        """Returns the device the model's weights are on."""
-        first = next(self.model.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
-
-    def to(self, device: str | torch.device) -> ProcessRewardModel:
-        """Returns self, after moving the model to `device`."""
-        self.model.to(device)
-        return self
 
     def _token_ids_and_ends(self, prompt: str, completion: str) -> tuple[list[int], list[int]]:
         """Returns the model's token ids of prompt + completion and the token index where each step ends."""
