@@ -14,6 +14,7 @@ from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
 from cohort.fastpath import FastConfig
 from cohort.models import wrap_lora
+from cohort.sharding import full_value, shard
 from cohort.update import PolicyBatch, PolicyUpdater
 
 GROUPS, G = 7, 3
@@ -34,8 +35,9 @@ def global_batch(equal_lengths: bool = False, groups: int = GROUPS):
     return prompts, completions, group_advantages(rewards, G)
 
 
-def run_case(case: dict, rank: int, world: int) -> dict[str, torch.Tensor]:
-    """Returns the trainable parameters after two updates of this process's groups (float64)."""
+def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[str, torch.Tensor]:
+    """Returns the trainable parameters (whole) after two updates of this process's groups (float64), the model
+    (and reference) wrapped by FSDP under `strategy` when world > 1."""
     torch.manual_seed(0)
     model = tiny_model(seed=0).double()
     if case.get("lora"):
@@ -44,7 +46,11 @@ def run_case(case: dict, rank: int, world: int) -> dict[str, torch.Tensor]:
     reference = None
     if case.get("beta"):
         frozen = copy.deepcopy(model).requires_grad_(False)
+        if world > 1:
+            shard(frozen, strategy)
         reference = lambda: contextlib.nullcontext(frozen)  # noqa: E731
+    if world > 1:
+        shard(model, strategy)
     algo = AlgoConfig(
         loss_type=case["loss_type"],
         beta=case.get("beta", 0.0),
@@ -87,10 +93,10 @@ def run_case(case: dict, rank: int, world: int) -> dict[str, torch.Tensor]:
     shuffle = torch.Generator().manual_seed(5)
     for _ in range(2):
         updater.update(batch, shuffle)
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: full_value(p.detach()).clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict]) -> None:
+def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict], strategy: str) -> None:
     """Runs every case on one process of a gloo group and saves each result to out/<case>-<rank>.pt."""
     import torch.distributed as tdist
 
@@ -99,6 +105,6 @@ def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict]) 
     tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         for name, case in cases.items():
-            torch.save(run_case(case, rank, world), Path(out) / f"{name}-{rank}.pt")
+            torch.save(run_case(case, rank, world, strategy), Path(out) / f"{name}-{rank}.pt")
     finally:
         tdist.destroy_process_group()

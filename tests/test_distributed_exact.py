@@ -1,7 +1,8 @@
 """K gloo processes make exactly the update one process makes on the same global batch (float64, 1e-9).
 
 Each process holds a contiguous share of the groups (7 groups: 4 + 3 on two processes, 3 + 2 + 2 on three);
-losses use the global normalisers, gradients are summed, minibatches are drawn from the global batch.
+losses use the global normalisers, FSDP sums the gradients (sharded, and replicated on a (K, 1) mesh),
+minibatches are drawn from the global batch, and processes with fewer micro-batches run idle passes.
 Covered: every loss type, zero-advantage rows skipped and not, mu > 1 with minibatches, a KL term, LoRA,
 several micro-batches. The optimizer is SGD (see _exact_worker.py: Adam would amplify rounding noise).
 `bnpo` divides by each process's own token count (its definition, TRL's), so it is compared where every
@@ -33,10 +34,17 @@ CASES.update(
 )
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_k_processes_make_the_one_process_update(tmp_path, world):
-    one = {name: run_case(case, 0, 1) for name, case in CASES.items()}
-    mp.spawn(worker, args=(world, str(tmp_path / "store"), str(tmp_path), CASES), nprocs=world, join=True)
+@pytest.fixture(scope="module")
+def one_process():
+    return {name: run_case(case, 0, 1) for name, case in CASES.items()}
+
+
+@pytest.mark.parametrize("world,strategy", [(2, "fsdp"), (3, "fsdp"), (2, "replicate"), (3, "replicate")])
+def test_k_processes_make_the_one_process_update(tmp_path, world, strategy, one_process):
+    one = one_process
+    mp.spawn(
+        worker, args=(world, str(tmp_path / "store"), str(tmp_path), CASES, strategy), nprocs=world, join=True
+    )
     for name in CASES:
         got = [torch.load(tmp_path / f"{name}-{r}.pt") for r in range(world)]
         for key, want in one[name].items():

@@ -12,12 +12,14 @@ import random
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cohort import distributed as dist
 from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -60,6 +62,8 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep: int = 2,
     files: dict[str, Any] | None = None,
+    write_sharded: Callable[[Path], None] | None = None,
+    rank_state: dict[str, Any] | None = None,
 ) -> Path:
     """Return the folder of a new checkpoint for `step`, written atomically under run_dir/checkpoints.
 
@@ -68,18 +72,46 @@ def save_checkpoint(
     moment leaves at least one complete checkpoint of the step. A full disk or any other write error is
     one clear OSError naming the folder, and the partial folder is removed. `files` maps extra file names
     to state dicts saved with torch.save inside the checkpoint (e.g. the reference model's weights).
+
+    A sharded run (`write_sharded`, every process calls this): each process writes its shard of the model and
+    optimizer through `write_sharded(folder)` and its own `rank_state` (sampling streams) as rank-R.pt; the
+    main process then writes the model's config, the tokenizer and the trainer state and renames the folder.
     """
+    if write_sharded is not None:
+        return _save_sharded(
+            run_dir,
+            step,
+            model,
+            tokenizer,
+            scheduler,
+            generator,
+            extra,
+            keep,
+            files,
+            write_sharded,
+            rank_state,
+        )
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
-    old = root / f".old-step-{step}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    tmp.mkdir()
+    return _save_checkpoint_files(
+        tmp, root, step, tokenizer, optimizer, scheduler, generator, extra, keep, files, model=model
+    )
+
+
+def _save_checkpoint_files(
+    tmp: Path, root: Path, step, tokenizer, optimizer, scheduler, generator, extra, keep, files, *, model
+) -> Path:
+    """Returns the checkpoint folder after writing everything but the shards into `tmp` and renaming it in place."""
+    final = root / f"step-{step}"
+    old = root / f".old-step-{step}"
     try:
-        tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
-        fix_adapter_base_path(tmp)  # an adapter records a base path that resolves from anywhere
+        if model is not None:
+            model.save_pretrained(tmp, safe_serialization=True)
+            fix_adapter_base_path(tmp)  # an adapter records a base path that resolves from anywhere
         tokenizer.save_pretrained(tmp)
         state = {"step": step, "rng": rng_state(generator), "extra": extra or {}}
         if optimizer is not None:
@@ -108,6 +140,33 @@ def save_checkpoint(
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
+    return final
+
+
+def _save_sharded(
+    run_dir, step, model, tokenizer, scheduler, generator, extra, keep, files, write_sharded, rank_state
+) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    tmp = root / f".tmp-step-{step}"
+    main = dist.is_main()
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    write_sharded(tmp)  # collective: torch.distributed.checkpoint, every process its shard
+    torch.save(rank_state or {}, tmp / f"rank-{dist.rank()}.pt")
+    dist.barrier()
+    final = root / f"step-{step}"
+    if main:
+        inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+        inner.config.save_pretrained(tmp)
+        folder = _save_checkpoint_files(
+            tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
+        )
+        assert folder == final
+    dist.barrier()  # no process moves on (and, say, saves again) before the folder is in place
     return final
 
 

@@ -340,6 +340,22 @@ class IterativeConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Multi-process training under torchrun (cohort.sharding; docs/usage.md, "Several processes")."""
+
+    strategy: str = "auto"
+    """auto (replicate under torchrun, nothing on one process), replicate (every process holds the whole model;
+    FSDP all-reduces gradients), or fsdp (parameters, gradients and AdamW state sharded across processes)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with GPUs, gloo without), nccl, or gloo."""
+    mixed_precision: str = "none"
+    """FSDP's mixed-precision policy: none, bf16 or fp16 compute (gradients reduce in float32); meant for GPUs."""
+    global_batch_size: int | None = None
+    """Completions per step over all processes (each samples global_batch_size / processes); None: rollout.batch_size
+    is each process's share. Keeps a run's batch when it is resumed on another number of processes."""
+
+
+@dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule."""
 
@@ -383,6 +399,8 @@ class TrainConfig:
     """Process supervision (rewards per reasoning step)."""
     iterative: IterativeConfig = field(default_factory=IterativeConfig)
     """Iterative GRPO with a learned reward model (off by default)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Multi-process training (strategy, backend, mixed precision, global batch)."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None
@@ -451,6 +469,7 @@ class TrainConfig:
         that name); `reward_weights` must then give one weight per one of them.
         """
         r, a, o = self.rollout, self.algo, self.optim
+        self._validate_distributed()  # first: a global batch sets rollout.batch_size
         if need_model and not self.model.name_or_path:
             raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
         if r.group_size < 2:
@@ -522,6 +541,60 @@ class TrainConfig:
         if self.preset is not None:
             _check_choice("preset", self.preset, tuple(PRESETS))
         return self
+
+    def _validate_distributed(self) -> None:
+        """Raises ConfigError for a multi-process setting that cannot run with torchrun's process count here;
+        sets rollout.batch_size from distributed.global_batch_size."""
+        from cohort.sharding import MIXED_PRECISION, resolve_strategy
+
+        d, r = self.distributed, self.rollout
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        strategy = resolve_strategy(d.strategy, world)
+        _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
+        _check_choice("distributed.mixed_precision", d.mixed_precision, tuple(MIXED_PRECISION))
+        if d.backend == "nccl" and world > 1 and not torch.cuda.is_available():
+            raise ConfigError(
+                "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "
+                "distributed.backend=gloo (or auto) to train on CPUs"
+            )
+        if d.mixed_precision != "none" and strategy == "none":
+            raise ConfigError(
+                f"distributed.mixed_precision={d.mixed_precision} is FSDP's policy and this run has one process; "
+                "use model.dtype / model.bf16_autocast instead, or launch with torchrun"
+            )
+        if d.global_batch_size is not None:
+            per = world * r.group_size
+            if d.global_batch_size <= 0 or d.global_batch_size % per:
+                raise ConfigError(
+                    f"distributed.global_batch_size={d.global_batch_size} does not split into {world} processes x "
+                    f"whole groups of rollout.group_size={r.group_size}; use a multiple of {per}, or another "
+                    "number of processes"
+                )
+            r.batch_size = d.global_batch_size // world
+        if strategy != "none":
+            reasons = {
+                "rollout.sampler_dtype": r.sampler_dtype is not None
+                and str(r.sampler_dtype).lower() not in ("none", str(self.model.dtype).lower()),
+                "fast.chunked_head=on": self.fast.chunked_head == "on",
+                "fast.segments=on": self.fast.segments == "on",
+            }
+            for key, bad in reasons.items():
+                if bad:
+                    raise ConfigError(
+                        f"{key} cannot run under distributed.strategy={strategy}: FSDP gathers a module's weights "
+                        "only when the module is called whole, and this path reads weights or calls layers "
+                        "directly; leave it at its default (auto) / unset, or train on one process"
+                    )
+            if self.model.lora.enabled and (self.algo.ref_update_every or self.algo.ref_sync_kl is not None):
+                raise ConfigError(
+                    "a LoRA reference that follows the policy adds a second adapter during the run, which a model "
+                    "already wrapped by FSDP cannot take; set algo.ref_update_every=0 and algo.ref_sync_kl=null "
+                    "under torchrun, or train the full model"
+                )
+            if self.iterative.every:
+                raise ConfigError(
+                    "iterative GRPO retrains its reward model on one process; set iterative.every=0 under torchrun"
+                )
 
     def _validate_objective(self) -> None:
         """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot

@@ -1,9 +1,7 @@
-"""Multi-process helpers for ``torchrun``: rank information and the few collectives the trainer needs.
-
-cohort does not wrap the model in DistributedDataParallel: each process computes its loss with the
-global normalisers and the gradients are summed with one all-reduce per parameter before the optimizer
-step. That keeps the log-prob path free to call the model however it likes (grouped layouts, skipped
-rows) and makes the multi-process update equal to the single-process one on the whole batch.
+"""Multi-process helpers for ``torchrun``: the process group, rank information and the few collectives the
+trainer's statistics need. The model itself is wrapped by FSDP (cohort.sharding), which reduces the
+gradients; each process computes its loss with the global batch's normalisers, so the summed gradient is
+the single-process one on the whole batch.
 """
 
 from __future__ import annotations
@@ -19,10 +17,13 @@ def is_distributed() -> bool:
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
-def init_from_env() -> None:
-    """Initialise the default process group when torchrun's environment asks for several processes."""
+def init_from_env(backend: str = "auto") -> None:
+    """Initialise the default process group when torchrun's environment asks for several processes.
+
+    backend: "auto" (nccl with GPUs, gloo without), "nccl" or "gloo"."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and tdist.is_available() and not tdist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         tdist.init_process_group(backend=backend)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -61,15 +62,19 @@ def all_sum_float(value: float) -> float:
     return float(t.item())
 
 
-def all_sum_grads(model: torch.nn.Module) -> None:
-    """Sum every trainable parameter's gradient over all processes, in place."""
+def all_max_int(value: int) -> int:
+    """Return the largest `value` over all processes."""
     if not is_distributed():
-        return
-    for p in model.parameters():
-        if p.requires_grad:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            tdist.all_reduce(p.grad)
+        return int(value)
+    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def barrier() -> None:
+    """Wait until every process reaches this point (nothing on one process)."""
+    if is_distributed():
+        tdist.barrier()
 
 
 def broadcast_model(model: torch.nn.Module) -> None:
@@ -93,8 +98,9 @@ def assert_in_sync(model: torch.nn.Module) -> None:
     """Raise RuntimeError if the processes' copies of the trainable parameters differ."""
     if not is_distributed():
         return
-    with torch.no_grad():
-        total = sum(float(p.double().sum()) for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():  # a replicated FSDP model's parameters are DTensors: their local part is the whole
+        parts = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+        total = sum(float(p.double().sum()) for p in parts)
     t = torch.tensor([total], dtype=torch.float64, device=_device())
     gathered = [torch.zeros_like(t) for _ in range(world_size())]
     tdist.all_gather(gathered, t)

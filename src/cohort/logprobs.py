@@ -28,6 +28,7 @@ from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, p
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
 from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
+from cohort.sharding import SHARDED_REASON, is_sharded
 
 PATHS = ("segments", "dense_mask", "padded")
 """The layouts a LogProbs can come from (LogProbs.path)."""
@@ -212,6 +213,8 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     """
     if impl != "sdpa":
         return f"attention implementation {impl!r} (segment attention replaces 'sdpa')"
+    if is_sharded(model):
+        return SHARDED_REASON
     inner = unwrap(model)
     flag = (
         "is_activation_checkpointing"

@@ -197,6 +197,8 @@ RESUMABLE_CHANGES = (
     "logging_steps",
     "out_dir",
     "fast.",
+    "distributed.strategy",
+    "distributed.backend",
 )
 """Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
 how a run is watched, saved or sped up, not what it computes."""

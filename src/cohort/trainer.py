@@ -71,6 +71,18 @@ from cohort.rewards.process import ProcessRewardModel, process_metrics, resolve_
 from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
+from cohort.sharding import (
+    SHARDED_DIR,
+    full_state_dict,
+    gathered,
+    load_full_weights,
+    load_plain_optimizer,
+    load_sharded,
+    local,
+    resolve_strategy,
+    save_sharded,
+    shard,
+)
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
@@ -224,7 +236,6 @@ class GRPOTrainer:
         list, args=GRPOConfig(...), train_dataset=..., eval_dataset=..., processing_class=tokenizer,
         reward_processing_classes=..., peft_config=peft.LoraConfig)`; `cohort.compat` maps it onto the config.
         """
-        dist.init_from_env()
         if not isinstance(config, TrainConfig) and config is not None:
             if model is not None:
                 raise ConfigError("pass the model once: as the first argument or as model=, not both")
@@ -263,6 +274,8 @@ class GRPOTrainer:
         self.cfg = cfg = config.validate(
             need_model=model is None, need_data=train_rows is None, reward_funcs=reward_funcs
         )
+        dist.init_from_env(cfg.distributed.backend)
+        self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
             reward_funcs if reward_funcs else cfg.rewards,
@@ -362,6 +375,10 @@ class GRPOTrainer:
             if a.beta > 0
             else None
         )
+        if self.strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
+            shard(self.model, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
+            if self.reference is not None and self.reference.copy is not None:
+                shard(self.reference.copy, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
@@ -558,16 +575,22 @@ class GRPOTrainer:
         if self._checkpoint is None:
             return
         for ckpt, state in getattr(self, "_candidates", [self._checkpoint]):
+            extra = state.get("extra", {})
+            sharded_ckpt = (ckpt / SHARDED_DIR).is_dir()
             try:
-                with quiet_hf_progress():
-                    load_model_weights(self.model, ckpt)
-                if self.reference is not None and (ckpt / "reference.pt").is_file():
-                    self.reference.load_state_dict(
-                        torch.load(ckpt / "reference.pt", map_location=self.device)
-                    )
+                if sharded_ckpt or self.strategy != "none":
+                    self._load_weights_across(ckpt, state)
+                else:
+                    with quiet_hf_progress():
+                        load_model_weights(self.model, ckpt)
+                    if self.reference is not None and (ckpt / "reference.pt").is_file():
+                        self.reference.load_state_dict(
+                            torch.load(ckpt / "reference.pt", map_location=self.device)
+                        )
             except (RuntimeError, OSError, ValueError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                if "size mismatch" in str(e) or "Missing key" in str(e) or "Unexpected key" in str(e):
+                mismatch = ("size mismatch", "Missing key", "Unexpected key", "Size mismatch", "not found in")
+                if any(m in str(e) for m in mismatch):
                     raise TrainingError(
                         f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({first}); "
                         "resume with the model it was trained from, or start a new out_dir"
@@ -577,13 +600,17 @@ class GRPOTrainer:
                 )
                 continue
             _check_finite_weights(self.model, f"checkpoint {ckpt}")
-            self.optimizer.load_state_dict(state["optimizer"])
+            if not sharded_ckpt:  # a sharded checkpoint's optimizer came with its shards
+                if self.strategy != "none":
+                    load_plain_optimizer(self.model, self.optimizer, state["optimizer"])
+                else:
+                    self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             set_rng_state(state["rng"], self.generator)
-            extra = state.get("extra", {})
             self.sampler.load_state_dict(extra["sampler"])
             if self.curriculum is not None and "curriculum" in extra:
                 self.curriculum.load_state_dict(extra["curriculum"])
+            self._load_rank_state(ckpt, extra, int(state["step"]))
             if "health" in extra:
                 self.health.load_state_dict(extra["health"])
             if self.iterative is not None and (ckpt / "iterative.pt").is_file():
@@ -612,6 +639,65 @@ class GRPOTrainer:
             f"no checkpoint in {self.run_dir / 'checkpoints'} can be loaded; start a new out_dir, or pass resume= "
             "a checkpoint folder that loads"
         )
+
+    def _load_weights_across(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Loads a checkpoint's weights when either it or this run is sharded (any process counts on either side)."""
+        extra = state.get("extra", {})
+        copy = self.reference.copy if self.reference is not None else None
+        if (ckpt / SHARDED_DIR).is_dir():
+            syncs = int(extra.get("reference_syncs", 0))
+            if syncs and copy is None:
+                raise ValueError("the checkpoint's reference is a full model copy, but this run has none")
+            load_sharded(ckpt, self.model, self.optimizer, copy if syncs else None)
+            if self.reference is not None:
+                self.reference.syncs = syncs
+            return
+        # A one-process checkpoint resumed by a sharded run: whole tensors, each process keeps its shard.
+        if (ckpt / "adapter_model.safetensors").is_file():
+            raise ValueError(
+                f"checkpoint {ckpt} is a one-process LoRA checkpoint; resume it on one process (sharded runs resume "
+                "LoRA from their own sharded checkpoints)"
+            )
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted(ckpt.glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        names = set(self.model.state_dict())
+        for tied in names - set(weights):  # save_pretrained writes a tied head once
+            if tied.endswith("lm_head.weight") and "model.embed_tokens.weight" in weights:
+                weights[tied] = weights["model.embed_tokens.weight"]
+        load_full_weights(self.model, weights)
+        if self.reference is not None and (ckpt / "reference.pt").is_file():
+            ref = torch.load(ckpt / "reference.pt", map_location="cpu")
+            if "weights" in ref and copy is not None:
+                load_full_weights(copy, ref["weights"])
+            self.reference.syncs = int(ref.get("syncs", 1))
+
+    def _load_rank_state(self, ckpt: Path, extra: dict[str, Any], step: int) -> None:
+        """Restores this process's sampling streams: exactly on the checkpoint's process count, else re-seeded."""
+        if dist.world_size() == 1 and extra.get("world_size", 1) == 1:
+            return  # trainer_state.pt held them
+        own = ckpt / f"rank-{dist.rank()}.pt"
+        if extra.get("world_size") == dist.world_size() and own.is_file():
+            mine = torch.load(own, map_location="cpu", weights_only=False)
+            set_rng_state(mine["rng"], self.generator)
+            self.sampler.load_state_dict(mine["sampler"])
+            if self.curriculum is not None and mine.get("curriculum") is not None:
+                self.curriculum.load_state_dict(mine["curriculum"])
+            return
+        # Another process count: the weights, optimizer, schedule and step resume exactly; the processes'
+        # sampling streams cannot (their number changed), so each starts a stream of its own from the step.
+        seed = self.cfg.seed * 7919 + 1_000_003 * step + dist.rank()
+        self.generator.manual_seed(seed)
+        self.sampler = PromptSampler(len(self.train_rows), seed)
+        if dist.is_main():
+            print(
+                f"resume: checkpoint {ckpt} was written by {extra.get('world_size', 1)} processes and this run has "
+                f"{dist.world_size()}: weights, optimizer, schedule and step continue exactly; each process's "
+                "sampling stream restarts from a seed of the step",
+                flush=True,
+            )
 
     def _snapshot(self) -> dict[str, Any]:
         """Returns the state that preparing a step changes (prompt order, random streams, token count)."""
@@ -852,7 +938,7 @@ class GRPOTrainer:
     def _generate(self, idx: list[int], generator: torch.Generator | None = None) -> RolloutBatch:
         """Returns G completions for each training prompt in `idx`, sampled from the current policy (on the
         training stream unless `generator` is given)."""
-        with self.autocast():
+        with self.autocast(), gathered(self.model):
             try:
                 return self.engine.generate(
                     self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model),
@@ -1124,7 +1210,7 @@ class GRPOTrainer:
         """Return held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function."""
         if not self.eval_rows:
             return {}
-        with self.autocast():
+        with self.autocast(), gathered(self.model):
             return evaluate(
                 self.model,
                 self.tokenizer,
@@ -1154,10 +1240,15 @@ class GRPOTrainer:
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
         # initial model.
         files = {}
-        if self.reference is not None and self.reference.syncs:
+        sharded = self.strategy != "none"
+        ref_copy = self.reference.copy if self.reference is not None and self.reference.syncs else None
+        if self.reference is not None and self.reference.syncs and not sharded:
             files["reference.pt"] = self.reference.state_dict()
         if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
             files["iterative.pt"] = self.iterative.state_dict()
+        if sharded:  # the reference's weights (once it moved) go into the shards with the policy's
+            extra["world_size"] = dist.world_size()
+            extra["reference_syncs"] = self.reference.syncs if self.reference is not None else 0
         with quiet_hf_progress():  # no "Writing model shards" bar
             folder = save_checkpoint(
                 self.run_dir,
@@ -1170,13 +1261,36 @@ class GRPOTrainer:
                 extra=extra,
                 keep=self.cfg.keep_checkpoints,
                 files=files,
+                write_sharded=(
+                    (lambda tmp: save_sharded(tmp, self.model, self.optimizer, ref_copy)) if sharded else None
+                ),
+                rank_state=self._rank_state() if sharded else None,
             )
         self._saved_step = self.step_idx
         return folder
 
+    def _rank_state(self) -> dict[str, Any]:
+        """Returns this process's own streams (sampling generator, prompt order, curriculum) for its rank-R.pt."""
+        return {
+            "world_size": dist.world_size(),
+            "rng": rng_state(self.generator),
+            "sampler": self.sampler.state_dict(),
+            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
+        }
+
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
         out = Path(folder) if folder else self.run_dir / "final"
+        if self.strategy != "none":  # gathered from every process's shard; the main process writes it
+            full = full_state_dict(self.model)
+            if dist.is_main():
+                out.mkdir(parents=True, exist_ok=True)
+                with quiet_hf_progress():
+                    self.model.save_pretrained(out, state_dict=full, safe_serialization=True)  # type: ignore[operator]
+                fix_adapter_base_path(out)
+                self.tokenizer.save_pretrained(out)
+            dist.barrier()
+            return out
         out.mkdir(parents=True, exist_ok=True)
         with quiet_hf_progress():
             self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
@@ -1207,6 +1321,7 @@ class GRPOTrainer:
 
     def _train(self, main: bool) -> dict[str, Any]:
         cfg = self.cfg
+        sharded = self.strategy != "none"  # every process writes its shard of a checkpoint
         logger = None
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -1269,11 +1384,11 @@ class GRPOTrainer:
                             if logger:
                                 logger.log_eval(self.step_idx, ev)
                             progress.evaluated(self.step_idx, ev)
-                        if main and cfg.save_every and self.step_idx % cfg.save_every == 0:
+                        if (main or sharded) and cfg.save_every and self.step_idx % cfg.save_every == 0:
                             self.save()
                         fired = self.health.take_pending()
                         if fired and cfg.health.abort:
-                            if main and self._saved_step != self.step_idx:
+                            if (main or sharded) and self._saved_step != self.step_idx:
                                 self.save()
                             raise HealthAbort(
                                 f"step {self.step_idx}: health.abort=true and the check {fired[0].check!r} fired "
@@ -1289,8 +1404,9 @@ class GRPOTrainer:
             progress.close()
         # The final save, evaluation and report: a signal now waits for them (a second one is obeyed).
         with signals, signals.committing():
-            dist.assert_in_sync(self.model)
-            if main and not signals.torn and self._saved_step != self.step_idx:
+            if self.strategy == "replicate":
+                dist.assert_in_sync(self.model)
+            if (main or sharded) and not signals.torn and self._saved_step != self.step_idx:
                 summary["checkpoint"] = str(self.save())
             elif main and self._saved_step == self.step_idx:
                 summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
@@ -1341,10 +1457,11 @@ def _finite_or_none(x: float) -> float | None:
 
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
     """Raises TrainingError when a parameter of `model` holds NaN or inf."""
+    # Each process checks its own shard of a sharded model.
     bad = [
-        (n, int((~torch.isfinite(p)).sum()))
+        (n, int((~torch.isfinite(local(p))).sum()))
         for n, p in model.named_parameters()
-        if not torch.isfinite(p).all()
+        if not torch.isfinite(local(p)).all()
     ]
     if bad:
         raise TrainingError(

@@ -29,6 +29,7 @@ from cohort.fastpath import FastConfig
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
 from cohort.logprobs import completion_logprobs
+from cohort.sharding import full_value, gathered, idle_backward, is_sharded
 
 
 @dataclass
@@ -216,6 +217,8 @@ class PolicyUpdater:
         self.reference = reference
         self.autocast = autocast
         self.fast = (FastConfig() if fast is None else fast).validate()
+        self.sharded = is_sharded(model)
+        self.device = next(model.parameters()).device
         selection = (
             f"algo.cov_method={algo.cov_method}"
             if algo.cov_method != "none"
@@ -271,10 +274,11 @@ class PolicyUpdater:
     def _frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
         """Return {row: [T_row] log-probs} under `model` without gradients."""
         out: dict[int, torch.Tensor] = {}
-        for micro in self._micro_batches(batch, rows):
-            lp = self._logprobs(model, batch, micro)
-            for i, r in enumerate(micro):
-                out[r] = lp.logp[i, : len(batch.completion_ids[r])]
+        with gathered(model):  # sharded: each process may run its own number of forwards (cohort.sharding)
+            for micro in self._micro_batches(batch, rows):
+                lp = self._logprobs(model, batch, micro)
+                for i, r in enumerate(micro):
+                    out[r] = lp.logp[i, : len(batch.completion_ids[r])]
         return out
 
     @staticmethod
@@ -413,7 +417,17 @@ class PolicyUpdater:
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
-                for micro in self._micro_batches(batch, work):
+                micros = self._micro_batches(batch, work)
+                if self.sharded:
+                    # FSDP gathers weights inside each forward and reduces gradients inside each backward:
+                    # every process runs as many passes as the busiest, the extra ones idle (loss 0).
+                    idle = dist.all_max_int(len(micros)) - len(micros)
+                    micros = micros + [[] for _ in range(idle)]
+                for micro in micros:
+                    if not micro:
+                        with self.autocast():
+                            idle_backward(self.model, self.device)
+                        continue
                     with_entropy = it == 0 or a.top_entropy_quantile < 1
                     lp = self._logprobs(self.model, batch, micro, paths, with_entropy=with_entropy)
                     width = lp.logp.shape[1]
@@ -479,10 +493,13 @@ class PolicyUpdater:
                         means.add(
                             "entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok
                         )
-                dist.all_sum_grads(self.model)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
-                    gn = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                    gn = full_value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+                elif self.sharded:
+                    gn = full_value(
+                        torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+                    )
                 else:
                     gn = torch.linalg.vector_norm(
                         torch.stack([p.grad.norm() for p in params if p.grad is not None])

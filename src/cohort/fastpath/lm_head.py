@@ -155,6 +155,10 @@ def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
 
 def head_unavailable(model: torch.nn.Module) -> str | None:
     """Returns why the chunked LM head cannot run on `model` (None: it can)."""
+    from cohort.sharding import SHARDED_REASON, is_sharded
+
+    if is_sharded(model):
+        return SHARDED_REASON
     if split_model(model) is None:
         return (
             "it does not split into a decoder and an LM head that reproduce its logits (computing full "

@@ -1,0 +1,231 @@
+"""Multi-process training on PyTorch's FSDP2 engine: the strategies, gathered sampling, sharded checkpoints.
+
+Under ``torchrun`` the policy (and a full reference copy) is wrapped with ``fully_shard`` per decoder
+layer and once at the root, on a device mesh chosen by ``distributed.strategy``:
+
+- ``fsdp``: a 1-D mesh over all processes; parameters, gradients and AdamW state are sharded, each
+  process holds 1/K of them and a layer is all-gathered only while it runs;
+- ``replicate``: a (K, 1) mesh, FSDP's hybrid form with a shard group of one, i.e. data parallelism:
+  every process holds the whole model and optimizer state and FSDP all-reduces the gradients.
+
+FSDP all-gathers a layer's weights inside that layer's forward, a collective every process must join.
+Two rules keep the processes in lockstep although each samples different completions:
+
+- work without gradients (sampling, held-out evaluation, the π_old and reference log-prob passes, whose
+  counts of forward calls differ between processes) runs inside :func:`gathered`: every module is
+  unsharded once, its forwards need no communication, and it is resharded at the end (the memory of
+  the whole parameters while sampling, as DeepSpeed's ZeRO-3 gathered generation);
+- the update's forward/backward passes run layer by layer (the sharded memory), and every process runs
+  the same number of them per optimizer step: processes with fewer micro-batches run
+  :func:`idle_backward`, a one-token pass whose loss is 0 (cohort.update).
+
+The gradient reduction sums (divide factor 1): cohort's loss is already normalised over the global
+batch. Checkpoints of a sharded run are written with ``torch.distributed.checkpoint`` (each process its
+shard; loadable on any number of processes); the final model is gathered into a ``save_pretrained``
+folder that plain transformers loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cohort import distributed as dist
+from cohort.errors import ConfigError
+
+STRATEGIES = ("auto", "replicate", "fsdp")
+"""distributed.strategy: auto (replicate under torchrun, nothing on one process), replicate, fsdp."""
+
+MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""distributed.mixed_precision: the dtype FSDP casts parameters to for compute (gradients reduce in float32)."""
+
+SHARDED_REASON = (
+    "the model is wrapped by FSDP (distributed.strategy), which gathers a module's weights only when the module "
+    "is called whole, and this path calls the decoder and the head (or layers' attention) separately"
+)
+"""Why the chunked LM head and segment attention are off for a sharded model (the switchboard says it)."""
+
+_MESHES: dict[tuple[str, int], Any] = {}
+
+
+def resolve_strategy(strategy: str, world: int) -> str:
+    """Returns the strategy that runs with `world` processes: "none", "replicate" or "fsdp"."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"distributed.strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if world <= 1:
+        if strategy == "fsdp":
+            raise ConfigError(
+                "distributed.strategy=fsdp shards the model across processes, but this run has one process; "
+                "launch it with torchrun --nproc_per_node=N (N >= 2), or set distributed.strategy=auto"
+            )
+        return "none"
+    return "replicate" if strategy == "auto" else strategy
+
+
+def fsdp_modules(model: torch.nn.Module | None) -> list[torch.nn.Module]:
+    """Returns the FSDP-managed modules inside `model` (empty when it is not sharded)."""
+    if model is None:
+        return []
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: torch.nn.Module | None) -> bool:
+    """Returns True when `model` is wrapped by FSDP (either strategy)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Returns the model's repeated blocks (transformers' `_no_split_modules` classes): FSDP's units."""
+    get_base = getattr(model, "get_base_model", None)
+    inner = get_base() if callable(get_base) else model
+    names = set(getattr(inner, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:  # a model without the attribute: the children of its largest ModuleList
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        layers = list(max(lists, key=lambda m: len(list(m)))) if lists else []
+    return layers
+
+
+def _mesh(strategy: str, world: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (strategy, world)
+    if key not in _MESHES:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        _MESHES[key] = (
+            init_device_mesh(device, (world, 1), mesh_dim_names=("replicate", "shard"))
+            if strategy == "replicate"
+            else init_device_mesh(device, (world,), mesh_dim_names=("shard",))
+        )
+    return _MESHES[key]
+
+
+def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none") -> torch.nn.Module:
+    """Returns `model`, wrapped in place by fully_shard per decoder layer and at the root on the strategy's mesh."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = _mesh(strategy, dist.world_size())
+    dtype = MIXED_PRECISION[mixed_precision]
+    policy = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if dtype is not None
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    # The root's parameters (embeddings, final norm, head) are needed again at once by the backward pass.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised
+    return model
+
+
+@contextlib.contextmanager
+def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
+    """Yields with every FSDP module of `models` unsharded, so forward calls need no collective; reshards after.
+
+    Every process must enter and leave together (the unshard is an all-gather); inside, each may run any
+    number of forward passes. A model that is not sharded passes through untouched.
+    """
+    mods = [m for model in models for m in fsdp_modules(model)]
+    if not mods:
+        yield
+        return
+    roots = {id(model) for model in models if model is not None}
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
+        m.unshard()  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.reshard()  # type: ignore[operator]
+            m.set_reshard_after_forward(id(m) not in roots, recurse=False)  # type: ignore[operator]
+
+
+def idle_backward(model: torch.nn.Module, device: torch.device) -> None:
+    """Runs a one-token forward and a zero-loss backward: a process's share of a gradient reduction it has no rows for."""
+    out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    (out.logits.float().sum() * 0.0).backward()
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """Returns this process's part of a DTensor (a plain tensor itself)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """Returns the whole value of a DTensor (a collective), or a plain tensor itself."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+SHARDED_DIR = "sharded"
+"""The subfolder of a checkpoint that holds torch.distributed.checkpoint's files."""
+
+
+def _state(model, optimizer, reference) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optimizer": osd}
+    if reference is not None:
+        state["reference"] = get_model_state_dict(reference)
+    return state
+
+
+def save_sharded(folder: Path, model, optimizer, reference=None) -> None:
+    """Writes model, optimizer (and reference copy) state to folder/sharded: every process its shard (collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(model, optimizer, reference), checkpoint_id=str(folder / SHARDED_DIR))
+
+
+def load_sharded(folder: Path, model, optimizer, reference=None) -> None:
+    """Loads folder/sharded into the model, optimizer (and reference copy), resharding to this run's processes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    state = _state(model, optimizer, reference)
+    dcp.load(state, checkpoint_id=str(folder / SHARDED_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if reference is not None:
+        set_model_state_dict(reference, state["reference"])
+
+
+def load_plain_optimizer(model, optimizer, saved: dict[str, Any]) -> None:
+    """Loads a one-process checkpoint's optimizer state (keyed by parameter index) into a sharded run's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    keyed: dict[str, Any] = {
+        "state": {names[int(i)]: s for i, s in saved["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in saved["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, keyed, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_weights(model, state_dict: dict[str, Any]) -> None:
+    """Loads a whole (unsharded) state dict into a sharded model, each process keeping its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+def full_state_dict(model) -> dict[str, Any]:
+    """Returns the whole state dict on the main process (empty on the others): a collective over all processes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -1,0 +1,101 @@
+"""distributed.* settings: what runs with how many processes, refused before any work with the fix named.
+
+The multi-process behaviour itself is tested under gloo in test_distributed_exact.py (the update) and
+test_distributed.py (torchrun: training, sharded checkpoints, resume on another process count)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cohort.config import TrainConfig
+from cohort.errors import ConfigError
+from cohort.sharding import decoder_layers, resolve_strategy
+
+
+def _cfg(**changes) -> TrainConfig:
+    cfg = TrainConfig()
+    cfg.model.name_or_path = "unused"
+    cfg.data.task = "addition"
+    for key, value in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def test_strategy_resolution():
+    assert resolve_strategy("auto", 1) == "none"
+    assert resolve_strategy("replicate", 1) == "none"  # one process: nothing to replicate to
+    assert resolve_strategy("auto", 2) == "replicate"
+    assert resolve_strategy("fsdp", 4) == "fsdp"
+    with pytest.raises(ConfigError, match="torchrun --nproc_per_node"):
+        resolve_strategy("fsdp", 1)
+    with pytest.raises(ConfigError, match="not one of"):
+        resolve_strategy("ddp", 2)
+
+
+def test_sharding_with_one_process_is_refused_before_the_model_loads(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="distributed.strategy=fsdp .* one process"):
+        _cfg(distributed__strategy="fsdp").validate()
+
+
+def test_nccl_without_gpus_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="nccl needs CUDA GPUs.*backend=gloo"):
+        _cfg(distributed__backend="nccl").validate()
+
+
+def test_global_batch_must_split_into_processes_of_whole_groups(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(
+        ConfigError, match=r"global_batch_size=16 does not split into 3 processes.*multiple of 12"
+    ):
+        _cfg(distributed__global_batch_size=16, rollout__group_size=4).validate()
+    cfg = _cfg(distributed__global_batch_size=24, rollout__group_size=4).validate()
+    assert cfg.rollout.batch_size == 8  # each process's share
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = _cfg(distributed__global_batch_size=24, rollout__group_size=4).validate()
+    assert cfg.rollout.batch_size == 12
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"fast__chunked_head": "on"}, "fast.chunked_head=on cannot run under distributed.strategy=fsdp"),
+        ({"fast__segments": "on"}, "fast.segments=on cannot run"),
+        ({"rollout__sampler_dtype": "bfloat16"}, "rollout.sampler_dtype cannot run"),
+        ({"iterative__every": 5}, "iterative.every=0 under torchrun"),
+        ({"distributed__backend": "mpi"}, "distributed.backend"),
+        ({"distributed__mixed_precision": "fp8"}, "distributed.mixed_precision"),
+    ],
+)
+def test_settings_a_sharded_run_cannot_take(monkeypatch, changes, match):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=match):
+        _cfg(distributed__strategy="fsdp", **changes).validate()
+
+
+def test_lora_reference_that_follows_the_policy_is_refused_under_sharding(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = _cfg(algo__ref_update_every=10)
+    cfg.model.lora.enabled = True
+    with pytest.raises(ConfigError, match="second adapter"):
+        cfg.validate()
+
+
+def test_mixed_precision_needs_fsdp(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="FSDP's policy and this run has one process"):
+        _cfg(distributed__mixed_precision="bf16").validate()
+
+
+def test_decoder_layers_are_the_models_blocks(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    layers = decoder_layers(model)
+    assert layers and all(type(m).__name__ in model._no_split_modules for m in layers)
+    assert len(layers) == model.config.num_hidden_layers
