@@ -1,4 +1,5 @@
-"""Two processes under torchrun (gloo, CPU) make the same update as one process on both batches."""
+"""cohort train under torchrun (gloo, CPU): replicated and sharded (FSDP2) runs, sharded checkpoints that resume
+exactly and on other process counts, the consolidated final model, LoRA."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 PARITY = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
 
 
-def _torchrun(model_dir: Path, out: Path, port: int, *overrides: str) -> list[dict]:
-    """Returns metrics.jsonl's rows after `cohort train` on two processes (a small run on the tiny model)."""
+def _torchrun(model_dir: Path, out: Path, port: int, *overrides: str, nproc: int = 2) -> list[dict]:
+    """Returns metrics.jsonl's rows after `cohort train` on `nproc` processes (a small run on the tiny model)."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        "2",
+        str(nproc),
         "--master-port",
         str(port),
         "-m",
@@ -72,3 +74,129 @@ def test_bnpo_and_dapo_take_the_same_step_over_two_processes_with_equal_lengths(
         norms[loss_type] = row["grad_norm"]
     assert norms["bnpo"] > 0
     assert norms["bnpo"] == pytest.approx(norms["dapo"], rel=1e-5), norms
+
+
+def _weights(folder: Path) -> dict:
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoints_resume_exactly_and_on_other_process_counts(tiny_model_dir, tmp_path):
+    common = (
+        f"rewards=['{REWARD}']",
+        "distributed.strategy=fsdp",
+        "algo.beta=0.04",
+        "algo.ref_update_every=1",  # the reference moves: its shards are state too
+        "save_every=1",
+        "keep_checkpoints=3",
+    )
+    # A: two steps in one go. B: one step, then resumed for the second, on the same two processes.
+    a_rows = _torchrun(tiny_model_dir, tmp_path / "a", 29551, *common, "steps=2")
+    _torchrun(tiny_model_dir, tmp_path / "b", 29552, *common, "steps=1")
+    b_rows = _torchrun(tiny_model_dir, tmp_path / "b", 29553, *common, "steps=2", "resume=auto")
+    ckpt = tmp_path / "a" / "checkpoints" / "step-2"
+    assert (ckpt / "sharded" / ".metadata").is_file()
+    assert (ckpt / "rank-0.pt").is_file() and (ckpt / "rank-1.pt").is_file()
+    assert not (ckpt / "model.safetensors").exists()  # the weights live in the shards only
+    final_a, final_b = _weights(tmp_path / "a" / "final"), _weights(tmp_path / "b" / "final")
+    assert final_a.keys() == final_b.keys()
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+    assert [r["reward"] for r in a_rows] == [r["reward"] for r in b_rows]
+    assert [r["loss"] for r in a_rows] == [r["loss"] for r in b_rows]
+    # The consolidated final model is a plain transformers folder with the trained weights.
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "final")
+    start = _weights(Path(tiny_model_dir))
+    assert any(not torch.equal(final_a[k], start[k]) for k in final_a)
+    assert all(torch.equal(plain.state_dict()[k], final_a[k]) for k in final_a)
+
+    # On one process: the two processes' shards load into a whole model equal to the consolidated one.
+    from cohort.config import load_config
+    from cohort.trainer import GRPOTrainer
+
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=addition",
+            "data.n_train=64",
+            "data.n_eval=8",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            "rollout.max_completion_length=5",
+            "optim.lr=1e-3",
+            "progress=false",
+            "eval_at_ends=false",
+            f"out_dir={tmp_path / 'one'}",
+            f"resume={ckpt}",
+            "steps=3",
+            *common,
+        ],
+    )
+    cfg.distributed.strategy = "auto"
+    trainer = GRPOTrainer(cfg)
+    assert trainer.step_idx == 2
+    state = trainer.model.state_dict()
+    assert all(torch.equal(state[k], final_a[k]) for k in final_a)
+    assert trainer.reference is not None and trainer.reference.syncs == 2
+    moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
+    assert moments and all(m.abs().sum() > 0 for m in moments)  # AdamW's state came with the shards
+    assert trainer.scheduler.last_epoch == 2
+    trainer.train()
+    assert trainer.step_idx == 3
+
+    # On three processes: resharded 2 -> 3, one more step.
+    c_rows = _torchrun(tiny_model_dir, tmp_path / "c", 29554, *common, f"resume={ckpt}", "steps=3", nproc=3)
+    assert [r["step"] for r in c_rows] == [3]
+
+
+@pytest.mark.slow
+def test_fsdp_lora_with_checkpointing_trains_resumes_and_saves_an_adapter(tiny_model_dir, tmp_path):
+    common = (
+        f"rewards=['{REWARD}']",
+        "distributed.strategy=fsdp",
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "model.gradient_checkpointing=true",
+        "algo.beta=0.04",  # the reference is the base with the adapter off
+        "save_every=1",
+    )
+    _torchrun(tiny_model_dir, tmp_path / "a", 29561, *common, "steps=1")
+    rows = _torchrun(tiny_model_dir, tmp_path / "a", 29562, *common, "steps=2", "resume=auto")
+    assert [r["step"] for r in rows] == [1, 2]
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "a" / "final")
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # trained: B starts at zero
+
+
+@pytest.mark.slow
+def test_resuming_shards_into_another_model_is_one_clear_error(tiny_model_dir, tmp_path):
+    _torchrun(
+        tiny_model_dir, tmp_path / "a", 29571, f"rewards=['{REWARD}']", "distributed.strategy=fsdp", "steps=1"
+    )
+    from cohort.config import load_config
+    from cohort.errors import TrainingError
+    from cohort.models import build_tiny_model
+    from cohort.trainer import GRPOTrainer
+
+    other = build_tiny_model(tmp_path / "other", hidden_size=48, num_layers=2, num_heads=4, seed=0)
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={other}",
+            "data.task=addition",
+            "data.n_train=64",
+            "rollout.max_completion_length=5",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            f"out_dir={tmp_path / 'b'}",
+            f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}",
+            "steps=2",
+            "allow_config_change=true",
+        ],
+    )
+    with pytest.raises(TrainingError, match="holds a different model"):
+        GRPOTrainer(cfg)

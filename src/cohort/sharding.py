@@ -28,6 +28,7 @@ folder that plain transformers loads.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,7 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised
+        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PREMUL_SUM)
     return model
 
 
@@ -191,13 +193,37 @@ def save_sharded(folder: Path, model, optimizer, reference=None) -> None:
     dcp.save(_state(model, optimizer, reference), checkpoint_id=str(folder / SHARDED_DIR))
 
 
+def _materialise(optimizer: torch.optim.Optimizer) -> None:
+    """Creates an optimizer's per-parameter state (a step at learning rate 0 on zero gradients) so a checkpoint
+    can be loaded into it: torch's state-dict helpers skip that when gradients exist, and cohort keeps zeros."""
+    if optimizer.state:
+        return
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()  # lr 0: no parameter moves (weight decay is scaled by lr too); the state is overwritten
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+
+
 def load_sharded(folder: Path, model, optimizer, reference=None) -> None:
     """Loads folder/sharded into the model, optimizer (and reference copy), resharding to this run's processes."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+    _materialise(optimizer)
     state = _state(model, optimizer, reference)
-    dcp.load(state, checkpoint_id=str(folder / SHARDED_DIR))
+    with warnings.catch_warnings():  # one process reading shards is a supported case, not a surprise
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        try:
+            dcp.load(state, checkpoint_id=str(folder / SHARDED_DIR))
+        except CheckpointException as e:  # a BaseException holding each process's error: the first one
+            causes = [getattr(f, "exception", f) for f in e.failures.values()]
+            raise ValueError(str(causes[0]) if causes else str(e)) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if reference is not None:
         set_model_state_dict(reference, state["reference"])
@@ -207,6 +233,7 @@ def load_plain_optimizer(model, optimizer, saved: dict[str, Any]) -> None:
     """Loads a one-process checkpoint's optimizer state (keyed by parameter index) into a sharded run's optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    _materialise(optimizer)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     keyed: dict[str, Any] = {
         "state": {names[int(i)]: s for i, s in saved["state"].items()},
