@@ -308,3 +308,16 @@ def test_gradient_checkpointing_maps_and_trains(tiny_model_dir, tmp_path):
     t.train()
     layers = [m for m in t.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     assert layers and not any(m.training for m in layers)  # checkpointed, and back in eval mode after updates
+
+
+def test_trl_fsdp_and_backend_fields_map_onto_the_distributed_section(monkeypatch):
+    from cohort import GRPOConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = GRPOConfig(output_dir="o", fsdp="full_shard auto_wrap", ddp_backend="gloo").to_train_config("m", 8)
+    assert cfg.distributed.strategy == "fsdp" and cfg.distributed.backend == "gloo"
+    assert GRPOConfig(output_dir="o").to_train_config("m", 8).distributed.strategy == "auto"
+    with pytest.raises(ConfigError, match="names a sharding strategy"):
+        GRPOConfig(output_dir="o", fsdp="offload").to_train_config("m", 8)
+    with pytest.raises(ConfigError, match="nccl or gloo"):
+        GRPOConfig(output_dir="o", ddp_backend="mpi").to_train_config("m", 8)

@@ -99,6 +99,12 @@ TRL_FIELDS: dict[str, Field] = {
         False, None, "cohort always runs the policy in eval mode: dropout is off whatever this says"
     ),
     "gradient_checkpointing": Field(True, "model.gradient_checkpointing"),
+    "fsdp": Field(
+        "",
+        "distributed.strategy",
+        "'full_shard' / 'shard_grad_op' / 'hybrid_shard' (with any options) -> fsdp",
+    ),
+    "ddp_backend": Field(None, "distributed.backend", "nccl or gloo"),
     # logging and saving
     "logging_steps": Field(
         10,
@@ -118,7 +124,9 @@ TRL_FIELDS: dict[str, Field] = {
     "num_completions_to_print": Field(None, "num_samples_logged"),
     "shuffle_dataset": Field(True, None, "cohort always shuffles (per epoch, seeded)"),
     # generation back ends and methods cohort does not have
-    "use_vllm": Field(False, None, "rollout.engine (builtin or hf); a vLLM engine is not written yet"),
+    "use_vllm": Field(
+        False, None, "rollout.engine (builtin or hf); a vLLM engine is a design (docs/vllm.md), not written"
+    ),
     "generation_batch_size": Field(
         None, None, "rollout.batch_size (one generation batch per optimizer step)"
     ),
@@ -269,6 +277,22 @@ class GRPOConfig:
             out["model.bf16_autocast"] = bool(self.bf16)
         out["model.trust_remote_code"] = self.trust_remote_code
         out["model.gradient_checkpointing"] = bool(self.gradient_checkpointing)
+        fsdp = self.fsdp
+        words = fsdp.split() if isinstance(fsdp, str) else [str(w) for w in (fsdp or [])]
+        if words:
+            shards = {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"}
+            if not shards & set(words):
+                raise ConfigError(
+                    f"GRPOConfig(fsdp={fsdp!r}): cohort shards with FSDP2 when fsdp names a sharding strategy "
+                    "('full_shard'); options such as 'offload' alone are not implemented"
+                )
+            out["distributed.strategy"] = "fsdp"
+        if self.ddp_backend is not None:
+            if self.ddp_backend not in ("nccl", "gloo"):
+                raise ConfigError(
+                    f"GRPOConfig(ddp_backend={self.ddp_backend!r}): cohort runs on nccl or gloo"
+                )
+            out["distributed.backend"] = self.ddp_backend
         for key, value in (self.model_init_kwargs or {}).items():
             target = {
                 "dtype": "model.dtype",
