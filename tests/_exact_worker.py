@@ -47,10 +47,14 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
     if case.get("beta"):
         frozen = copy.deepcopy(model).requires_grad_(False)
         if world > 1:
-            shard(frozen, strategy)
+            shard(frozen, strategy, mixed_precision=case.get("mixed_precision", "none"))
         reference = lambda: contextlib.nullcontext(frozen)  # noqa: E731
+    seen: list[torch.dtype] = []
     if world > 1:
-        shard(model, strategy)
+        shard(model, strategy, mixed_precision=case.get("mixed_precision", "none"))
+        # the dtype the first projection computes in: FSDP's mixed-precision policy casts it
+        proj = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        proj.register_forward_pre_hook(lambda mod, args: seen.append(mod.weight.dtype))
     algo = AlgoConfig(
         loss_type=case["loss_type"],
         beta=case.get("beta", 0.0),
@@ -92,8 +96,16 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
     )
     shuffle = torch.Generator().manual_seed(5)
     for _ in range(2):
-        updater.update(batch, shuffle)
-    return {n: full_value(p.detach()).clone() for n, p in model.named_parameters() if p.requires_grad}
+        stats = updater.update(batch, shuffle)
+    out = {n: full_value(p.detach()).clone() for n, p in model.named_parameters() if p.requires_grad}
+    # The update's logged statistics are over every process's tokens too (token-weighted means).
+    for name in ("loss", "entropy", "kl", "ratio_mean"):
+        value = getattr(stats, name)
+        if value is not None:
+            out[f"stat/{name}"] = torch.tensor(float(value), dtype=torch.float64)
+    out["stat/clip_region"] = torch.tensor(stats.clip_ratio["region_mean"], dtype=torch.float64)
+    out["stat/bf16_compute"] = torch.tensor(float(torch.bfloat16 in seen), dtype=torch.float64)
+    return out
 
 
 def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict], strategy: str) -> None:

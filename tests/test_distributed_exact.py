@@ -55,4 +55,23 @@ def test_k_processes_make_the_one_process_update(tmp_path, world, strategy, one_
     from _tiny import tiny_model
 
     base = dict(tiny_model(seed=0).double().named_parameters())
-    assert any((one["dapo"][k] - base[k]).abs().max() > 1e-6 for k in one["dapo"])
+    assert any((one["dapo"][k] - base[k]).abs().max() > 1e-6 for k in one["dapo"] if k in base)
+    assert one["dapo_kl"]["stat/kl"] > 0 and one["grpo_mu2_minibatches"]["stat/clip_region"] >= 0
+
+
+def test_fsdp_mixed_precision_computes_in_bf16_and_stays_close(tmp_path, one_process):
+    # FSDP's MixedPrecisionPolicy (distributed.mixed_precision=bf16): the layers compute in bfloat16, the
+    # parameters and the optimizer stay in the model's dtype, and the update is the one-process update to
+    # bfloat16 precision (not to 1e-9).
+    cases = {"dapo_bf16": {"loss_type": "dapo", "mixed_precision": "bf16"}}
+    mp.spawn(worker, args=(2, str(tmp_path / "store"), str(tmp_path), cases, "fsdp"), nprocs=2, join=True)
+    got = torch.load(tmp_path / "dapo_bf16-0.pt")
+    assert got["stat/bf16_compute"] == 1.0
+    from _tiny import tiny_model
+
+    base = dict(tiny_model(seed=0).double().named_parameters())
+    want = one_process["dapo"]
+    for k in base:
+        assert got[k].dtype == torch.float64
+        step_want, step_got = want[k] - base[k], got[k] - base[k]
+        assert (step_got - step_want).abs().max() <= 0.05 * step_want.abs().max() + 1e-6, k

@@ -71,6 +71,15 @@ def all_max_int(value: int) -> int:
     return int(t.item())
 
 
+def all_gather_object(obj: object) -> list:
+    """Return every process's `obj` (picklable) in rank order ([obj] on one process)."""
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     """Wait until every process reaches this point (nothing on one process)."""
     if is_distributed():

@@ -807,7 +807,8 @@ class GRPOTrainer:
                 else {}
             )
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
-        metrics.update(drawn.metrics())
+        for k, v in drawn.metrics().items():  # over every process: the most rounds any took, summed counts
+            metrics[k] = float(dist.all_max_int(int(v))) if k == "sampling/rounds" else dist.all_sum_float(v)
         if drawn.steps is not None:
             metrics.update(process_metrics(drawn.steps))
         metrics.update(it_metrics)
@@ -1174,9 +1175,23 @@ class GRPOTrainer:
         lengths = rollout.completion_lengths.float()
         prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * G
         self.num_tokens += dist.all_sum_int(int(prompt_tokens + lengths.sum()))
+        truncated = rollout.truncated.cpu()
+        if dist.is_distributed():  # the step's statistics are over every process's completions
+            columns = torch.cat(
+                [reward[:, None].double(), per_func.double(), lengths[:, None].double(),
+                 truncated[:, None].double(), zero_std[:, None].double()],
+                dim=1,
+            )  # fmt: skip
+            columns, _ = dist.all_gather_rows(columns)
+            reward, per_func = columns[:, 0].float(), columns[:, 1 : 1 + per_func.shape[1]].float()
+            lengths, truncated, zero_std = (
+                columns[:, -3].float(),
+                columns[:, -2].bool(),
+                columns[:, -1].bool(),
+            )
         grouped = reward.view(-1, G)
         # Completions that ended with EOS (TRL's convention: all three are 0 when none did).
-        terminated = lengths[~rollout.truncated.to(lengths.device)]
+        terminated = lengths[~truncated.to(lengths.device)]
         if terminated.numel() == 0:
             terminated = torch.zeros(1)
         m: dict[str, Any] = {
@@ -1196,7 +1211,7 @@ class GRPOTrainer:
                 "completions/mean_terminated_length": float(terminated.mean()),
                 "completions/min_terminated_length": float(terminated.min()),
                 "completions/max_terminated_length": float(terminated.max()),
-                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+                "completions/clipped_ratio": float(truncated.float().mean()),
                 "num_tokens": self.num_tokens,
                 "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
             }

@@ -187,6 +187,13 @@ class _Means:
         w = self.weights.get(name, 0.0)
         return self.sums[name] / w if w > 0 else default
 
+    def merge(self, other: _Means, skip: tuple[str, ...] = ()) -> None:
+        """Adds another process's sums and weights (except the names in `skip`, already global)."""
+        for name, value in other.sums.items():
+            if name not in skip:
+                self.sums[name] = self.sums.get(name, 0.0) + value
+                self.weights[name] = self.weights.get(name, 0.0) + other.weights[name]
+
 
 class PolicyUpdater:
     """Applies the GRPO-family objective to a PolicyBatch: computes log-probs, losses and optimizer steps."""
@@ -519,6 +526,16 @@ class PolicyUpdater:
                 means.add("loss", dist.all_sum_float(total_loss), 1.0)
                 means.add("grad_norm", float(gn), 1.0)
                 means.add("rows_computed_frac", len(work) / max(len(mb_rows), 1), 1.0)
+        if dist.is_distributed():  # token-weighted means, extremes and the gap over every process's tokens
+            mine = (means, extremes, low_min, high_max, gap, control_names)
+            theirs = [x for r, x in enumerate(dist.all_gather_object(mine)) if r != dist.rank()]
+            for m, ext, lo, hi, g, names in theirs:
+                means.merge(m, skip=("loss", "grad_norm"))  # already the same on every process
+                for k, val in ext.items():
+                    pick = min if k.endswith("_min") else max
+                    extremes[k] = pick(extremes.get(k, val), val)
+                low_min, high_max, gap = min(low_min, lo), max(high_max, hi), max(gap, g)
+                control_names.update(names)
         taken = {name: paths.get(name) for name in ("segments", "dense_mask", "padded", "chunked_head")}
         taken = {k: v for k, v in taken.items() if v is not None}
         taken["skip_zero_advantage"] = float(self.skip_zero)
