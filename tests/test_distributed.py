@@ -200,3 +200,44 @@ def test_resuming_shards_into_another_model_is_one_clear_error(tiny_model_dir, t
     )
     with pytest.raises(TrainingError, match="holds a different model"):
         GRPOTrainer(cfg)
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumes_sharded(tiny_model_dir, tmp_path):
+    common = [
+        f"model.name_or_path={tiny_model_dir}",
+        "data.task=addition",
+        "data.n_train=64",
+        "data.n_eval=8",
+        "rollout.group_size=4",
+        "rollout.batch_size=8",
+        "rollout.max_completion_length=5",
+        "optim.lr=1e-3",
+        "progress=false",
+        "eval_at_ends=false",
+        "threads=1",
+        f"rewards=['{REWARD}']",
+        f"out_dir={tmp_path / 'a'}",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "train", *common, "steps=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = load_file(str(tmp_path / "a" / "checkpoints" / "step-1" / "model.safetensors"))
+    rows = _torchrun(
+        tiny_model_dir, tmp_path / "a", 29581, f"rewards=['{REWARD}']", "distributed.strategy=fsdp", "steps=2",
+        "resume=auto",
+    )  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2]
+    # The sharded run started from the one-process weights and AdamW state: one more optimizer step on both.
+    final = _weights(tmp_path / "a" / "final")
+    assert final.keys() == one.keys()
+    assert max((final[k] - one[k]).abs().max().item() for k in one) < 0.05
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(tmp_path / "a" / "checkpoints" / "step-2" / "sharded", tmp_path / "step2.pt")
+    state = torch.load(tmp_path / "step2.pt", weights_only=False)["optimizer"]["state"]
+    assert state and all(float(s["step"]) == 2.0 for s in state.values())  # 1 from the checkpoint, then 1
