@@ -16,6 +16,24 @@ REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 PARITY = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
 
 
+def _small_run(model_dir: Path, out: Path) -> list[str]:
+    """Returns the overrides of a small run on the tiny model (a few seconds a step on one thread)."""
+    return [
+        f"model.name_or_path={model_dir}",
+        "data.task=addition",
+        "data.n_train=64",
+        "data.n_eval=8",
+        "rollout.group_size=4",
+        "rollout.batch_size=8",
+        "rollout.max_completion_length=5",
+        "optim.lr=1e-3",
+        "progress=false",
+        "eval_at_ends=false",
+        "threads=1",
+        f"out_dir={out}",
+    ]
+
+
 def _torchrun(model_dir: Path, out: Path, port: int, *overrides: str, nproc: int = 2) -> list[dict]:
     """Returns metrics.jsonl's rows after `cohort train` on `nproc` processes (a small run on the tiny model)."""
     cmd = [
@@ -29,19 +47,8 @@ def _torchrun(model_dir: Path, out: Path, port: int, *overrides: str, nproc: int
         "-m",
         "cohort.cli",
         "train",
-        f"model.name_or_path={model_dir}",
-        "data.task=addition",
-        "data.n_train=64",
-        "data.n_eval=8",
-        "rollout.group_size=4",
-        "rollout.batch_size=8",
-        "rollout.max_completion_length=5",
-        "optim.lr=1e-3",
+        *_small_run(model_dir, out),
         "save_every=0",
-        "progress=false",
-        "eval_at_ends=false",
-        "threads=1",
-        f"out_dir={out}",
         *overrides,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -116,23 +123,7 @@ def test_fsdp_checkpoints_resume_exactly_and_on_other_process_counts(tiny_model_
     from cohort.trainer import GRPOTrainer
 
     cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "data.task=addition",
-            "data.n_train=64",
-            "data.n_eval=8",
-            "rollout.group_size=4",
-            "rollout.batch_size=8",
-            "rollout.max_completion_length=5",
-            "optim.lr=1e-3",
-            "progress=false",
-            "eval_at_ends=false",
-            f"out_dir={tmp_path / 'one'}",
-            f"resume={ckpt}",
-            "steps=3",
-            *common,
-        ],
+        None, [*_small_run(tiny_model_dir, tmp_path / "one"), f"resume={ckpt}", "steps=3", *common]
     )
     cfg.distributed.strategy = "auto"
     trainer = GRPOTrainer(cfg)
@@ -183,42 +174,16 @@ def test_resuming_shards_into_another_model_is_one_clear_error(tiny_model_dir, t
     from cohort.trainer import GRPOTrainer
 
     other = build_tiny_model(tmp_path / "other", hidden_size=48, num_layers=2, num_heads=4, seed=0)
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={other}",
-            "data.task=addition",
-            "data.n_train=64",
-            "rollout.max_completion_length=5",
-            "rollout.group_size=4",
-            "rollout.batch_size=8",
-            f"out_dir={tmp_path / 'b'}",
-            f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}",
-            "steps=2",
-            "allow_config_change=true",
-        ],
-    )
+    step1 = tmp_path / "a" / "checkpoints" / "step-1"
+    overrides = [*_small_run(other, tmp_path / "b"), f"resume={step1}", "steps=2", "allow_config_change=true"]
+    cfg = load_config(None, overrides)
     with pytest.raises(TrainingError, match="holds a different model"):
         GRPOTrainer(cfg)
 
 
 @pytest.mark.slow
 def test_a_one_process_checkpoint_resumes_sharded(tiny_model_dir, tmp_path):
-    common = [
-        f"model.name_or_path={tiny_model_dir}",
-        "data.task=addition",
-        "data.n_train=64",
-        "data.n_eval=8",
-        "rollout.group_size=4",
-        "rollout.batch_size=8",
-        "rollout.max_completion_length=5",
-        "optim.lr=1e-3",
-        "progress=false",
-        "eval_at_ends=false",
-        "threads=1",
-        f"rewards=['{REWARD}']",
-        f"out_dir={tmp_path / 'a'}",
-    ]
+    common = [*_small_run(tiny_model_dir, tmp_path / "a"), f"rewards=['{REWARD}']"]
     proc = subprocess.run(
         [sys.executable, "-m", "cohort.cli", "train", *common, "steps=1"],
         capture_output=True,
