@@ -206,3 +206,34 @@ def test_a_one_process_checkpoint_resumes_sharded(tiny_model_dir, tmp_path):
     dcp_to_torch_save(tmp_path / "a" / "checkpoints" / "step-2" / "sharded", tmp_path / "step2.pt")
     state = torch.load(tmp_path / "step2.pt", weights_only=False)["optimizer"]["state"]
     assert state and all(float(s["step"]) == 2.0 for s in state.values())  # 1 from the checkpoint, then 1
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_process_at_one_step_boundary_with_a_checkpoint(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29591",
+        "-m", "cohort.cli", "train", *_small_run(tiny_model_dir, out), "save_every=0", "steps=500",
+        f"rewards=['{REWARD}']", "distributed.strategy=fsdp",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (
+        not metrics.is_file() or len(metrics.read_text().splitlines()) < 3
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it to both workers
+    _, err = proc.communicate(timeout=300)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    done = rows[-1]["step"]
+    assert 3 <= done < 500, err[-2000:]
+    ckpt = out / "checkpoints" / f"step-{done}"
+    assert (ckpt / "sharded" / ".metadata").is_file(), err[-3000:]  # the step boundary both processes reached
+    assert (ckpt / "rank-0.pt").is_file() and (ckpt / "rank-1.pt").is_file()
+    resumed = _torchrun(tiny_model_dir, out, 29592, f"rewards=['{REWARD}']", "distributed.strategy=fsdp",
+                        f"steps={done + 1}", "resume=auto")  # fmt: skip
+    assert [r["step"] for r in resumed] == list(range(1, done + 2))

@@ -156,3 +156,20 @@ def test_kill_at_random_moments_then_resume_reproduces_the_uninterrupted_run(
     for k, v in a_rm["weights"].items():  # the retrained reward model, too
         torch.testing.assert_close(b_rm["weights"][k], v, rtol=0, atol=1e-6, msg=k)
     assert len(a_rm["buffer"]) == len(b_rm["buffer"]) > 0
+
+
+def test_deferred_stop_signals_hold_the_first_signal_anywhere_and_obey_the_second():
+    # Several processes (torchrun) must stop at the same step boundary: the first signal never raises where it
+    # lands, the trainer reads `pending` at the step's end; a second one is obeyed at once.
+    import os
+    import signal
+
+    from cohort.rundir import StopSignals
+
+    with StopSignals(defer=True) as s:
+        os.kill(os.getpid(), signal.SIGTERM)  # while preparing: held, not raised
+        assert s.pending == signal.SIGTERM and not s.torn
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    with StopSignals() as s, pytest.raises(KeyboardInterrupt):  # one process: raised at once while preparing
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -132,7 +132,10 @@ class StopSignals:
     weights may be half-updated) and keeps its last checkpoint.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, defer: bool = False) -> None:
+        """defer: hold the first signal wherever it arrives (several processes stop together at a step boundary,
+        where the trainer checks `pending`); a second one is still obeyed at once."""
+        self.defer = defer
         self.pending: int | None = None
         self._committing = False
         self.torn = False
@@ -157,7 +160,7 @@ class StopSignals:
         self._old.clear()
 
     def _handle(self, signum, frame) -> None:
-        if self._committing and self.pending is None:
+        if (self._committing or self.defer) and self.pending is None:
             self.pending = signum
             return
         if self._committing:

@@ -743,6 +743,9 @@ class GRPOTrainer:
         # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
         drawn = self._draw(cfg.prompts_per_step)
         collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
+        if collapse is not None and dist.is_distributed():  # the share over every process's groups
+            groups = len(drawn.rollout.prompt_ids)
+            collapse = dist.all_sum_float(collapse * groups) / max(dist.all_sum_int(groups), 1)
         if cfg.algo.dynamic_sampling:
             drawn = self._refill(drawn)
         rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
@@ -1363,7 +1366,9 @@ class GRPOTrainer:
         last_metrics: dict[str, Any] | None = None
         t_start = time.perf_counter()
         interrupted = False
-        signals = StopSignals()
+        # Several processes stop together at a step boundary (their checkpoint is a collective save): a signal
+        # is held until the step ends, then every process learns of it.
+        signals = StopSignals(defer=dist.is_distributed())
         try:
             with signals:
                 self._signals = signals
@@ -1402,15 +1407,20 @@ class GRPOTrainer:
                         if (main or sharded) and cfg.save_every and self.step_idx % cfg.save_every == 0:
                             self.save()
                         fired = self.health.take_pending()
-                        if fired and cfg.health.abort:
+                        # every process aborts when one does (the save is collective)
+                        if cfg.health.abort and dist.all_max_int(int(bool(fired))):
                             if (main or sharded) and self._saved_step != self.step_idx:
                                 self.save()
-                            raise HealthAbort(
-                                f"step {self.step_idx}: health.abort=true and the check {fired[0].check!r} fired "
-                                f"({fired[0].message}); checkpoint {self.run_dir / 'checkpoints'}/step-"
-                                f"{self.step_idx} is saved"
+                            what = (
+                                f"the check {fired[0].check!r} fired ({fired[0].message})"
+                                if fired
+                                else "a health check fired on another process"
                             )
-                    if signals.pending is not None:
+                            raise HealthAbort(
+                                f"step {self.step_idx}: health.abort=true and {what}; checkpoint "
+                                f"{self.run_dir / 'checkpoints'}/step-{self.step_idx} is saved"
+                            )
+                    if dist.all_max_int(int(signals.pending is not None)):
                         raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
