@@ -237,3 +237,16 @@ def test_sigterm_stops_every_process_at_one_step_boundary_with_a_checkpoint(tiny
     resumed = _torchrun(tiny_model_dir, out, 29592, f"rewards=['{REWARD}']", "distributed.strategy=fsdp",
                         f"steps={done + 1}", "resume=auto")  # fmt: skip
     assert [r["step"] for r in resumed] == list(range(1, done + 2))
+
+
+@pytest.mark.slow
+def test_fsdp_with_dynamic_sampling_where_processes_need_different_rounds(tiny_model_dir, tmp_path):
+    # Each process refills its own share: one may sample 3 rounds while the other samples 2. The weights stay
+    # gathered over all of a step's rounds, so the processes' unshard collectives still pair up.
+    rows = _torchrun(
+        tiny_model_dir, tmp_path / "a", 29601, f"rewards=['{PARITY}']", "distributed.strategy=fsdp",
+        "algo.dynamic_sampling=true", "steps=4", "seed=3",
+    )  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["sampling/groups_kept"] <= 4 and r["sampling/rounds"] >= 1 for r in rows)
+    assert max(r["sampling/rounds"] for r in rows) > 1  # refills happened

@@ -135,19 +135,26 @@ def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
     """Yields with every FSDP module of `models` unsharded, so forward calls need no collective; reshards after.
 
     Every process must enter and leave together (the unshard is an all-gather); inside, each may run any
-    number of forward passes. A model that is not sharded passes through untouched.
+    number of forward passes, and nested blocks (a step's varying number of sampling rounds) cost nothing.
+    A model that is not sharded passes through untouched.
     """
-    mods = [m for model in models for m in fsdp_modules(model)]
+    # A model already gathered by an enclosing block (a step's sampling rounds) is left to that block.
+    todo = [m for m in models if m is not None and not getattr(m, "_cohort_gathered", False)]
+    mods = [m for model in todo for m in fsdp_modules(model)]
     if not mods:
         yield
         return
-    roots = {id(model) for model in models if model is not None}
+    roots = {id(model) for model in todo}
     for m in mods:
         m.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
         m.unshard()  # type: ignore[operator]
+    for model in todo:
+        setattr(model, "_cohort_gathered", True)  # noqa: B010  (nn.Module types attributes as Tensor | Module)
     try:
         yield
     finally:
+        for model in todo:
+            setattr(model, "_cohort_gathered", False)  # noqa: B010
         for m in mods:
             m.reshard()  # type: ignore[operator]
             m.set_reshard_after_forward(id(m) not in roots, recurse=False)  # type: ignore[operator]

@@ -741,13 +741,15 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         # 1-3. Prompts (B dataset rows), rollout (G completions each), rewards [N, R]. Dynamic sampling swaps
         # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
-        drawn = self._draw(cfg.prompts_per_step)
-        collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
-        if collapse is not None and dist.is_distributed():  # the share over every process's groups
+        # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
+        with gathered(self.model):
+            drawn = self._draw(cfg.prompts_per_step)
+            collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
             groups = len(drawn.rollout.prompt_ids)
+            if cfg.algo.dynamic_sampling:
+                drawn = self._refill(drawn)
+        if collapse is not None and dist.is_distributed():  # the share over every process's groups
             collapse = dist.all_sum_float(collapse * groups) / max(dist.all_sum_int(groups), 1)
-        if cfg.algo.dynamic_sampling:
-            drawn = self._refill(drawn)
         rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
         self.reward_logs = drawn.logs
         a = cfg.algo
