@@ -37,7 +37,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = trainer.train()
     final = trainer.save_final()
     summary["final_model"] = str(final)
-    print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    from cohort import distributed as dist
+
+    if dist.is_main():  # under torchrun, one summary rather than one per process
+        print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
     return 0
 
 
