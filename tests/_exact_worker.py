@@ -13,8 +13,9 @@ from _tiny import VOCAB, random_prompts, tiny_model
 from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
 from cohort.fastpath import FastConfig
+from cohort.logprobs import warm_probes
 from cohort.models import wrap_lora
-from cohort.sharding import full_value, shard
+from cohort.sharding import full_value, gathered, shard
 from cohort.update import PolicyBatch, PolicyUpdater
 
 GROUPS, G = 7, 3
@@ -79,7 +80,9 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         # the grouped layouts sum a prompt's G completion gradients before that float32 backward, the padded
         # layout after it, so the two agree only to float32 precision (1e-7 relative on the gradient, measured),
         # and which groups share a micro-batch would show here. Not what this test is about.
-        fast=FastConfig.all("off").replace(skip_zero_advantage=case.get("skip", "auto")),
+        fast=FastConfig.all("off").replace(skip_zero_advantage=case.get("skip", "auto"))
+        if case.get("fast") != "auto"
+        else FastConfig(segments_min_tokens=0),  # every fast path, segment attention even on short groups
     )
     groups = case.get("groups", GROUPS)
     prompts, completions, adv = global_batch(case.get("equal_lengths", False), groups)
@@ -94,6 +97,9 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         group_offset=mine[0] if mine else 0,
         total_groups=groups,
     )
+    if world > 1:  # as the trainer does: the once-per-model checks on every process together
+        with gathered(model):
+            warm_probes(model, updater.fast)
     shuffle = torch.Generator().manual_seed(5)
     for _ in range(2):
         stats = updater.update(batch, shuffle)
@@ -105,6 +111,8 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
             out[f"stat/{name}"] = torch.tensor(float(value), dtype=torch.float64)
     out["stat/clip_region"] = torch.tensor(stats.clip_ratio["region_mean"], dtype=torch.float64)
     out["stat/bf16_compute"] = torch.tensor(float(torch.bfloat16 in seen), dtype=torch.float64)
+    for path in ("segments", "chunked_head"):  # the share of log-prob passes that took each fast path
+        out[f"path/{path}"] = torch.tensor(float(stats.paths.get(path, 0.0)), dtype=torch.float64)
     return out
 
 

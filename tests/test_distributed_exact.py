@@ -75,3 +75,23 @@ def test_fsdp_mixed_precision_computes_in_bf16_and_stays_close(tmp_path, one_pro
         assert got[k].dtype == torch.float64
         step_want, step_got = want[k] - base[k], got[k] - base[k]
         assert (step_got - step_want).abs().max() <= 0.05 * step_want.abs().max() + 1e-6, k
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "replicate"])
+def test_fast_paths_run_sharded_and_match_one_process(tmp_path, strategy):
+    # Segment attention and the chunked LM head (the decoder and the head are FSDP units of their own) under
+    # both strategies, with a KL term against a sharded reference and several micro-batches. Compared to the
+    # one-process run with the same fast paths at 1e-6, not 1e-9: transformers' RMSNorm runs in float32, and
+    # the grouped layouts sum gradients before it, so which groups share a pass shows at ~1e-7.
+    cases = {"dapo_fast": {"loss_type": "dapo", "fast": "auto", "beta": 0.05, "micro_batch_tokens": 40}}
+    one = run_case(cases["dapo_fast"], 0, 1)
+    assert one["path/segments"] == 1.0 and one["path/chunked_head"] == 1.0
+    mp.spawn(worker, args=(2, str(tmp_path / "store"), str(tmp_path), cases, strategy), nprocs=2, join=True)
+    for r in range(2):
+        got = torch.load(tmp_path / f"dapo_fast-{r}.pt")
+        assert got["path/segments"] == 1.0 and got["path/chunked_head"] == 1.0  # taken, not fallen back
+        for key, want in one.items():
+            if key.startswith(("path/", "stat/bf16")):
+                continue
+            err = (got[key] - want).abs().max().item()
+            assert err <= 1e-6 * want.abs().max().item() + 1e-12, (key, r, err)

@@ -64,9 +64,10 @@ def test_global_batch_must_split_into_processes_of_whole_groups(monkeypatch):
 @pytest.mark.parametrize(
     "changes,match",
     [
-        ({"fast__chunked_head": "on"}, "fast.chunked_head=on cannot run under distributed.strategy=fsdp"),
-        ({"fast__segments": "on"}, "fast.segments=on cannot run"),
-        ({"rollout__sampler_dtype": "bfloat16"}, "rollout.sampler_dtype cannot run"),
+        (
+            {"rollout__sampler_dtype": "bfloat16"},
+            "rollout.sampler_dtype cannot run under distributed.strategy=fsdp",
+        ),
         ({"iterative__every": 5}, "iterative.every=0 under torchrun"),
         ({"distributed__backend": "mpi"}, "distributed.backend"),
         ({"distributed__mixed_precision": "fp8"}, "distributed.mixed_precision"),
@@ -99,3 +100,20 @@ def test_decoder_layers_are_the_models_blocks(tiny_model_dir):
     layers = decoder_layers(model)
     assert layers and all(type(m).__name__ in model._no_split_modules for m in layers)
     assert len(layers) == model.config.num_hidden_layers
+
+
+def test_the_decoder_and_head_are_units_only_when_untied(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from cohort.models import build_tiny_model
+    from cohort.sharding import split_units
+
+    untied = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path / "u", hidden_size=16, num_layers=1)
+    )
+    tied = AutoModelForCausalLM.from_pretrained(
+        build_tiny_model(tmp_path / "t", hidden_size=16, num_layers=1, tie_word_embeddings=True)
+    )
+    decoder, head = split_units(untied)
+    assert decoder is untied.model and head is untied.lm_head
+    assert split_units(tied) is None  # one parameter cannot belong to two FSDP units

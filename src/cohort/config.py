@@ -572,19 +572,14 @@ class TrainConfig:
                 )
             r.batch_size = d.global_batch_size // world
         if strategy != "none":
-            reasons = {
-                "rollout.sampler_dtype": r.sampler_dtype is not None
-                and str(r.sampler_dtype).lower() not in ("none", str(self.model.dtype).lower()),
-                "fast.chunked_head=on": self.fast.chunked_head == "on",
-                "fast.segments=on": self.fast.segments == "on",
-            }
-            for key, bad in reasons.items():
-                if bad:
-                    raise ConfigError(
-                        f"{key} cannot run under distributed.strategy={strategy}: FSDP gathers a module's weights "
-                        "only when the module is called whole, and this path reads weights or calls layers "
-                        "directly; leave it at its default (auto) / unset, or train on one process"
-                    )
+            if r.sampler_dtype is not None and str(r.sampler_dtype).lower() not in (
+                "none",
+                str(self.model.dtype).lower(),
+            ):
+                raise ConfigError(
+                    f"rollout.sampler_dtype cannot run under distributed.strategy={strategy}: the sampling copy "
+                    "would hold the whole model on every process; leave it unset, or train on one process"
+                )
             if self.model.lora.enabled and (self.algo.ref_update_every or self.algo.ref_sync_kl is not None):
                 raise ConfigError(
                     "a LoRA reference that follows the policy adds a second adapter during the run, which a model "

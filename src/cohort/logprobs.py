@@ -28,7 +28,7 @@ from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, p
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
 from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
-from cohort.sharding import SHARDED_REASON, is_sharded
+from cohort.sharding import is_sharded
 
 PATHS = ("segments", "dense_mask", "padded")
 """The layouts a LogProbs can come from (LogProbs.path)."""
@@ -182,11 +182,30 @@ def compute_logprobs(
     )
     chunk_mib = fast.head_chunk_mib if picked.device.type == "cpu" else fast.head_chunk_mib_accelerator
     rows_per_chunk = chunk_rows(vocab, picked.device, chunk_size, chunk_mib)
+    if is_sharded(model):
+        # One call of the head's FSDP unit per pass: its all-gather (and reduce-scatter) is a collective every
+        # process must join, and processes hold different numbers of tokens. Logits of the completion tokens only.
+        rows_per_chunk = max(picked.shape[0], 1)
     logp, entropy = chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
     flat = torch.zeros(n * T, dtype=logp.dtype, device=device)  # [n*T]
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
     ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
     return LogProbs(logp_out, mask, ent_out, path, parts is not None)
+
+
+def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
+    """Runs now the once-per-model checks the log-prob paths may need (the head split, segment attention).
+
+    A sharded model's processes must run them together, inside `cohort.sharding.gathered`: left to the first
+    update, they would run on one process and not on another that has no rows."""
+    if fast.chunked_head != "off":
+        head_unavailable(model)
+    impl = getattr(text_config(model), "_attn_implementation", None)
+    if fast.grouped != "off" and fast.segments != "off" and impl == "sdpa":
+        _segments_unavailable(model, impl, None)
+        span = full_attention_span(model)
+        if span is not None:
+            _segments_unavailable(model, impl, span)
 
 
 def _forward(model, parts, input_ids, attn, position_ids) -> torch.Tensor:
@@ -213,8 +232,6 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     """
     if impl != "sdpa":
         return f"attention implementation {impl!r} (segment attention replaces 'sdpa')"
-    if is_sharded(model):
-        return SHARDED_REASON
     inner = unwrap(model)
     flag = (
         "is_activation_checkpointing"

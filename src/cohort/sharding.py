@@ -45,10 +45,10 @@ MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 """distributed.mixed_precision: the dtype FSDP casts parameters to for compute (gradients reduce in float32)."""
 
 SHARDED_REASON = (
-    "the model is wrapped by FSDP (distributed.strategy), which gathers a module's weights only when the module "
-    "is called whole, and this path calls the decoder and the head (or layers' attention) separately"
+    "the model is wrapped by FSDP (distributed.strategy) and its LM head shares its weight with the input "
+    "embeddings (tied): the decoder and the head, which this path calls separately, cannot be units of their own"
 )
-"""Why the chunked LM head and segment attention are off for a sharded model (the switchboard says it)."""
+"""Why the chunked LM head is off for a sharded model with tied embeddings (the switchboard says it)."""
 
 _MESHES: dict[tuple[str, int], Any] = {}
 
@@ -95,6 +95,27 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def split_units(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """Returns (decoder, LM head) when they can be FSDP units of their own: both exist and share no parameter
+    (a head tied to the input embeddings cannot: one parameter belongs to one unit); else None."""
+    get_base = getattr(model, "get_base_model", None)
+    inner = get_base() if callable(get_base) else model
+    get_dec, get_head = getattr(inner, "get_decoder", None), getattr(inner, "get_output_embeddings", None)
+    if not callable(get_dec) or not callable(get_head):
+        return None
+    decoder, head = get_dec(), get_head()
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Module) or decoder is inner:
+        return None
+    if {id(p) for p in head.parameters()} & {id(p) for p in decoder.parameters()}:
+        return None
+    return decoder, head
+
+
+def is_split_sharded(model: torch.nn.Module) -> bool:
+    """Returns True when the model is sharded with its decoder and LM head as separate FSDP units."""
+    return bool(getattr(model, "_cohort_split_units", False))
+
+
 def _mesh(strategy: str, world: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -122,11 +143,25 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     )
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    split = split_units(model)
+    if split is not None:  # the chunked LM head calls the decoder and the head separately: units of their own
+        for unit in split:
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    setattr(model, "_cohort_split_units", split is not None)  # noqa: B010  (read by the chunked head)
     # The root's parameters (embeddings, final norm, head) are needed again at once by the backward pass.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised
         m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PREMUL_SUM)
+    # FSDP initialises itself lazily at the root's first forward; the chunked LM head and its check call the
+    # decoder unit directly, which must not come first. One token, no gradient, on every process together.
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
     return model
 
 

@@ -45,6 +45,7 @@ from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.health import HealthAbort, HealthMonitor, collapsed_share
 from cohort.iterative import IterativeRM, fresh_generator, load_initial_pairs
+from cohort.logprobs import warm_probes
 from cohort.models import (
     DTYPES,
     fix_adapter_base_path,
@@ -379,6 +380,8 @@ class GRPOTrainer:
             shard(self.model, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
             if self.reference is not None and self.reference.copy is not None:
                 shard(self.reference.copy, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
+            with gathered(self.model):  # every process runs the fast paths' once-per-model checks together
+                warm_probes(self.model, cfg.fast)
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
         self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])

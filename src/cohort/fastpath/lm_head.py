@@ -155,9 +155,9 @@ def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
 
 def head_unavailable(model: torch.nn.Module) -> str | None:
     """Returns why the chunked LM head cannot run on `model` (None: it can)."""
-    from cohort.sharding import SHARDED_REASON, is_sharded
+    from cohort.sharding import SHARDED_REASON, is_sharded, is_split_sharded
 
-    if is_sharded(model):
+    if is_sharded(model) and not is_split_sharded(model):
         return SHARDED_REASON
     if split_model(model) is None:
         return (
