@@ -274,10 +274,18 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradient(batch):
     got, stats = _gradient(ckpt, batch, "dapo", fast, 10**6)
     _assert_same(got, want, "checkpointing")
     assert calls["ckpt"] == calls["plain"] + 1  # the one micro-batch ran the layer again in the backward pass
-    assert stats.paths.get("segments", 0.0) == 0.0  # segment attention cannot be recomputed: not taken
     assert not ckpt.model.layers[0].training  # back in eval mode after the update (dropout stays off)
-    with pytest.raises(FastPathError, match="gradient checkpointing"):
-        _gradient(ckpt, batch, "dapo", FastConfig(segments="on", grouped="on"), 10**6)
+    # Segment attention too: cohort's attention stays selected through the backward pass, so the recomputed
+    # layers follow the same segment plan (outside an update it is refused, see fastpath/test_attention.py).
+    segments = FastConfig(segments="on", grouped="on", skip_zero_advantage="off")
+    before = dict(calls)
+    want, _ = _gradient(plain, batch, "dapo", segments, 10**6)
+    got, stats = _gradient(ckpt, batch, "dapo", segments, 10**6)
+    _assert_same(got, want, "checkpointing with segment attention")
+    assert stats.paths["segments"] == 1.0
+    # the same forwards (segment attention's once-per-model check included), plus the recomputation
+    assert calls["ckpt"] - before["ckpt"] == calls["plain"] - before["plain"] + 1
+    assert ckpt.config._attn_implementation == "sdpa"  # restored after the update
 
 
 def _counted(forward, calls: dict, name: str):

@@ -23,6 +23,7 @@ from typing import cast
 import torch
 
 from cohort.fastpath import FastConfig, probes
+from cohort.fastpath.attention import NAME as ATTENTION_NAME
 from cohort.fastpath.attention import build_plan, plan_attention, plan_carrier
 from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
@@ -90,7 +91,7 @@ def completion_logprobs(
 
 def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastConfig) -> str:
     """Returns the path ("segments", "dense_mask" or "padded") that computes these rows' log-probs."""
-    impl = getattr(text_config(model), "_attn_implementation", None)
+    impl = _impl(model)
     # A dense 4-D mask reaches sliding-window layers unchanged (their window dropped): exact only while no
     # sequence is longer than the window. Segment attention applies the window itself.
     span = full_attention_span(model)
@@ -193,6 +194,16 @@ def compute_logprobs(
     return LogProbs(logp_out, mask, ent_out, path, parts is not None)
 
 
+HELD_ATTR = "_cohort_attention_held"
+"""Set on a model while cohort's attention stays selected through forward and backward (cohort.update)."""
+
+
+def _impl(model: torch.nn.Module) -> str | None:
+    """Returns the model's attention implementation; cohort's own counts as sdpa (it is sdpa for plain masks)."""
+    impl = getattr(text_config(model), "_attn_implementation", None)
+    return "sdpa" if impl == ATTENTION_NAME else impl
+
+
 def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     """Runs now the once-per-model checks the log-prob paths may need (the head split, segment attention).
 
@@ -200,7 +211,7 @@ def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     update, they would run on one process and not on another that has no rows."""
     if fast.chunked_head != "off":
         head_unavailable(model)
-    impl = getattr(text_config(model), "_attn_implementation", None)
+    impl = _impl(model)
     if fast.grouped != "off" and fast.segments != "off" and impl == "sdpa":
         _segments_unavailable(model, impl, None)
         span = full_attention_span(model)
@@ -238,7 +249,8 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
         if hasattr(type(inner), "is_activation_checkpointing")
         else "is_gradient_checkpointing"
     )
-    if getattr(inner, flag, False):
+    if getattr(inner, flag, False) and not getattr(model, HELD_ATTR, False):
+        # Outside cohort's update, the backward would recompute layers after the attention switch is undone.
         return "gradient checkpointing is on (its recomputation would run plain attention)"
     # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
     vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]

@@ -1,7 +1,9 @@
 """Multi-process training on PyTorch's FSDP2 engine: the strategies, gathered sampling, sharded checkpoints.
 
 Under ``torchrun`` the policy (and a full reference copy) is wrapped with ``fully_shard`` per decoder
-layer and once at the root, on a device mesh chosen by ``distributed.strategy``:
+layer, on the decoder and the LM head when their weights are untied (the chunked LM head calls them
+separately, so each must gather its own weights), and once at the root, on a device mesh chosen by
+``distributed.strategy``:
 
 - ``fsdp``: a 1-D mesh over all processes; parameters, gradients and AdamW state are sharded, each
   process holds 1/K of them and a layer is all-gathered only while it runs;
@@ -148,7 +150,8 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
         for unit in split:
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
     setattr(model, "_cohort_split_units", split is not None)  # noqa: B010  (read by the chunked head)
-    # The root's parameters (embeddings, final norm, head) are needed again at once by the backward pass.
+    # Whatever the root still holds (embeddings, norm and head when they are not units) is needed again at
+    # once by the backward pass: not resharded after the forward.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised

@@ -84,7 +84,7 @@ from cohort.sharding import (
     save_sharded,
     shard,
 )
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, checkpointing_layers
 
 
 def resolve_device(name: str) -> torch.device:
@@ -380,7 +380,8 @@ class GRPOTrainer:
             shard(self.model, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
             if self.reference is not None and self.reference.copy is not None:
                 shard(self.reference.copy, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
-            with gathered(self.model):  # every process runs the fast paths' once-per-model checks together
+            # every process runs the fast paths' once-per-model checks together (as an update would see the model)
+            with gathered(self.model), checkpointing_layers(self.model):
                 warm_probes(self.model, cfg.fast)
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])

@@ -26,9 +26,11 @@ from cohort.algo.selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_
 from cohort.config import AlgoConfig
 from cohort.errors import TrainingError
 from cohort.fastpath import FastConfig
+from cohort.fastpath.attention import plan_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
-from cohort.logprobs import completion_logprobs
+from cohort.logprobs import HELD_ATTR, completion_logprobs
+from cohort.models import text_config
 from cohort.sharding import full_value, gathered, idle_backward, is_sharded
 
 
@@ -67,11 +69,18 @@ def checkpointing_layers(model: torch.nn.Module) -> Iterator[None]:
     """
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     before = [m.training for m in layers]
+    # The backward pass recomputes layers after the forward's attention switch has been undone: cohort's
+    # attention (segment plans, plain sdpa for any other mask) stays selected for the whole update instead,
+    # so recomputed segment attention follows the same plan (see cohort.logprobs, attention_held).
+    hold = bool(layers) and getattr(text_config(model), "_attn_implementation", None) == "sdpa"
     for m in layers:
         m.training = True
     try:
-        yield
+        with plan_attention(model) if hold else contextlib.nullcontext():
+            setattr(model, HELD_ATTR, hold)  # noqa: B010
+            yield
     finally:
+        setattr(model, HELD_ATTR, False)  # noqa: B010
         for m, flag in zip(layers, before):
             m.training = flag
 
