@@ -44,6 +44,8 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
     if case.get("lora"):
         model = wrap_lora(model, LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
         model.double()
+    if case.get("checkpointing"):  # before the reference copy: the copy inherits the flag (no-grad passes)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = None
     if case.get("beta"):
         frozen = copy.deepcopy(model).requires_grad_(False)

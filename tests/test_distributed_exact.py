@@ -83,15 +83,17 @@ def test_fast_paths_run_sharded_and_match_one_process(tmp_path, strategy):
     # both strategies, with a KL term against a sharded reference and several micro-batches. Compared to the
     # one-process run with the same fast paths at 1e-6, not 1e-9: transformers' RMSNorm runs in float32, and
     # the grouped layouts sum gradients before it, so which groups share a pass shows at ~1e-7.
-    cases = {"dapo_fast": {"loss_type": "dapo", "fast": "auto", "beta": 0.05, "micro_batch_tokens": 40}}
-    one = run_case(cases["dapo_fast"], 0, 1)
-    assert one["path/segments"] == 1.0 and one["path/chunked_head"] == 1.0
+    # With activation checkpointing too: the recomputed layers follow the same segment plan.
+    fast = {"loss_type": "dapo", "fast": "auto", "beta": 0.05, "micro_batch_tokens": 40}
+    cases = {"dapo_fast": fast, "dapo_fast_checkpointing": {**fast, "checkpointing": True}}
+    one = {name: run_case(case, 0, 1) for name, case in cases.items()}
     mp.spawn(worker, args=(2, str(tmp_path / "store"), str(tmp_path), cases, strategy), nprocs=2, join=True)
-    for r in range(2):
-        got = torch.load(tmp_path / f"dapo_fast-{r}.pt")
+    for name, r in [(name, r) for name in cases for r in range(2)]:
+        assert one[name]["path/segments"] == 1.0 and one[name]["path/chunked_head"] == 1.0
+        got = torch.load(tmp_path / f"{name}-{r}.pt")
         assert got["path/segments"] == 1.0 and got["path/chunked_head"] == 1.0  # taken, not fallen back
-        for key, want in one.items():
+        for key, want in one[name].items():
             if key.startswith(("path/", "stat/bf16")):
                 continue
             err = (got[key] - want).abs().max().item()
-            assert err <= 1e-6 * want.abs().max().item() + 1e-12, (key, r, err)
+            assert err <= 1e-6 * want.abs().max().item() + 1e-12, (name, key, r, err)

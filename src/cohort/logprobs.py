@@ -249,8 +249,9 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
         if hasattr(type(inner), "is_activation_checkpointing")
         else "is_gradient_checkpointing"
     )
-    if getattr(inner, flag, False) and not getattr(model, HELD_ATTR, False):
-        # Outside cohort's update, the backward would recompute layers after the attention switch is undone.
+    if getattr(inner, flag, False) and torch.is_grad_enabled() and not getattr(model, HELD_ATTR, False):
+        # Outside cohort's update, the backward would recompute layers after the attention switch is undone
+        # (without gradients nothing is recomputed: a reference copy or π_old pass may take segments).
         return "gradient checkpointing is on (its recomputation would run plain attention)"
     # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
     vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
