@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
+from cohort.fastpath.lm_head import unwrap
 from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -160,8 +161,7 @@ def _save_sharded(
     dist.barrier()
     final = root / f"step-{step}"
     if main:
-        inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-        inner.config.save_pretrained(tmp)
+        unwrap(model).config.save_pretrained(tmp)  # type: ignore[union-attr,operator]  # a transformers config
         folder = _save_checkpoint_files(
             tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
         )
@@ -255,8 +255,12 @@ def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]
     return out
 
 
-def load_model_weights(model: Any, ckpt_dir: str | Path) -> None:
-    """Load the weights saved in a checkpoint folder into `model` in place (full model or LoRA adapter)."""
+def load_model_weights(
+    model: Any, ckpt_dir: str | Path, load: Callable[[dict[str, Any]], Any] | None = None
+) -> None:
+    """Load the weights saved in a checkpoint folder into `model` in place (full model or LoRA adapter).
+
+    `load` takes the whole state dict instead of `model.load_state_dict` (a sharded model keeps its shard)."""
     ckpt_dir = Path(ckpt_dir)
     try:
         if (ckpt_dir / "adapter_model.safetensors").is_file():
@@ -273,4 +277,4 @@ def load_model_weights(model: Any, ckpt_dir: str | Path) -> None:
         if corrupt is None:
             raise
         raise corrupt from None
-    model.load_state_dict(saved.state_dict())
+    (load or model.load_state_dict)(saved.state_dict())

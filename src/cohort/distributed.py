@@ -48,7 +48,7 @@ def all_sum_int(value: int) -> int:
     """Return `value` summed over all processes."""
     if not is_distributed():
         return int(value)
-    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    t = torch.tensor([value], dtype=torch.int64, device=device())
     tdist.all_reduce(t)
     return int(t.item())
 
@@ -57,7 +57,7 @@ def all_sum_float(value: float) -> float:
     """Return `value` summed over all processes."""
     if not is_distributed():
         return float(value)
-    t = torch.tensor([value], dtype=torch.float64, device=_device())
+    t = torch.tensor([value], dtype=torch.float64, device=device())
     tdist.all_reduce(t)
     return float(t.item())
 
@@ -66,7 +66,7 @@ def all_max_int(value: int) -> int:
     """Return the largest `value` over all processes."""
     if not is_distributed():
         return int(value)
-    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    t = torch.tensor([value], dtype=torch.int64, device=device())
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return int(t.item())
 
@@ -95,7 +95,8 @@ def broadcast_model(model: torch.nn.Module) -> None:
             tdist.broadcast(p.data, src=0)
 
 
-def _device() -> torch.device:
+def device() -> torch.device:
+    """Returns the device collectives run on: this process's GPU, else the CPU."""
     return (
         torch.device("cuda", torch.cuda.current_device())
         if torch.cuda.is_available()
@@ -107,10 +108,11 @@ def assert_in_sync(model: torch.nn.Module) -> None:
     """Raise RuntimeError if the processes' copies of the trainable parameters differ."""
     if not is_distributed():
         return
+    from cohort.sharding import local
+
     with torch.no_grad():  # a replicated FSDP model's parameters are DTensors: their local part is the whole
-        parts = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
-        total = sum(float(p.double().sum()) for p in parts)
-    t = torch.tensor([total], dtype=torch.float64, device=_device())
+        total = sum(float(local(p).double().sum()) for p in model.parameters() if p.requires_grad)
+    t = torch.tensor([total], dtype=torch.float64, device=device())
     gathered = [torch.zeros_like(t) for _ in range(world_size())]
     tdist.all_gather(gathered, t)
     values = [float(g) for g in gathered]
@@ -128,14 +130,14 @@ def all_gather_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """
     if not is_distributed():
         return t, 0
-    device = _device()
-    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=device)
+    where = device()
+    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=where)
     sizes = [torch.zeros_like(n) for _ in range(world_size())]
     tdist.all_gather(sizes, n)
     counts = [int(c) for c in sizes]
     width = max(counts)
-    padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=device)
-    padded[: t.shape[0]] = t.to(device)
+    padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=where)
+    padded[: t.shape[0]] = t.to(where)
     parts = [torch.zeros_like(padded) for _ in counts]
     tdist.all_gather(parts, padded)
     rows = torch.cat([p[:c] for p, c in zip(parts, counts)]).to(t.device)

@@ -39,6 +39,7 @@ import torch
 
 from cohort import distributed as dist
 from cohort.errors import ConfigError
+from cohort.fastpath.lm_head import unwrap
 
 STRATEGIES = ("auto", "replicate", "fsdp")
 """distributed.strategy: auto (replicate under torchrun, nothing on one process), replicate, fsdp."""
@@ -87,8 +88,7 @@ def is_sharded(model: torch.nn.Module | None) -> bool:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Returns the model's repeated blocks (transformers' `_no_split_modules` classes): FSDP's units."""
-    get_base = getattr(model, "get_base_model", None)
-    inner = get_base() if callable(get_base) else model
+    inner = unwrap(model)
     names = set(getattr(inner, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:  # a model without the attribute: the children of its largest ModuleList
@@ -100,8 +100,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def split_units(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """Returns (decoder, LM head) when they can be FSDP units of their own: both exist and share no parameter
     (a head tied to the input embeddings cannot: one parameter belongs to one unit); else None."""
-    get_base = getattr(model, "get_base_model", None)
-    inner = get_base() if callable(get_base) else model
+    inner = unwrap(model)
     get_dec, get_head = getattr(inner, "get_decoder", None), getattr(inner, "get_output_embeddings", None)
     if not callable(get_dec) or not callable(get_head):
         return None
@@ -158,13 +157,8 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
         m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PREMUL_SUM)
     # FSDP initialises itself lazily at the root's first forward; the chunked LM head and its check call the
     # decoder unit directly, which must not come first. One token, no gradient, on every process together.
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
     with torch.no_grad():
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=dist.device()), use_cache=False)
     return model
 
 

@@ -662,16 +662,8 @@ class GRPOTrainer:
                 f"checkpoint {ckpt} is a one-process LoRA checkpoint; resume it on one process (sharded runs resume "
                 "LoRA from their own sharded checkpoints)"
             )
-        from safetensors.torch import load_file
-
-        weights: dict[str, torch.Tensor] = {}
-        for f in sorted(ckpt.glob("*.safetensors")):
-            weights.update(load_file(str(f)))
-        names = set(self.model.state_dict())
-        for tied in names - set(weights):  # save_pretrained writes a tied head once
-            if tied.endswith("lm_head.weight") and "model.embed_tokens.weight" in weights:
-                weights[tied] = weights["model.embed_tokens.weight"]
-        load_full_weights(self.model, weights)
+        with quiet_hf_progress():
+            load_model_weights(self.model, ckpt, load=lambda weights: load_full_weights(self.model, weights))
         if self.reference is not None and (ckpt / "reference.pt").is_file():
             ref = torch.load(ckpt / "reference.pt", map_location="cpu")
             if "weights" in ref and copy is not None:

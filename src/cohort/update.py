@@ -30,7 +30,7 @@ from cohort.fastpath.attention import plan_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
 from cohort.logprobs import HELD_ATTR, completion_logprobs
-from cohort.models import text_config
+from cohort.models import input_device, text_config
 from cohort.sharding import full_value, gathered, idle_backward, is_sharded
 
 
@@ -234,7 +234,7 @@ class PolicyUpdater:
         self.autocast = autocast
         self.fast = (FastConfig() if fast is None else fast).validate()
         self.sharded = is_sharded(model)
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         selection = (
             f"algo.cov_method={algo.cov_method}"
             if algo.cov_method != "none"
@@ -512,13 +512,9 @@ class PolicyUpdater:
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
                     gn = full_value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
-                elif self.sharded:
+                else:  # DTensor gradients of a sharded model give the global norm too
                     gn = full_value(
                         torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-                    )
-                else:
-                    gn = torch.linalg.vector_norm(
-                        torch.stack([p.grad.norm() for p in params if p.grad is not None])
                     )
                 # Both numbers are already on the host: checking them costs no extra synchronisation.
                 if not (math.isfinite(total_loss) and math.isfinite(float(gn))):
