@@ -131,3 +131,26 @@ def test_every_stage_is_checked_before_anything_runs(tiny_model_dir, tmp_path, s
         load_pipeline(path)
     assert fragment in str(e.value), str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("out_dir: !!python/object/apply:os.system ['touch {marker}']\n", "could not determine a constructor"),
+        ("out_dir: run\nout_dir: again\n", "key 'out_dir' is given twice (first on line 1)"),
+        ("stages: [1\n", "is not valid YAML: while parsing a flow sequence"),
+    ],
+)
+def test_a_pipeline_file_is_data_and_its_problems_are_one_line(tmp_path, text, fragment, capsys):
+    from cohort.cli import main
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "p.yaml"
+    path.write_text(text.format(marker=marker))
+    assert main(["pipeline", str(path)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "pipeline file" in err and fragment in err and "\n" not in err and "Traceback" not in err, err
+    assert not marker.exists()
+    # The same file given to `cohort train` fails the same way, in one line.
+    assert main(["train", str(path)]) != 0
+    assert fragment in capsys.readouterr().err

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import errno
 import json
+import pickle
 import random
 import re
 import shutil
+import zipfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
+from cohort.errors import UnsafeCheckpointError
 from cohort.fastpath.lm_head import unwrap
 from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
@@ -27,10 +30,18 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
-    """Return every random-number-generator state a run depends on."""
+    """Return every random-number-generator state a run depends on (tensors and plain values only)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        # As a tensor, not an ndarray: a checkpoint must load with torch.load(weights_only=True).
+        "numpy": (
+            str(name),
+            torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        ),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -43,7 +54,11 @@ def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
     """Restore the states captured by :func:`rng_state`."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    keys = (
+        keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    )  # ndarray: checkpoints before 0.4
+    np.random.set_state((name, keys.astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -229,9 +244,48 @@ def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
     return path
 
 
+def _numpy_globals() -> list[Any]:
+    """Returns what an ndarray needs to unpickle: older checkpoints saved numpy's random state as one."""
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
+    reconstruct = core.multiarray._reconstruct
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+        (reconstruct, "numpy._core.multiarray._reconstruct"),
+    ]
+
+
+def load_state_file(path: str | Path, map_location: Any = "cpu") -> Any:
+    """Returns the contents of a checkpoint's .pt file, loaded with torch.load(weights_only=True).
+
+    Only tensors, numbers, strings and plain containers load (and numpy arrays, which older checkpoints
+    hold); a file that pickles anything else, which could run code, raises UnsafeCheckpointError. A
+    truncated or corrupt file raises ValueError, RuntimeError or EOFError (resume then tries the checkpoint
+    before)."""
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        if not zipfile.is_zipfile(path):  # not torch's format at all: torn or garbage, nothing was run
+            raise ValueError(f"{path} is not a file torch.save wrote (truncated or corrupt)") from None
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except Exception:  # noqa: BLE001 - the listing is a courtesy; the refusal stands without it
+            unsafe = []
+        held = f" ({', '.join(unsafe[:5])})" if unsafe else ""
+        raise UnsafeCheckpointError(
+            f"{path} holds pickled Python objects{held}, not only tensors and plain containers: cohort never "
+            "writes those, and they could run code when loaded; refusing to load it. Resume only from checkpoints you trust: remove this checkpoint "
+            "folder (resume=auto then takes the one before) or start a new out_dir"
+        ) from None
+
+
 def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:
-    """Return the trainer state saved in a checkpoint folder."""
-    return torch.load(Path(ckpt_dir) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """Return the trainer state saved in a checkpoint folder (tensors and plain values only)."""
+    return load_state_file(Path(ckpt_dir) / "trainer_state.pt")
 
 
 def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -245,6 +299,8 @@ def readable_checkpoints(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]
             state = load_trainer_state(ckpt)
             if not isinstance(state, dict) or "step" not in state:
                 raise ValueError("no step recorded")
+        except UnsafeCheckpointError:
+            raise  # a crafted file is a reason to stop, not to quietly take another checkpoint
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped, never fatal
             warnings.warn(
                 f"checkpoint {ckpt} is unreadable ({type(e).__name__}: {e}); trying the one before",

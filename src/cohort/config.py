@@ -1145,14 +1145,7 @@ def load_config(
             raise ConfigError(f"config file {str(p)!r} is a folder; pass the path of a YAML file{hint}")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
-        try:
-            loaded = read_yaml(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"config file {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})"
-            ) from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
+        loaded = read_yaml_file(p, "config file")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
         layers = _deep_merge(layers, _nest_top(loaded))
@@ -1204,6 +1197,20 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 def read_yaml(text: str) -> Any:
     """Returns the YAML document in text, refusing a mapping that gives a key twice."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_yaml_file(path: str | os.PathLike, what: str) -> Any:
+    """Returns the YAML document in a file ({} when empty); ConfigError in one line for any problem.
+
+    Parsed as data only (a SafeLoader: a ``!!python/...`` tag is an error, never a call), refusing a
+    key given twice. `what` names the file in messages ("config file", "pipeline file")."""
+    p = Path(path)
+    try:
+        return read_yaml(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
 
 
 def _nest_top(d: dict[str, Any]) -> dict[str, Any]:

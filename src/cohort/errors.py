@@ -10,3 +10,8 @@ class ConfigError(ValueError):
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss, gradient or weight; a run directory in use; a checkpoint that
     does not fit the config). The message names the step or the file, the likely cause and the fix."""
+
+
+class UnsafeCheckpointError(TrainingError):
+    """A checkpoint file holds something other than tensors and plain containers (pickled objects, which could
+    run code when loaded): it is refused, never loaded. The message names the file and what it holds."""

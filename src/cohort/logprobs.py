@@ -258,7 +258,9 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     prompts = [[t % vocab for t in (1, 2, 3)], [t % vocab for t in (4, 5)]]
     comps = [[t % vocab for t in c] for c in ([6, 7, 8], [9], [10, 11], [12] * 4)]
     if not _segments_match(model, "segments", prompts, comps):
-        return "segment attention does not reproduce the padded layout's log-probs (checked once per model)"
+        return probes.failure(
+            model, "segments", "segment attention does not reproduce the padded layout's log-probs"
+        )
     if window is None:
         return None
     if not window:
@@ -267,7 +269,11 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     prompts = [[2 + t % (vocab - 2) for t in range(window + 2)], [4 % vocab, 5 % vocab]]
     comps = [[6 % vocab] * 3, [9 % vocab], [10 % vocab] * 2, [12 % vocab] * (window + 3)]
     if not _segments_match(model, "segments_window", prompts, comps):
-        return "segment attention does not reproduce its log-probs past its sliding window (checked once per model)"
+        return probes.failure(
+            model,
+            "segments_window",
+            "segment attention does not reproduce its log-probs past its sliding window",
+        )
     return None
 
 

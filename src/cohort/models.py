@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import json
 import os
 import string
@@ -38,7 +40,9 @@ __all__ = [
     "adapter_base",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "cache_kwargs",
     "count_parameters",
+    "forward_accepts",
     "fix_adapter_base_path",
     "is_adapter_folder",
     "load_model",
@@ -608,6 +612,41 @@ def input_device(model: torch.nn.Module) -> torch.device:
     if emb is not None and getattr(emb, "weight", None) is not None:
         return emb.weight.device
     return next(model.parameters()).device
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters_of(forward: Any) -> tuple[frozenset[str], bool]:
+    """Returns (named parameters, takes **kwargs) of a forward function (cached per function)."""
+    try:
+        sig = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return frozenset(), False
+    params = sig.parameters.values()
+    return frozenset(p.name for p in params), any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _forward_signature(model: torch.nn.Module) -> tuple[frozenset[str], bool]:
+    """Returns (named parameters, takes **kwargs) of ``model.forward`` (a hook may have replaced it per instance)."""
+    forward = model.forward
+    return _parameters_of(getattr(forward, "__func__", forward))
+
+
+def forward_accepts(model: torch.nn.Module, name: str) -> bool:
+    """Returns whether ``model.forward`` takes a keyword ``name`` (explicitly or through **kwargs)."""
+    named, var_keyword = _forward_signature(model)
+    return name in named or var_keyword
+
+
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """Returns the forward() keywords that hand the KV cache ``cache`` to ``model`` and ask it to fill it.
+
+    transformers renamed the argument from ``past_key_values`` to ``cache`` (5.24 warns on the old name
+    and announces its removal for 5.40); a model whose forward names ``cache`` gets that, any other (older
+    transformers, remote code) the old name. The cache object is filled in place either way.
+    """
+    named, _ = _forward_signature(model)
+    key = "cache" if "cache" in named else "past_key_values"
+    return {key: cache, "use_cache": True}
 
 
 def float_dtype(model: torch.nn.Module) -> torch.dtype:

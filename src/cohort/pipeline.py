@@ -67,12 +67,12 @@ class Pipeline:
 
 def load_pipeline(path: str | Path) -> Pipeline:
     """Returns the pipeline a YAML file describes, after checking every stage (ConfigError naming the problem)."""
-    from cohort.config import read_yaml
+    from cohort.config import read_yaml_file
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"pipeline file {str(p)!r} does not exist; pass the path of a YAML file")
-    spec = read_yaml(p.read_text(encoding="utf-8")) or {}
+    spec = read_yaml_file(p, "pipeline file")
     if not isinstance(spec, dict):
         raise ConfigError(f"pipeline file {str(p)!r} must hold a mapping with out_dir, model and stages")
     unknown = sorted(set(spec) - {"out_dir", "model", "stages"})

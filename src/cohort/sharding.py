@@ -30,6 +30,7 @@ folder that plain transformers loads.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from cohort import distributed as dist
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, UnsafeCheckpointError
 from cohort.fastpath.lm_head import unwrap
 
 STRATEGIES = ("auto", "replicate", "fsdp")
@@ -248,20 +249,85 @@ def _materialise(optimizer: torch.optim.Optimizer) -> None:
         g["lr"] = lr
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a DCP checkpoint's `.metadata` admitting only the classes torch writes there.
+
+    torch's FileSystemReader reads `.metadata` with plain `pickle.load`, so a crafted sharded checkpoint
+    would run code on resume; this one refuses any other global (os.system, builtins.eval, ...)."""
+
+    _CLASSES = {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = (
+            super().find_class(module, name)
+            if module.startswith(("torch", "collections", "pathlib"))
+            else None
+        )
+        if (module, name) in self._CLASSES:
+            return found
+        if module == "torch" and isinstance(found, torch.dtype):
+            return found
+        if module == "torch.distributed.checkpoint.metadata" and isinstance(found, type):
+            return found
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """Returns a DCP `.metadata` file's contents; UnsafeCheckpointError if it pickles anything but DCP's metadata."""
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, AttributeError, ImportError) as e:
+        raise UnsafeCheckpointError(
+            f"{path} pickles {e} besides torch.distributed.checkpoint's metadata, which could run code when "
+            "loaded; refusing to load it. Resume only from checkpoints you trust: remove this checkpoint folder "
+            "(resume=auto then takes the one before) or start a new out_dir"
+        ) from None
+
+
+def _safe_reader(checkpoint_id: str) -> Any:
+    """Returns a FileSystemReader for `checkpoint_id` whose metadata goes through :func:`read_dcp_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_dcp_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(checkpoint_id)
+
+
 def load_sharded(folder: Path, model, optimizer, reference=None) -> None:
     """Loads folder/sharded into the model, optimizer (and reference copy), resharding to this run's processes."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+    read_dcp_metadata(folder / SHARDED_DIR / ".metadata")  # refused before anything is loaded
     _materialise(optimizer)
     state = _state(model, optimizer, reference)
     with warnings.catch_warnings():  # one process reading shards is a supported case, not a surprise
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         try:
-            dcp.load(state, checkpoint_id=str(folder / SHARDED_DIR))
+            dcp.load(state, storage_reader=_safe_reader(str(folder / SHARDED_DIR)))
         except CheckpointException as e:  # a BaseException holding each process's error: the first one
             causes = [getattr(f, "exception", f) for f in e.failures.values()]
+            unsafe = [c for c in causes if isinstance(c, UnsafeCheckpointError)]
+            if unsafe:
+                raise unsafe[0] from None
             raise ValueError(str(causes[0]) if causes else str(e)) from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if reference is not None:

@@ -28,6 +28,7 @@ from cohort.checkpoint import (
     find_resume_dir,
     list_checkpoints,
     load_model_weights,
+    load_state_file,
     load_trainer_state,
     readable_checkpoints,
     rng_state,
@@ -39,7 +40,7 @@ from cohort.compat import TrainerState, dataset_rows, trl_arguments
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.curriculum import Curriculum
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
-from cohort.errors import ConfigError, TrainingError
+from cohort.errors import ConfigError, TrainingError, UnsafeCheckpointError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
@@ -589,9 +590,16 @@ class GRPOTrainer:
                         load_model_weights(self.model, ckpt)
                     if self.reference is not None and (ckpt / "reference.pt").is_file():
                         self.reference.load_state_dict(
-                            torch.load(ckpt / "reference.pt", map_location=self.device)
+                            load_state_file(ckpt / "reference.pt", map_location=self.device)
                         )
-            except (RuntimeError, OSError, ValueError) as e:
+                iterative = (
+                    load_state_file(ckpt / "iterative.pt")
+                    if self.iterative is not None and (ckpt / "iterative.pt").is_file()
+                    else None
+                )
+            except UnsafeCheckpointError:
+                raise
+            except (RuntimeError, OSError, ValueError, EOFError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 mismatch = ("size mismatch", "Missing key", "Unexpected key", "Size mismatch", "not found in")
                 if any(m in str(e) for m in mismatch):
@@ -617,10 +625,8 @@ class GRPOTrainer:
             self._load_rank_state(ckpt, extra, int(state["step"]))
             if "health" in extra:
                 self.health.load_state_dict(extra["health"])
-            if self.iterative is not None and (ckpt / "iterative.pt").is_file():
-                self.iterative.load_state_dict(
-                    torch.load(ckpt / "iterative.pt", map_location="cpu", weights_only=False)
-                )
+            if self.iterative is not None and iterative is not None:
+                self.iterative.load_state_dict(iterative)
             self.num_tokens = extra.get("num_tokens", 0)
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
@@ -665,7 +671,7 @@ class GRPOTrainer:
         with quiet_hf_progress():
             load_model_weights(self.model, ckpt, load=lambda weights: load_full_weights(self.model, weights))
         if self.reference is not None and (ckpt / "reference.pt").is_file():
-            ref = torch.load(ckpt / "reference.pt", map_location="cpu")
+            ref = load_state_file(ckpt / "reference.pt")
             if "weights" in ref and copy is not None:
                 load_full_weights(copy, ref["weights"])
             self.reference.syncs = int(ref.get("syncs", 1))
@@ -676,7 +682,7 @@ class GRPOTrainer:
             return  # trainer_state.pt held them
         own = ckpt / f"rank-{dist.rank()}.pt"
         if extra.get("world_size") == dist.world_size() and own.is_file():
-            mine = torch.load(own, map_location="cpu", weights_only=False)
+            mine = load_state_file(own)
             set_rng_state(mine["rng"], self.generator)
             self.sampler.load_state_dict(mine["sampler"])
             if self.curriculum is not None and mine.get("curriculum") is not None:

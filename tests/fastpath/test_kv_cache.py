@@ -1,9 +1,12 @@
 """PreallocatedLayer must behave exactly like transformers' DynamicLayer, without concatenating."""
 
+import warnings
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
 from cohort.fastpath.kv_cache import PreallocatedLayer, preallocated_cache
+from cohort.models import cache_kwargs
 
 
 def _states(rows, n, seed):
@@ -62,3 +65,34 @@ def test_cache_replaces_only_full_attention_layers(tiny_model_dir):
     lazy = preallocated_cache(None, 16)
     lazy.update(*_states(1, 2, 0), layer_idx=1)
     assert all(isinstance(x, PreallocatedLayer) for x in lazy.layers)
+
+
+class _OldForward(torch.nn.Module):
+    """A forward that names the cache as transformers before 5.24 did."""
+
+    def forward(self, input_ids, past_key_values=None, use_cache=None):
+        return input_ids
+
+
+class _NewForward(torch.nn.Module):
+    """A forward that names the cache as transformers 5.24 does (`past_key_values` deprecated)."""
+
+    def forward(self, input_ids, cache=None, use_cache=None, **kwargs):
+        return input_ids
+
+
+def test_cache_keyword_follows_the_model_forward(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    marker = object()
+    assert cache_kwargs(_OldForward(), marker) == {"past_key_values": marker, "use_cache": True}
+    assert cache_kwargs(_NewForward(), marker) == {"cache": marker, "use_cache": True}
+    # The installed transformers: whichever name its forward takes, it fills the cache handed in, in place
+    # and without a deprecation warning (5.24 warns on `past_key_values`; a warning turned into an error
+    # inside the once-per-model checks silently cost the shared-prefix fast path).
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cache = preallocated_cache(model.config, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(input_ids=torch.tensor([[3, 4, 5]]), **cache_kwargs(model, cache))
+    assert cache.get_seq_length() == 3

@@ -160,8 +160,10 @@ def head_unavailable(model: torch.nn.Module) -> str | None:
     if is_sharded(model) and not is_split_sharded(model):
         return SHARDED_REASON
     if split_model(model) is None:
-        return (
+        return probes.failure(
+            model,
+            "head_split",
             "it does not split into a decoder and an LM head that reproduce its logits (computing full "
-            "logits: memory grows with batch x length x vocabulary)"
+            "logits: memory grows with batch x length x vocabulary)",
         )
     return None

@@ -19,6 +19,8 @@ from cohort.models import eval_mode, float_dtype, input_device
 
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {check name: bool}
 _GLOBAL: dict[str, bool] = {}  # checks of the torch build itself (model=None)
+_RAISED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {check name: what it raised}
+_RAISED_GLOBAL: dict[str, str] = {}
 
 
 def tolerance(model: torch.nn.Module) -> float:
@@ -64,10 +66,24 @@ def probe(
             device_type = input_device(model).type
             with torch.no_grad(), torch.autocast(device_type, enabled=False), eval_mode(model):
                 ok = bool(agree(fast(), plain(), tolerance(model)))
-    except Exception:  # noqa: BLE001 - any failure means the fast path is unusable here
+    except Exception as exc:  # noqa: BLE001 - any failure means the fast path is unusable here
+        # A library that changed under us (a renamed argument, a warning turned into an error) shows up
+        # here: keep what was raised so the fallback message names it instead of blaming the numbers.
+        raised = _RAISED_GLOBAL if model is None else _RAISED.setdefault(model, {})
+        raised[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         ok = False
     cache[name] = ok
     return ok
+
+
+def failure(model: torch.nn.Module | None, name: str, mismatch: str) -> str:
+    """Returns why check `name` failed on `model`: what it raised, else `mismatch` (the results differed)."""
+    raised = (_RAISED_GLOBAL if model is None else _RAISED.get(model, {})).get(name)
+    return (
+        f"{mismatch} (checked once per model; the check raised {raised})"
+        if raised
+        else (f"{mismatch} (checked once per model)")
+    )
 
 
 def results(model: torch.nn.Module | None) -> dict[str, bool]:

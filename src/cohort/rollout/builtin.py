@@ -15,7 +15,6 @@ and the returned batch says which ones ran (`RolloutBatch.paths`).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 
 import torch
@@ -26,7 +25,15 @@ from cohort.fastpath.attention import PrefixPlan, plan_attention, plan_carrier
 from cohort.fastpath.kv_cache import preallocated_cache
 from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
 from cohort.fastpath.switches import choose
-from cohort.models import attention_shape, eval_mode, full_attention_span, input_device, text_config
+from cohort.models import (
+    attention_shape,
+    cache_kwargs,
+    eval_mode,
+    forward_accepts,
+    full_attention_span,
+    input_device,
+    text_config,
+)
 from cohort.rollout.base import (
     RolloutBatch,
     RolloutEngine,
@@ -118,16 +125,15 @@ class BuiltinEngine(RolloutEngine):
 
         position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         cache = new_cache(P if shared else P + T)
-        extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+        extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
+        # The cache is filled in place; reading it back from the output would touch a renamed field.
         out = model(
             input_ids=input_ids,
             attention_mask=attn,
             position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
+            **cache_kwargs(model, cache),
             **extra,
         )
-        cache = out.past_key_values
         logits = out.logits[:, -1, :]  # [B, V]
         if G > 1:
             logits = logits.repeat_interleave(G, dim=0)  # [N, V]
@@ -181,10 +187,8 @@ class BuiltinEngine(RolloutEngine):
                     input_ids=tok[:, None],
                     attention_mask=step_mask if shared else mask[:, : P + t + 1],
                     position_ids=pos[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
+                    **cache_kwargs(model, cache),
                 )
-                cache = out.past_key_values
                 logits = out.logits[:, -1, :]  # [n, V]
                 pos = pos + 1
         if paths is not None:
@@ -225,8 +229,8 @@ class BuiltinEngine(RolloutEngine):
             return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
 
         if not probes.probe(model, "shared_prefix", run(True), run(False), agree=_same_decoding):
-            return (
-                "shared-prefix decoding does not reproduce its tokens and log-probs (checked once per model)"
+            return probes.failure(
+                model, "shared_prefix", "shared-prefix decoding does not reproduce its tokens and log-probs"
             )
         return None
 
@@ -248,12 +252,3 @@ def _copies_avoided(model: torch.nn.Module, n_prompts: int, group_size: int, pro
         return 0
     _, kv_heads, head_dim = shape
     return n_prompts * (group_size - 1) * prompt_width * kv_heads * head_dim
-
-
-def _accepts(model: torch.nn.Module, name: str) -> bool:
-    """Returns whether model.forward takes a keyword `name` (explicitly or through **kwargs)."""
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return False
-    return name in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
