@@ -115,13 +115,22 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"reward_weights": [float("nan")]}, "reward_weights"),
         ({"data.max_prompt_length": 0}, "data.max_prompt_length=0 must be >= 1"),
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
-        ({"algo.ref_update_every": 5}, "algo.ref_update_every=5 with algo.beta=0: there is no reference"),
+        (
+            {"algo.ref_update_every": 5},
+            "algo.ref_update_every=5 changes nothing in this configuration: algo.beta=0 runs no reference",
+        ),
         ({"model.attn_implementation": "bogus"}, "model.attn_implementation='bogus' is not one of sdpa"),
-        ({"algo.ref_sync_kl": 0.5}, "algo.ref_sync_kl=0.5 with algo.beta=0: no KL is measured"),
+        (
+            {"algo.ref_sync_kl": 0.5},
+            "algo.ref_sync_kl=0.5 changes nothing in this configuration: algo.beta=0 runs no reference",
+        ),
         ({"algo.ref_sync_kl": -1.0, "algo.beta": 0.1}, "algo.ref_sync_kl=-1.0 must be > 0"),
         ({"algo.ref_mixup_alpha": 0.0, "algo.beta": 0.1}, "algo.ref_mixup_alpha=0.0 must be in (0, 1]"),
         ({"algo.ref_mixup_alpha": 1.5, "algo.beta": 0.1}, "algo.ref_mixup_alpha=1.5 must be in (0, 1]"),
-        ({"algo.ref_mixup_alpha": 0.6, "algo.beta": 0.1}, "but the reference never syncs"),
+        (
+            {"algo.ref_mixup_alpha": 0.6, "algo.beta": 0.1},
+            "changes nothing in this configuration: the reference never syncs",
+        ),
         (
             {"algo.dynamic_sampling": True, "algo.max_sampling_rounds": 0},
             "algo.max_sampling_rounds=0 must be >= 1",
@@ -660,3 +669,49 @@ def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypat
     monkeypatch.setattr(config, "describe_keys", broken)
     with pytest.raises(ImportError, match="cohort.report"):
         cli.main(["config"])
+
+
+@pytest.mark.parametrize(
+    ("over", "fragment"),
+    [
+        ({"distributed.backend": "nccl"}, "a one-process run opens no process group"),
+        ({"algo.sampler_correction": "token_tis"}, "sampled by the weights being trained"),
+        ({"algo.max_sampling_rounds": 8}, "set algo.dynamic_sampling=true"),
+        ({"algo.kl_estimator": "k1"}, "algo.beta=0 runs no reference model"),
+        ({"algo.scale": "none", "algo.reward_mode": "decoupled"}, "reward_mode=decoupled (GDPO) normalises"),
+        (
+            {"algo.std": "population", "algo.advantage": "rloo"},
+            "algo.advantage='rloo' does not read algo.std",
+        ),
+        ({"algo.adv_eps": 1e-6, "algo.advantage": "rloo"}, "does not read algo.adv_eps"),
+        ({"algo.sampler_is_max": 3.0}, "algo.sampler_correction=none applies no ratio"),
+        ({"algo.cov_ratio": 1e-3}, "algo.cov_method=none selects no tokens"),
+        ({"algo.kl_cov_coef": 2.0, "algo.cov_method": "clip_cov"}, "only algo.cov_method=kl_cov reads"),
+    ],
+)
+def test_an_option_that_changes_nothing_is_named_with_why(tmp_path, over, fragment):
+    from cohort.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning) as record:
+        _cfg("no-model-needed", tmp_path / "o", **over).validate(need_model=False)
+    key = next(iter(over))  # the option under test comes first; the others set the scene
+    messages = [str(w.message) for w in record if issubclass(w.category, ConfigWarning)]
+    assert any(
+        m.startswith(f"{key}=") and "changes nothing in this configuration" in m and fragment in m
+        for m in messages
+    ), messages
+
+
+def test_options_that_matter_raise_no_config_warning(tmp_path):
+    from cohort.errors import ConfigWarning
+
+    over = {
+        "algo.beta": 0.04,
+        "algo.kl_estimator": "k1",
+        "algo.dynamic_sampling": True,
+        "algo.max_sampling_rounds": 8,
+        "algo.std": "population",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        _cfg("no-model-needed", tmp_path / "o", **over).validate(need_model=False)

@@ -41,7 +41,12 @@ def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
     torch.save(rng_state(gen), tmp_path / "rng.pt")
     expected = (random.random(), np.random.rand(), torch.rand(1).item(), torch.rand(1, generator=gen).item())
     set_rng_state(load_state_file(tmp_path / "rng.pt"), gen)
-    assert (random.random(), np.random.rand(), torch.rand(1).item(), torch.rand(1, generator=gen).item()) == expected
+    assert (
+        random.random(),
+        np.random.rand(),
+        torch.rand(1).item(),
+        torch.rand(1, generator=gen).item(),
+    ) == expected
 
 
 def test_an_older_checkpoints_numpy_state_still_loads(tmp_path):
@@ -56,7 +61,9 @@ def test_an_older_checkpoints_numpy_state_still_loads(tmp_path):
 def test_a_pickled_object_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     torch.save({"step": 1, "extra": _Payload(marker)}, tmp_path / "trainer_state.pt")
-    with pytest.raises(UnsafeCheckpointError, match=r"trainer_state.pt holds pickled Python objects \(posix.system"):
+    with pytest.raises(
+        UnsafeCheckpointError, match=r"trainer_state.pt holds pickled Python objects \(posix.system"
+    ):
         load_trainer_state(tmp_path)
     assert not marker.exists()
 

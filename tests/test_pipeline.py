@@ -136,7 +136,10 @@ def test_every_stage_is_checked_before_anything_runs(tiny_model_dir, tmp_path, s
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("out_dir: !!python/object/apply:os.system ['touch {marker}']\n", "could not determine a constructor"),
+        (
+            "out_dir: !!python/object/apply:os.system ['touch {marker}']\n",
+            "could not determine a constructor",
+        ),
         ("out_dir: run\nout_dir: again\n", "key 'out_dir' is given twice (first on line 1)"),
         ("stages: [1\n", "is not valid YAML: while parsing a flow sequence"),
     ],

@@ -12,8 +12,8 @@ import pickle
 import random
 import re
 import shutil
-import zipfile
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -14,6 +14,7 @@ import math
 import os
 import types
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
 from cohort.algo import KL_KINDS, SCALES
 from cohort.algo import STD_KINDS as STDS
 from cohort.choices import ENGINES
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastConfig
 from cohort.models import DTYPES
 from cohort.optim import SCHEDULES
@@ -86,8 +87,8 @@ class ModelConfig:
     """On CUDA, run forward passes under bfloat16 autocast."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
-    non-reentrant checkpointing): less memory per micro-batch for about one more forward. The dense-mask
-    grouped layout works with it; segment attention does not (fast.segments falls back, `on` is refused)."""
+    non-reentrant checkpointing): less memory per micro-batch for about one more forward. The grouped layout
+    and segment attention work with it (during an update the recomputed layers follow the same plan)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapter settings."""
 
@@ -449,7 +450,8 @@ class TrainConfig:
     fast: FastConfig = field(default_factory=FastConfig)
     """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
     preset: str | None = None
-    """Named recipe applied before the file and overrides: r1, dapo, dr_grpo, ppo_classic."""
+    """Named recipe applied before the file and overrides (cohort.presets): r1, dapo, dr_grpo, gspo, cispo,
+    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, ppo_classic."""
 
     @property
     def prompts_per_step(self) -> int:
@@ -538,6 +540,11 @@ class TrainConfig:
         self._validate_ranges()
         self._validate_objective()
         self._validate_fast()
+        for key, value, why, error in inert_options(self):
+            message = f"{key}={value!r} changes nothing in this configuration: {why}"
+            if error:
+                raise ConfigError(message)
+            warnings.warn(message, ConfigWarning, stacklevel=2)
         if self.preset is not None:
             _check_choice("preset", self.preset, tuple(PRESETS))
         return self
@@ -548,7 +555,7 @@ class TrainConfig:
         from cohort.sharding import MIXED_PRECISION, resolve_strategy
 
         d, r = self.distributed, self.rollout
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        world = _world_size()
         strategy = resolve_strategy(d.strategy, world)
         _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
         _check_choice("distributed.mixed_precision", d.mixed_precision, tuple(MIXED_PRECISION))
@@ -729,29 +736,14 @@ class TrainConfig:
             raise ConfigError(
                 f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
             )
-        if a.ref_update_every and a.beta == 0:
-            raise ConfigError(
-                f"algo.ref_update_every={a.ref_update_every} with algo.beta=0: there is no reference to refresh; "
-                "set algo.beta > 0 or ref_update_every=0"
-            )
         if a.ref_sync_kl is not None and not a.ref_sync_kl > 0:
             raise ConfigError(
                 f"algo.ref_sync_kl={a.ref_sync_kl} must be > 0 (the mean per-token KL above which the reference "
                 "syncs; seed 002 suggests 0.5), or null"
             )
-        if a.ref_sync_kl is not None and a.beta == 0:
-            raise ConfigError(
-                f"algo.ref_sync_kl={a.ref_sync_kl} with algo.beta=0: no KL is measured without a reference; set "
-                "algo.beta > 0 or ref_sync_kl=null"
-            )
         if not 0 < a.ref_mixup_alpha <= 1:
             raise ConfigError(
                 f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
-            )
-        if a.ref_mixup_alpha != 1 and not a.ref_update_every and a.ref_sync_kl is None:
-            raise ConfigError(
-                f"algo.ref_mixup_alpha={a.ref_mixup_alpha} but the reference never syncs: set algo.ref_update_every "
-                "or algo.ref_sync_kl too"
             )
         if a.max_sampling_rounds < 1:
             raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
@@ -929,6 +921,151 @@ def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
 
 
 # ---------------------------------------------------------------------------- loading and overrides
+
+
+@dataclass(frozen=True)
+class Inert:
+    """An option that changes nothing in some configurations: `why(cfg)` says why (None: it has an effect here)."""
+
+    key: str
+    """Dotted config key."""
+    why: Callable[[TrainConfig], str | None]
+    """Returns the reason and the fix when the option is inert in `cfg`, else None."""
+    error: bool = False
+    """True: refusing is right (the setting contradicts another); False: a ConfigWarning."""
+
+
+def _world_size() -> int:
+    """Returns torchrun's process count (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _no_reference(cfg: TrainConfig) -> str | None:
+    return (
+        "algo.beta=0 runs no reference model (no KL penalty); set algo.beta > 0 or drop this key"
+        if (cfg.algo.beta == 0)
+        else None
+    )
+
+
+def _estimator_ignores(name: str) -> Callable[[TrainConfig], str | None]:
+    def why(cfg: TrainConfig) -> str | None:
+        a = cfg.algo
+        if name in a.advantage_arguments() or (name == "adv_eps" and "eps" in a.advantage_arguments()):
+            return None
+        return (
+            f"algo.advantage={a.advantage!r} does not read algo.{name} (drop it, or pick grpo / reinforce_pp)"
+        )
+
+    return why
+
+
+INERT_OPTIONS: tuple[Inert, ...] = (
+    Inert("algo.kl_estimator", _no_reference),
+    Inert("algo.ref_update_every", _no_reference, error=True),
+    Inert("algo.ref_sync_kl", _no_reference, error=True),
+    Inert(
+        "algo.ref_mixup_alpha",
+        lambda c: (
+            None
+            if c.algo.ref_update_every or c.algo.ref_sync_kl is not None
+            else "the reference never syncs; set algo.ref_update_every or algo.ref_sync_kl too"
+        ),
+        error=True,
+    ),
+    Inert(
+        "algo.max_sampling_rounds",
+        lambda c: (
+            None
+            if c.algo.dynamic_sampling
+            else "only dynamic sampling draws more than one round; set algo.dynamic_sampling=true or drop this key"
+        ),
+    ),
+    Inert(
+        "algo.scale",
+        lambda c: (
+            "algo.reward_mode=decoupled (GDPO) normalises each reward in its group and the sum over the "
+            "batch itself; drop this key"
+            if c.algo.reward_mode == "decoupled"
+            else None
+        ),
+    ),
+    Inert("algo.std", _estimator_ignores("std")),
+    Inert("algo.adv_eps", _estimator_ignores("adv_eps")),
+    Inert(
+        "algo.sampler_correction",
+        lambda c: (
+            None
+            if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype)) or c.rollout.engine == "vllm"
+            else "the completions are sampled by the weights being trained, in their precision, so the sampler and "
+            "the trainer differ only by rounding; set rollout.sampler_dtype (a low-precision sampling copy) or "
+            "rollout.engine=vllm, or drop this key"
+        ),
+    ),
+    Inert(
+        "algo.sampler_is_max",
+        lambda c: (
+            "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None
+        ),
+    ),
+    Inert(
+        "algo.sampler_is_min",
+        lambda c: (
+            None
+            if c.algo.sampler_correction.endswith("_mis")
+            else "only the masking corrections (token_mis, sequence_mis) have a lower bound"
+        ),
+    ),
+    Inert(
+        "algo.cov_ratio",
+        lambda c: (
+            "algo.cov_method=none selects no tokens; set algo.cov_method"
+            if c.algo.cov_method == "none"
+            else None
+        ),
+    ),
+    Inert(
+        "algo.clip_cov_bounds",
+        lambda c: (
+            None if c.algo.cov_method == "clip_cov" else "only algo.cov_method=clip_cov reads these bounds"
+        ),
+    ),
+    Inert(
+        "algo.kl_cov_coef",
+        lambda c: (
+            None if c.algo.cov_method == "kl_cov" else "only algo.cov_method=kl_cov reads this coefficient"
+        ),
+    ),
+    Inert(
+        "distributed.backend",
+        lambda c: (
+            "a one-process run opens no process group (launch with torchrun to use it)"
+            if _world_size() == 1
+            else None
+        ),
+    ),
+)
+"""Every option that can be accepted yet change nothing, with why: the one place such checks live."""
+
+
+def inert_options(cfg: TrainConfig) -> list[tuple[str, Any, str, bool]]:
+    """Returns (key, value, why, is_error) for each option set away from its default that changes nothing in `cfg`."""
+    default = TrainConfig()
+    out = []
+    for rule in INERT_OPTIONS:
+        value, base = _dotted(cfg, rule.key), _dotted(default, rule.key)
+        if value == base:
+            continue
+        why = rule.why(cfg)
+        if why is not None:
+            out.append((rule.key, value, why, rule.error))
+    return out
+
+
+def _dotted(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def field_docs(cls: type) -> dict[str, str]:

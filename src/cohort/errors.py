@@ -7,6 +7,10 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key, the value and the fix."""
 
 
+class ConfigWarning(UserWarning):
+    """A configuration value is accepted but changes nothing in this configuration; the message says why."""
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss, gradient or weight; a run directory in use; a checkpoint that
     does not fit the config). The message names the step or the file, the likely cause and the fix."""

@@ -763,7 +763,7 @@ class GRPOTrainer:
         else:
             adv = self._advantages(per_func, reward, rollout)  # [N]
         in_loss = torch.ones_like(adv, dtype=torch.bool)
-        zero_std = zero_std_group_mask(reward, G)  # [N]
+        zero_std = zero_std_group_mask(self._signal(drawn), G)  # [N]
         if a.filter_zero_std:
             in_loss &= ~zero_std
         if a.mask_truncated:
@@ -982,6 +982,15 @@ class GRPOTrainer:
             idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1, steps
         )
 
+    def _signal(self, drawn: Drawn) -> torch.Tensor:
+        """Returns the rewards whose spread decides whether a group teaches anything: each function's column
+        [N, R] under decoupled (GDPO) normalisation, where any one varying column gives an advantage, else
+        the weighted sum [N]."""
+        if self.cfg.algo.reward_mode != "decoupled":
+            return drawn.reward
+        weighted = self.reward_weights != 0  # [R] a column of weight 0 adds nothing
+        return drawn.per_func[:, weighted]
+
     def _refill(self, first: Drawn) -> Drawn:
         """Returns a step's batch of prompts_per_step groups with unequal rewards, drawing groups for new prompts
         in batched rounds (at most algo.max_sampling_rounds in all) to replace the all-equal ones.
@@ -993,7 +1002,7 @@ class GRPOTrainer:
         want = cfg.prompts_per_step
 
         def informative(d: Drawn) -> list[int]:
-            same = zero_std_group_mask(d.reward, G).view(-1, G)[:, 0].tolist()
+            same = zero_std_group_mask(self._signal(d), G).view(-1, G)[:, 0].tolist()
             return [g for g, s in enumerate(same) if not s]
 
         parts = [(first, informative(first))]

@@ -370,3 +370,21 @@ def test_bad_input_raises_value_error_naming_the_value(call, fragments):
         call()
     for fragment in fragments:
         assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_decoupled_gives_a_constant_group_exactly_zero_and_the_filter_judges_each_column():
+    from cohort.algo import zero_std_group_mask
+
+    # Group 0: both columns constant -> no signal. Group 1: the plain sum is constant (1 + 0 = 0 + 1) but
+    # each column varies, so GDPO's weighted z-scores (1 - 0.5, -1 + 0.5) differ. Group 2: one column varies.
+    r = t64([[1, 1], [1, 1], [1, 0], [0, 1], [0, 0], [0, 1]])
+    adv = combine_rewards(r, [1.0, 0.5], 2, mode="decoupled")
+    assert adv[:2].tolist() == [0.0, 0.0]  # exactly: the batch centring once left -7.5e-18 here
+    assert (adv[2:] != 0).all()
+    summed = combine_rewards(r, [1.0, 1.0], 2)
+    assert zero_std_group_mask(summed, 2).tolist() == [True, True, True, True, False, False]
+    # Judged per column, group 1 carries a signal and must not be filtered or resampled away.
+    assert zero_std_group_mask(r, 2).tolist() == [True, True, False, False, False, False]
+    # NaN = not applicable: a column with one valid reward in a group is constant there.
+    nan = float("nan")
+    assert zero_std_group_mask(t64([[1, nan], [1, 2]]), 2).tolist() == [True, True]

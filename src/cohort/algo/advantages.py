@@ -163,7 +163,9 @@ def combine_rewards(
     summed = (z * w).sum(-1)  # [N]
     bmean, bsd, bconst = _masked_stats(summed.view(1, n), any_valid.view(1, n), std)  # [1] each
     adv = (summed - bmean) / (bsd + eps)  # [N]
-    return torch.where(any_valid & ~bconst, adv, 0).to(out_dtype)  # [N]
+    # A group in which every column is constant has no signal: exactly 0, not the batch centring's residue.
+    informative = (~constant).view(b, n_funcs).any(-1).repeat_interleave(g)  # [N]
+    return torch.where(any_valid & ~bconst & informative, adv, 0).to(out_dtype)  # [N]
 
 
 def process_advantages(

@@ -10,21 +10,27 @@ from ._checks import as_float, check_group_size, check_tensor
 def zero_std_group_mask(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Return a bool mask [N], True on every row of a group whose (non-NaN) rewards are all equal.
 
-    These are exactly the groups that group_advantages sends to advantage 0, so with beta = 0 they carry
-    no gradient (DAPO's dynamic sampling drops and resamples them). NaN rewards are ignored; a group with
-    fewer than two non-NaN rewards counts as zero-variance.
+    rewards: [N] one scalar per completion, or [N, R] one column per reward function, for GDPO's
+    decoupled normalisation, where a group carries a signal as soon as any one column varies in it: the
+    group is zero-variance only when every column is constant (a column with fewer than two non-NaN
+    rewards counts as constant). These are exactly the groups that group_advantages / combine_rewards
+    send to advantage 0, so with beta = 0 they carry no gradient (DAPO's dynamic sampling drops and
+    resamples them). NaN rewards are ignored.
     """
     r = as_float("rewards", rewards)
-    if r.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [N] (one scalar per completion), got shape {tuple(r.shape)}.")
+    if r.dim() not in (1, 2):
+        raise ValueError(
+            f"rewards must be [N] (one scalar per completion) or [N, R] (one column per reward function), "
+            f"got shape {tuple(r.shape)}."
+        )
     n = r.shape[0]
     g = check_group_size(n, group_size)
-    grouped = r.view(n // g, g)  # [B, G]
-    valid = ~torch.isnan(grouped)  # [B, G]
-    hi = torch.where(valid, grouped, float("-inf")).amax(-1)  # [B]
-    lo = torch.where(valid, grouped, float("inf")).amin(-1)  # [B]
-    zero_std = (hi == lo) | (valid.sum(-1) <= 1)  # [B]
-    return zero_std.repeat_interleave(g)  # [N]
+    grouped = r.view(n // g, g, -1)  # [B, G, R]
+    valid = ~torch.isnan(grouped)  # [B, G, R]
+    hi = torch.where(valid, grouped, float("-inf")).amax(1)  # [B, R]
+    lo = torch.where(valid, grouped, float("inf")).amin(1)  # [B, R]
+    constant = (hi == lo) | (valid.sum(1) <= 1)  # [B, R]
+    return constant.all(-1).repeat_interleave(g)  # [N]
 
 
 def truncation_mask(truncated: torch.Tensor, completion_mask: torch.Tensor | None = None) -> torch.Tensor:

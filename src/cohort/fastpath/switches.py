@@ -38,7 +38,8 @@ class FastConfig:
     Needs sdpa or eager attention, and sequences within any sliding window unless segment attention runs."""
     segments: str = "auto"
     """Update: segment attention over one packed row of exactly the real tokens (needs `grouped`, sdpa
-    attention, no gradient checkpointing, and a once-per-model check)."""
+    attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the
+    same segment plan)."""
     segments_min_tokens: int = 256
     """auto: segment attention only when some group (prompt + completions) has this many tokens. Measured:
     on the demo (groups of ~60 tokens) the dense block mask is 2-4 % faster per step; on workload (b)
