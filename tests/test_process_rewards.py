@@ -104,6 +104,17 @@ def test_step_boundaries_by_hand():
     assert step_char_ends("", "\n") == []
     # Tokens "ab", "\nc", "d\n": step 1 ends at char 2 (token 1), step 2 at char 5 (token 2).
     assert step_token_ends(["ab", "\nc", "d\n"], "\n") == [1, 2]
+    # A blank line is no step: "a", "\n\nb" -> 2 steps, as the docs' per-line function counts them.
+    assert step_char_ends("a\n\n\nb\n", "\n") == [1, 5]
+    assert step_char_ends("\n\na", "\n") == [2]
+
+
+def test_the_docs_process_reward_example_counts_the_steps_the_separator_finds():
+    def per_step(completions, **kwargs):  # docs/usage.md, "Process rewards", with a stand-in scorer
+        return [[float(len(line)) for line in c.split("\n") if line.strip()] for c in completions]
+
+    for text in ("x = 1\n\ny = 2\n", "\n  \nonly\n", "a\nb", "a\n\n\n\nb\n\n"):
+        assert len(per_step([text])[0]) == len(step_char_ends(text, "\n")), text
 
 
 def test_a_step_count_that_does_not_match_the_text_is_named(tiny_model_dir, tmp_path):

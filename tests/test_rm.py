@@ -37,6 +37,15 @@ def test_formats_and_bad_rows():
         rm_examples([{"prompt": "p", "completion": "a", "label": 3}])
     with pytest.raises(ValueError, match="no 'prompt' column"):
         rm_examples([{"question": "p", "chosen": "a", "rejected": "b"}])
+    with pytest.raises(ValueError, match="row 1: 'chosen' is None; every row needs a text"):
+        rm_examples(
+            [
+                {"prompt": "p", "chosen": "a", "rejected": "b"},
+                {"prompt": "q", "chosen": None, "rejected": "b"},
+            ]
+        )
+    with pytest.raises(ValueError, match="row 0: 'completion' is 5; every row needs a text"):
+        rm_examples([{"prompt": "p", "label": 1, "completion": 5}])
 
 
 def test_batches_are_deterministic_and_cover_each_epoch():
@@ -58,7 +67,7 @@ def _pairs(path, n, seed):
     return path
 
 
-def test_cohort_rm_learns_resumes_exactly_and_scores_as_a_reward(tiny_model_dir, tmp_path):
+def test_cohort_rm_learns_resumes_exactly_and_scores_as_a_reward(tiny_model_dir, tmp_path, capsys):
     data = _pairs(tmp_path / "pairs.jsonl", 120, 0)
     base = ["rm", "--model", str(tiny_model_dir), "--data", str(data), "--batch-size", "8", "--lr", "3e-3"]
     assert (
@@ -83,6 +92,11 @@ def test_cohort_rm_learns_resumes_exactly_and_scores_as_a_reward(tiny_model_dir,
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))  # no step logged twice
+    # Rerun on the same folder with another learning rate: it would resume and drop the new value; refused.
+    other = [a if a != "3e-3" else "1e-3" for a in base]
+    assert cli.main([*other, "--steps", "60", "--out", out_b]) == 2
+    err = capsys.readouterr().err
+    assert "trained with other settings (lr: 0.003 -> 0.001)" in err and "pass another --out" in err, err
 
     reward = resolve_reward_funcs([str(tmp_path / "a" / "model")])[0]
     scores = reward(prompts=["3+4=", "3+4="], completions=["71", "80"])

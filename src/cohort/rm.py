@@ -17,6 +17,7 @@ model on the policy's own samples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from cohort.errors import ConfigError
 
 RM_FORMATS = ("pointwise", "pairwise")
 
@@ -61,6 +64,17 @@ def rm_examples(rows: Sequence[dict], prompt_column: str = "prompt") -> tuple[st
         )
     out = []
     for i, row in enumerate(rows):
+        texts = (prompt_column, "chosen", "rejected") if kind == "pairwise" else (prompt_column, "completion")
+        for key in texts:
+            value = row.get(key)
+            if not isinstance(value, (str, list)) or (
+                isinstance(value, str) and not value.strip() and key != prompt_column
+            ):
+                what = "missing" if key not in row else f"{value!r}"
+                raise ValueError(
+                    f"reward-model data row {i}: {key!r} is {what}; every row needs a text (or a list of chat "
+                    "messages) there: fix or drop that row"
+                )
         if kind == "pairwise":
             out.append(RMExample(row[prompt_column], chosen=row["chosen"], rejected=row["rejected"]))
             continue
@@ -279,7 +293,6 @@ class RMConfig:
 
     def validate(self) -> RMConfig:
         """Returns self after checking every value (raises ConfigError naming the fix)."""
-        from cohort.errors import ConfigError
 
         if not self.model:
             raise ConfigError("cohort rm needs --model: a causal LM or reward model folder / hub id")
@@ -298,6 +311,25 @@ class RMConfig:
         if self.eval_data is None and not 0 < self.eval_fraction < 1:
             raise ConfigError(f"eval_fraction={self.eval_fraction} must be in (0, 1) (or give eval_data)")
         return self
+
+
+RM_RESUMABLE = frozenset({"steps", "eval_every", "save_every", "out_dir", "extra"})
+"""RMConfig fields that may change between a run and its resumption (how long, how often, not what)."""
+
+
+def _check_same_run(cfg: RMConfig, saved: dict[str, Any] | None, ckpt: Path) -> None:
+    """Raises ConfigError when `cfg` differs from the config checkpoint `ckpt` was trained with (beyond RM_RESUMABLE)."""
+    if saved is None:  # a checkpoint from before the config was recorded: nothing to compare
+        return
+    now = dataclasses.asdict(cfg)
+    changed = [(k, saved.get(k), v) for k, v in now.items() if k not in RM_RESUMABLE and saved.get(k) != v]
+    if changed:
+        listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
+        raise ConfigError(
+            f"{cfg.out_dir} holds a reward-model run (checkpoint {ckpt}) trained with other settings ({listing}); "
+            "rerunning there resumes it, so restore those values to continue it, or pass another --out to train "
+            "with the new ones"
+        )
 
 
 def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -333,6 +365,7 @@ def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> 
         found = readable_checkpoints(out)
         if found:
             ckpt, state = found[0]
+            _check_same_run(cfg, state.get("extra", {}).get("config"), ckpt)
             start = int(state["step"])
             trim_logs(out, start)
         torch.manual_seed(cfg.seed)  # the new score head's initial weights
@@ -376,7 +409,7 @@ def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> 
                     tokenizer=tokenizer,
                     optimizer=trainer.optimizer,
                     scheduler=scheduler,
-                    extra={"kind": kind},
+                    extra={"kind": kind, "config": dataclasses.asdict(cfg)},
                 )
 
         trainer.fit(kind, train, cfg.steps - start, seed=cfg.seed, first_step=start, on_step=on_step)

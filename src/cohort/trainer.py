@@ -1446,7 +1446,7 @@ class GRPOTrainer:
                 dist.assert_in_sync(self.model)
             if (main or sharded) and not signals.torn and self._saved_step != self.step_idx:
                 summary["checkpoint"] = str(self.save())
-            elif main and self._saved_step == self.step_idx:
+            elif self._saved_step == self.step_idx:  # every process: each one's message names it
                 summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
             # A run resumed after its last step (killed before it could finish) may have logged this already.
             finished_before = summary["start_step"] == self.step_idx and logged_eval(

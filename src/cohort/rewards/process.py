@@ -34,16 +34,20 @@ __all__ = ["ProcessRewardModel", "step_char_ends", "step_token_ends"]
 
 
 def step_char_ends(text: str, separator: str) -> list[int]:
-    """Returns the index of each step's last character in `text` (steps split by `separator`)."""
+    """Returns the index of each step's last character in `text` (steps split by `separator`; blank ones skipped)."""
     if not separator:
         raise ValueError("the step separator is empty; set process.step_separator, e.g. '\\n'")
-    ends, start = [], 0
+    ends, start, pos = [], 0, 0
     while True:
-        at = text.find(separator, start)
+        at = text.find(separator, pos)
         if at < 0:
             break
-        ends.append(at + len(separator) - 1)
-        start = at + len(separator)
+        pos = at + len(separator)
+        # A blank step (an empty line) is no step: its separator joins the next step, so a function that
+        # scores the non-blank lines counts the same steps.
+        if text[start:at].strip():
+            ends.append(pos - 1)
+            start = pos
     if text[start:].strip():  # text after the last separator is a step of its own
         ends.append(len(text) - 1)
     elif not ends and text:
