@@ -157,3 +157,17 @@ def test_a_pipeline_file_is_data_and_its_problems_are_one_line(tmp_path, text, f
     # The same file given to `cohort train` fails the same way, in one line.
     assert main(["train", str(path)]) != 0
     assert fragment in capsys.readouterr().err
+
+
+def test_a_second_pipeline_on_the_same_folder_stops_before_any_stage(tiny_model_dir, tmp_path, capsys):
+    from cohort.cli import main
+    from cohort.rundir import RunLock
+
+    path = _write(tmp_path, tiny_model_dir)
+    holder = RunLock(tmp_path / "run").acquire()  # the first pipeline, still running
+    try:
+        assert main(["pipeline", str(path)]) == 1
+    finally:
+        holder.release()
+    assert "is in use by another cohort run" in capsys.readouterr().err
+    assert not any(p.is_dir() for p in (tmp_path / "run").iterdir())  # no stage started

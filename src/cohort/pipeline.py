@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cohort.errors import ConfigError
+from cohort.rundir import RunLock
 
 COMMANDS = ("sft", "train", "sample")
 """The cohort commands a stage may run."""
@@ -215,6 +216,17 @@ def run_pipeline(pipe: Pipeline, *, write: Any = print) -> dict[str, Any]:
     from cohort.cli import main
 
     pipe.out_dir.mkdir(parents=True, exist_ok=True)
+    # The pipeline's own lock, before any stage runs: a second pipeline on this folder stops here instead of
+    # re-running a stage into the first one's folders until that stage's lock stops it.
+    lock = RunLock(pipe.out_dir).acquire()
+    try:
+        return _run_stages(pipe, main, write)
+    finally:
+        lock.release()
+
+
+def _run_stages(pipe: Pipeline, main: Any, write: Any) -> dict[str, Any]:
+    """Returns the pipeline's summary after running, in order, every stage not yet done (the lock held)."""
     results: dict[str, Any] = {}
     for i, stage in enumerate(pipe.stages):
         done = stage.folder / "done.json"

@@ -115,6 +115,16 @@ def test_estimator_registry_and_user_estimators():
         estimate_advantages("test_wrong", r, 2)
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         estimate_advantages("nope", r, 2)
+    # A NaN from a plug-in estimator is named as the estimator's, not left for the loss to blame the lr on.
+    register_advantage("test_nan", lambda rewards, group_size: rewards / (rewards - rewards))
+    with pytest.raises(
+        ValueError, match=r"estimator 'test_nan' returned 4 non-finite advantage\(s\) \(rows \[0, 1"
+    ):
+        estimate_advantages("test_nan", r, 2)
+    # Every built-in gives a row with no reward (NaN) a finite 0.
+    nan_row = torch.tensor([1.0, float("nan"), 0.0, 1.0], dtype=torch.float64)
+    for name in ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+        assert torch.isfinite(estimate_advantages(name, nan_row, 2)).all(), name
 
 
 @pytest.mark.parametrize(

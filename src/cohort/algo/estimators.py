@@ -115,4 +115,16 @@ def estimate_advantages(
             f"advantage estimator {name!r} returned {got}; it must return one advantage per completion, a "
             f"tensor of shape {tuple(rewards.shape)}"
         )
+    bad = ~torch.isfinite(adv)  # [N]
+    if bad.any():
+        rows = bad.nonzero().flatten().tolist()
+        raise NonFiniteAdvantageError(
+            f"advantage estimator {name!r} returned {len(rows)} non-finite advantage(s) (rows {rows[:5]}"
+            f"{', ...' if len(rows) > 5 else ''}; rewards there: {rewards[rows[:5]].tolist()}); it must return a "
+            "finite number for every completion (0 for a row it cannot score): fix the estimator"
+        )
     return adv.to(rewards.dtype)
+
+
+class NonFiniteAdvantageError(ValueError):
+    """An advantage estimator returned NaN or inf: the message names the estimator, the rows and their rewards."""
