@@ -393,6 +393,27 @@ def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_checkpoint(
     assert not list((tmp_path / "full" / "checkpoints").iterdir())
 
 
+class _LibraryError(Exception):
+    """What safetensors raises for a failed write: its own type, the OS error only in the text."""
+
+
+def test_a_full_disk_inside_a_library_writer_is_the_same_one_error(tiny_model_dir, tmp_path, monkeypatch):
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "lib", steps=1))
+
+    def full(*args, **kwargs):
+        raise _LibraryError(
+            "Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+            '"No space left on device" })'
+        )
+
+    monkeypatch.setattr(type(t.model), "save_pretrained", full)
+    with pytest.raises(
+        OSError, match="no space left on device while writing the checkpoint of step 0 to .*removed"
+    ):
+        t.save()
+    assert not list((tmp_path / "lib" / "checkpoints").iterdir())  # no .tmp-step-0 left behind
+
+
 # ------------------------------------------------------------------ 4. two runs, one folder
 
 

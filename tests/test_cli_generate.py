@@ -208,6 +208,21 @@ def test_chat_loop_survives_ctrl_c_during_a_reply_and_resets():
     assert any("max-new-tokens" in w for w in written)
 
 
+def test_chat_loop_survives_a_line_that_is_not_utf8():
+    events: list = [b"\xff\xfe hi".decode, "interrupted by the stub", "hello"]
+    written: list[str] = []
+
+    def read(prompt: str) -> str:
+        if not events:
+            raise EOFError
+        event = events.pop(0)
+        return event() if callable(event) else event  # decoding b"\xff..." raises as input() does
+
+    assert chat_loop(_StubSession(), read=read, write=written.append) == 0
+    assert any(w.startswith("error: that line is not UTF-8 text") for w in written), written
+    assert any(w.startswith("model> ") for w in written)  # the next line still got a reply
+
+
 def _replies(k: int):
     """Returns a test of the terminal output: k replies were printed and the next "you> " prompt followed."""
     return lambda text: text.count("model> ") >= k and "you> " in text.rsplit("model> ", 1)[1]

@@ -138,17 +138,9 @@ def _save_checkpoint_files(
             torch.save(value, tmp / name)
         torch.save(state, tmp / "trainer_state.pt")
         (tmp / "step.json").write_text(json.dumps({"step": step}))
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - safetensors and tokenizers raise their own types for a full disk
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left" in str(e):
-            raise OSError(
-                errno.ENOSPC,
-                f"no space left on device while writing the checkpoint of step {step} to {tmp}; free some space "
-                f"(or lower keep_checkpoints) and resume with resume=auto: the previous checkpoints are intact",
-            ) from None
-        if isinstance(e, OSError):
-            raise OSError(e.errno, f"could not write the checkpoint of step {step} to {tmp}: {e}") from None
-        raise
+        raise _write_error(e, step, tmp) from None
     if final.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -157,6 +149,26 @@ def _save_checkpoint_files(
     shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
     return final
+
+
+def _write_error(e: BaseException, step: int, tmp: Path) -> BaseException:
+    """Returns the one error a failed checkpoint write raises: OSError naming the step and folder (ENOSPC said
+    plainly); an error that is no I/O failure is returned as it is."""
+    causes = [e, *(getattr(f, "exception", f) for f in getattr(e, "failures", {}).values())]  # DCP's wrapper
+    chain = [c for c in causes if isinstance(c, BaseException)]
+    for c in list(chain):
+        if c.__cause__ is not None:
+            chain.append(c.__cause__)
+    if any(isinstance(c, OSError) and c.errno == errno.ENOSPC or "No space left" in str(c) for c in chain):
+        return OSError(
+            errno.ENOSPC,
+            f"no space left on device while writing the checkpoint of step {step} to {tmp} (removed); free some "
+            "space (or lower keep_checkpoints) and resume with resume=auto: the previous checkpoints are intact",
+        )
+    io = next((c for c in chain if isinstance(c, OSError)), None)
+    if io is not None:
+        return OSError(io.errno, f"could not write the checkpoint of step {step} to {tmp} (removed): {io}")
+    return e
 
 
 def _save_sharded(
@@ -171,8 +183,15 @@ def _save_sharded(
             shutil.rmtree(tmp)
         tmp.mkdir()
     dist.barrier()
-    write_sharded(tmp)  # collective: torch.distributed.checkpoint, every process its shard
-    torch.save(rank_state or {}, tmp / f"rank-{dist.rank()}.pt")
+    try:
+        write_sharded(tmp)  # collective: torch.distributed.checkpoint, every process its shard
+        torch.save(rank_state or {}, tmp / f"rank-{dist.rank()}.pt")
+    except BaseException as e:  # DCP's CheckpointException is a BaseException holding each process's error
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(e, step, tmp) from None
     dist.barrier()
     final = root / f"step-{step}"
     if main:
