@@ -223,6 +223,12 @@ def config_changes(
             out += config_changes(a, b, name + ".")
         elif a != b:
             out.append((name, a, b))
+    if not prefix:
+        # Derived, not chosen: distributed.global_batch_size sets the per-process rollout.batch_size from the
+        # process count, so the same global batch resumed on another count is the same run.
+        total = (saved.get("distributed") or {}).get("global_batch_size")
+        if total is not None and total == (current.get("distributed") or {}).get("global_batch_size"):
+            out = [c for c in out if c[0] != "rollout.batch_size"]
     return out
 
 
