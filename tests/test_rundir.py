@@ -4,7 +4,11 @@ from cohort.rundir import config_changes
 
 
 def _cfg(batch, total=None, lr=1e-6):
-    return {"rollout": {"batch_size": batch}, "distributed": {"global_batch_size": total}, "optim": {"lr": lr}}
+    return {
+        "rollout": {"batch_size": batch},
+        "distributed": {"global_batch_size": total},
+        "optim": {"lr": lr},
+    }
 
 
 def test_a_global_batch_resumed_on_another_process_count_is_the_same_run():

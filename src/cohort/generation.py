@@ -252,7 +252,8 @@ def chat_loop(
         except KeyboardInterrupt:  # Ctrl-C at the prompt drops the line being typed, as a shell does
             write("")
             continue
-        except UnicodeDecodeError as exc:  # a terminal or pipe in another encoding: that line is lost, not the chat
+        except UnicodeDecodeError as exc:
+            # A terminal or pipe in another encoding: that line is lost, not the chat.
             write(f"error: that line is not UTF-8 text ({exc.reason} at byte {exc.start}); type it again")
             continue
         text = line.strip()
