@@ -169,7 +169,8 @@ def test_trl_reference_sync_maps_onto_cohorts():
     assert cfg.algo.ref_update_every == 64 and cfg.algo.ref_mixup_alpha == 0.6  # TRL's default mixes
     at_zero = GRPOConfig(output_dir="x", sync_ref_model=True, beta=0.0).to_train_config("m", 8)
     with pytest.raises(
-        ConfigError, match="algo.ref_update_every=512 changes nothing in this configuration: algo.beta=0 runs no reference"
+        ConfigError,
+        match="algo.ref_update_every=512 changes nothing in this configuration: algo.beta=0 runs no reference",
     ):
         at_zero.validate(need_data=False, reward_funcs=[len])
 
