@@ -55,9 +55,8 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
     """Restore the states captured by :func:`rng_state`."""
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
-    keys = (
-        keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
-    )  # ndarray: checkpoints before 0.4
+    # A tensor since checkpoints load with weights_only=True; an ndarray in older checkpoints.
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
     np.random.set_state((name, keys.astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():

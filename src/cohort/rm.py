@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from cohort.errors import ConfigError
+from cohort.rundir import config_changes
 
 RM_FORMATS = ("pointwise", "pairwise")
 
@@ -313,7 +314,7 @@ class RMConfig:
         return self
 
 
-RM_RESUMABLE = frozenset({"steps", "eval_every", "save_every", "out_dir", "extra"})
+RM_RESUMABLE = ("steps", "eval_every", "save_every", "out_dir", "extra.")
 """RMConfig fields that may change between a run and its resumption (how long, how often, not what)."""
 
 
@@ -321,8 +322,7 @@ def _check_same_run(cfg: RMConfig, saved: dict[str, Any] | None, ckpt: Path) -> 
     """Raises ConfigError when `cfg` differs from the config checkpoint `ckpt` was trained with (beyond RM_RESUMABLE)."""
     if saved is None:  # a checkpoint from before the config was recorded: nothing to compare
         return
-    now = dataclasses.asdict(cfg)
-    changed = [(k, saved.get(k), v) for k, v in now.items() if k not in RM_RESUMABLE and saved.get(k) != v]
+    changed = config_changes(saved, dataclasses.asdict(cfg), resumable=RM_RESUMABLE)
     if changed:
         listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise ConfigError(

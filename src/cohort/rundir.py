@@ -208,19 +208,22 @@ how a run is watched, saved or sped up, not what it computes."""
 
 
 def config_changes(
-    saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    prefix: str = "",
+    resumable: tuple[str, ...] = RESUMABLE_CHANGES,
 ) -> list[tuple[str, Any, Any]]:
-    """Returns (dotted key, saved value, current value) for every key outside RESUMABLE_CHANGES that differs."""
+    """Returns (dotted key, saved value, current value) for every key outside `resumable` that differs.
+
+    `resumable`: keys (prefixes end with a dot) that may change between attempts; a training run's by default."""
     out: list[tuple[str, Any, Any]] = []
     for key in sorted(set(saved) | set(current)):
         name = prefix + key
-        if name in RESUMABLE_CHANGES or any(
-            p.endswith(".") and name.startswith(p) for p in RESUMABLE_CHANGES
-        ):
+        if name in resumable or any(p.endswith(".") and name.startswith(p) for p in resumable):
             continue
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += config_changes(a, b, name + ".")
+            out += config_changes(a, b, name + ".", resumable)
         elif a != b:
             out.append((name, a, b))
     if not prefix:
