@@ -55,13 +55,24 @@ def test_quick_start(tiny_model_dir, tmp_path):
     trainer = GRPOTrainer(
         model=str(tiny_model_dir),
         reward_funcs=reward_len,
-        args=_args(tmp_path),
+        args=_args(tmp_path, logging_steps=1),
         train_dataset=_text_dataset(),
     )
     before = _params(trainer.model)
     trainer.train()
     assert _changed(before, trainer.model)
-    assert [row["step"] for row in trainer.state.log_history] == [1, 2] and trainer.state.global_step == 2
+    history = trainer.state.log_history
+    # TRL's rows: one per logging_steps optimizer steps, then the closing summary row.
+    assert [row["step"] for row in history] == [1, 2, 2] and trainer.state.global_step == 2
+    for row in history[:2]:
+        assert {"loss", "reward", "learning_rate", "epoch", "grad_norm", "entropy"} <= set(row)
+        assert "kl" not in row  # beta = 0: TRL logs no kl
+    assert history[0]["learning_rate"] > history[1]["learning_rate"]  # TRL's linear decay
+    summary = history[-1]
+    assert {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"} <= set(summary)
+    assert summary["train_steps_per_second"] == pytest.approx(2 / summary["train_runtime"])
+    assert summary["train_samples_per_second"] == pytest.approx(16 / summary["train_runtime"])
+    assert summary["train_loss"] == pytest.approx((history[0]["loss"] + history[1]["loss"]) / 2)
     folder = trainer.save_model()
     assert (folder / "config.json").is_file()
 
@@ -269,7 +280,7 @@ def test_a_reward_model_by_path(tiny_model_dir, tmp_path):
     trainer = GRPOTrainer(
         model=str(tiny_model_dir),
         reward_funcs=str(tmp_path / "rm"),
-        args=_args(tmp_path),
+        args=_args(tmp_path, logging_steps=1),
         train_dataset=_text_dataset(),
     )
     before = _params(trainer.model)

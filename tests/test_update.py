@@ -294,3 +294,95 @@ def _counted(forward, calls: dict, name: str):
         return forward(*args, **kwargs)
 
     return wrapped
+
+
+def _entropy_gradient(
+    model, batch, fast, micro_batch_tokens, **algo
+) -> tuple[dict, UpdateStats, PolicyUpdater]:
+    """Returns ({name: gradient} of one update with entropy-regularisation settings `algo`, stats, updater)."""
+    for p in model.parameters():
+        p.grad = None
+    updater = PolicyUpdater(
+        model,
+        torch.optim.SGD(list(model.parameters()), lr=0.0),
+        None,
+        AlgoConfig(loss_type="dapo", **algo),
+        temperature=0.9,
+        max_completion_length=16,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=0.0,
+        fast=fast,
+    )
+    stats = updater.update(batch)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats, updater
+
+
+def test_the_entropy_bonus_adds_minus_coef_times_the_gradient_of_the_mean_token_entropy(model64, batch):
+    from cohort.logprobs import completion_logprobs
+
+    coef = 0.3
+    plain = FastConfig.all("off")
+    base, _, _ = _entropy_gradient(model64, batch, plain, 10**6)
+    # The expected extra term, computed independently: -coef * (sum of token entropies / loss tokens).
+    rows = [r for r in range(len(batch.completion_ids)) if batch.in_loss[r]]
+    for p in model64.parameters():
+        p.grad = None
+    lp = completion_logprobs(
+        model64,
+        batch.prompt_ids,
+        batch.completion_ids,
+        G,
+        rows=rows,
+        temperature=0.9,
+        with_entropy="grad",
+        fast=plain,
+    )
+    tokens = sum(len(batch.completion_ids[r]) for r in rows)
+    mean_entropy = (lp.entropy * lp.mask).sum() / tokens
+    (-coef * mean_entropy).backward()
+    bonus = {n: p.grad.clone() for n, p in model64.named_parameters()}
+    expected = {n: base[n] + bonus[n] for n in base}
+    for fast in (plain, FastConfig(chunked_head="on", segments="on")):
+        for micro in (10**6, 12):  # the bonus's shares over micro-batches add up to the whole
+            got, stats, _ = _entropy_gradient(model64, batch, fast, micro, entropy_coef=coef)
+            _assert_same(got, expected, (fast, micro))
+            assert stats.entropy_coef == coef and stats.metrics()["entropy_coef"] == coef
+            assert stats.paths["skip_zero_advantage"] == 0.0  # zero-advantage rows have an entropy gradient
+    assert any(g.abs().max() > 0 for g in bonus.values())
+
+
+def test_the_adaptive_entropy_coefficient_follows_the_measured_entropy(model64, batch):
+    plain = FastConfig.all("off")
+    common = dict(adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.02, num_iterations=2)
+    _, stats, updater = _entropy_gradient(model64, batch, plain, 10**6, entropy_target=100.0, **common)
+    # Entropy below the target: up by delta per optimizer step (two here), and the bonus stays on.
+    assert stats.entropy_coef == pytest.approx(0.14)
+    assert updater.last_entropy == pytest.approx(stats.entropy, rel=1e-6)
+    _, stats, updater = _entropy_gradient(model64, batch, plain, 10**6, entropy_target=0.0, **common)
+    assert stats.entropy_coef == pytest.approx(0.06)  # above the target: down
+    # Above the target the next step applies no bonus: its gradient is the policy term's alone.
+    base, _, _ = _entropy_gradient(model64, batch, plain, 10**6)
+    got = updater.update(batch)
+    assert got.entropy_coef == pytest.approx(0.02)
+    grads = {n: p.grad.clone() for n, p in model64.named_parameters()}
+    _assert_same(grads, base, "gated off")
+    # The controller's state round-trips (it goes into checkpoints).
+    state = updater.entropy_state()
+    _, _, fresh = _entropy_gradient(model64, batch, plain, 10**6, entropy_target=0.0, **common)
+    fresh.load_entropy_state(state)
+    assert fresh.entropy_state() == state
+
+
+def test_skipping_zero_advantage_rows_is_refused_with_an_entropy_bonus(model64):
+    with pytest.raises(FastPathError, match="skip_zero_advantage=on.*entropy"):
+        PolicyUpdater(
+            model64,
+            torch.optim.SGD(model64.parameters(), lr=0.0),
+            None,
+            AlgoConfig(entropy_coef=0.01),
+            temperature=1.0,
+            max_completion_length=8,
+            micro_batch_tokens=100,
+            max_grad_norm=0.0,
+            fast=FastConfig(skip_zero_advantage="on"),
+        )

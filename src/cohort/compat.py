@@ -9,11 +9,13 @@ asks for is silently ignored. A name that is neither (a typo) gets "did you mean
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cohort.config import TrainConfig, _valid_keys, load_config
@@ -34,21 +36,43 @@ class Field:
 TRL_FIELDS: dict[str, Field] = {
     # where the run goes and how long it lasts
     "output_dir": Field(None, "out_dir"),
-    "max_steps": Field(-1, "steps", "-1: computed from num_train_epochs and the dataset size"),
+    "max_steps": Field(
+        -1,
+        "steps",
+        "optimizer steps, as TRL counts them: steps = max_steps / (optimizer steps per generation batch); -1: "
+        "from num_train_epochs",
+    ),
     "num_train_epochs": Field(
-        3.0, "steps", "steps = ceil(epochs x rows / prompts per step) when max_steps is -1"
+        3.0,
+        "steps",
+        "when max_steps is -1, TRL's count: ceil(epochs x floor(rows / prompts per generation batch) x optimizer "
+        "steps per generation batch)",
     ),
     "seed": Field(42, "seed"),
     # batch shape
     "per_device_train_batch_size": Field(
         8,
         "rollout.batch_size",
-        "completions per step and process = this x gradient_accumulation_steps (whole groups on each process)",
+        "completions per generation batch and process = this x steps_per_generation (whole groups on each "
+        "process)",
     ),
     "gradient_accumulation_steps": Field(
         1,
+        "algo.num_minibatches",
+        "an optimizer step takes this x per_device_train_batch_size completions per process (cohort splits "
+        "micro-batches by micro_batch_tokens)",
+    ),
+    "steps_per_generation": Field(
+        None,
+        "algo.num_minibatches",
+        "None: gradient_accumulation_steps. num_minibatches = this / gradient_accumulation_steps optimizer steps "
+        "per generation batch (a multiple of it)",
+    ),
+    "generation_batch_size": Field(
+        None,
         "rollout.batch_size",
-        "multiplies the completions per step (cohort splits micro-batches by micro_batch_tokens)",
+        "completions per generation batch over all processes: steps_per_generation = this / "
+        "(per_device_train_batch_size x processes)",
     ),
     "num_generations": Field(8, "rollout.group_size"),
     # sampling
@@ -109,15 +133,27 @@ TRL_FIELDS: dict[str, Field] = {
     "logging_steps": Field(
         10,
         "logging_steps",
-        "the interval of the plain progress lines printed when stdout is not a terminal (a float < 1: that "
-        "fraction of the steps); metrics.jsonl gets every step",
+        "optimizer steps between trainer.state.log_history rows (means over them) and plain progress lines (a "
+        "float < 1: that fraction of max_steps); metrics.jsonl gets every generation batch",
     ),
     "report_to": Field("none", "tensorboard", "'tensorboard' and 'wandb' turn those sinks on"),
     "save_strategy": Field("steps", "save_every", "'no' -> save only at the end"),
-    "save_steps": Field(500, "save_every"),
+    "save_steps": Field(500, "save_every", "optimizer steps (rounded up to whole generation batches)"),
     "save_total_limit": Field(None, "keep_checkpoints"),
     "eval_strategy": Field("no", "eval_every", "'steps' with eval_steps -> eval_every"),
-    "eval_steps": Field(None, "eval_every"),
+    "eval_steps": Field(
+        None, "eval_every", "optimizer steps (rounded up to whole generation batches); None: logging_steps"
+    ),
+    "per_device_eval_batch_size": Field(
+        8, "eval_batch_size", "completions generated at once when evaluating"
+    ),
+    "metric_for_best_model": Field(
+        None, "state.best_metric", "trainer.state.best_metric tracks it (EarlyStoppingCallback reads it)"
+    ),
+    "greater_is_better": Field(None, "state.best_metric", "None: True unless the metric name ends in loss"),
+    "load_best_model_at_end": Field(
+        False, None, "not implemented: trainer.state.best_global_step names the best evaluation's step"
+    ),
     "log_completions": Field(
         False, "num_samples_logged", "cohort logs num_samples_logged completions per step"
     ),
@@ -127,14 +163,15 @@ TRL_FIELDS: dict[str, Field] = {
     "use_vllm": Field(
         False, None, "rollout.engine (builtin or hf); a vLLM engine is a design (docs/vllm.md), not written"
     ),
-    "generation_batch_size": Field(
-        None, None, "rollout.batch_size (one generation batch per optimizer step)"
-    ),
-    "steps_per_generation": Field(None, None, "algo.num_minibatches (optimizer steps per generation batch)"),
     "top_entropy_quantile": Field(
         1.0, "algo.top_entropy_quantile", "must be > 0 (cohort keeps a share of tokens)"
     ),
-    "entropy_coef": Field(0.0, None, "not implemented"),
+    "entropy_coef": Field(0.0, "algo.entropy_coef"),
+    "use_adaptive_entropy": Field(False, "algo.adaptive_entropy"),
+    "entropy_target": Field(0.2, "algo.entropy_target"),
+    "entropy_coef_min": Field(0.0, "algo.entropy_coef_min"),
+    "entropy_coef_max": Field(1.0, "algo.entropy_coef_max"),
+    "entropy_coef_delta": Field(0.005, "algo.entropy_coef_delta"),
     "use_liger_loss": Field(
         False, None, "not implemented: cohort's chunked LM head (fast.chunked_head) bounds logits memory"
     ),
@@ -192,7 +229,15 @@ class GRPOConfig:
             return self._given[name]
         if name in TRL_FIELDS:
             return TRL_FIELDS[name].default
+        # Callbacks (W&B, MLflow, early stopping) read TrainingArguments' other fields: their defaults.
+        defaults = _training_arguments_defaults()
+        if name in defaults:
+            return defaults[name]
         raise AttributeError(f"GRPOConfig has no field {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns every TRL field cohort knows with its value (TrainingArguments.to_dict, which callbacks log)."""
+        return {**{k: spec.default for k, spec in TRL_FIELDS.items()}, **self._given}
 
     def __repr__(self) -> str:
         return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
@@ -208,11 +253,13 @@ class GRPOConfig:
         out["out_dir"] = g.get("output_dir") or "trainer_output"
         out["seed"] = g.get("seed", 42)
         # cohort's rollout.batch_size is per process (each process samples whole groups of its own prompts),
-        # TRL's generation batch is per_device x accumulation on each device: the same count per process.
-        per_device = g.get("per_device_train_batch_size", 8)
-        accumulation = g.get("gradient_accumulation_steps", 1)
-        out["rollout.batch_size"] = per_device * accumulation
-        out["rollout.group_size"] = g.get("num_generations", 8)
+        # TRL's generation batch is per_device x steps_per_generation on each device: the same count.
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # every process samples its own prompts
+        per_generation = self.steps_per_generation_resolved(world)
+        out["rollout.batch_size"] = self.per_device_train_batch_size * per_generation
+        out["rollout.group_size"] = self.num_generations
+        out["algo.num_minibatches"] = per_generation // self.gradient_accumulation_steps
+        out["eval_batch_size"] = self.per_device_eval_batch_size
         for name in ("max_completion_length", "temperature", "top_p"):
             out[f"rollout.{name}"] = getattr(self, name)
         out["rollout.top_k"] = self.top_k or 0
@@ -245,6 +292,11 @@ class GRPOConfig:
         if self.loss_type not in ("cispo", "sapo") or self.delta is not None:
             out["algo.delta"] = self.delta
         out["algo.top_entropy_quantile"] = self.top_entropy_quantile
+        out["algo.entropy_coef"] = self.entropy_coef
+        out["algo.adaptive_entropy"] = bool(self.use_adaptive_entropy)
+        if self.use_adaptive_entropy:
+            for name in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):
+                out[f"algo.{name}"] = getattr(self, name)
         out["algo.num_iterations"] = self.num_iterations
         scale = self.scale_rewards
         out["algo.scale"] = (
@@ -331,36 +383,117 @@ class GRPOConfig:
         out["eval_every"] = (self.eval_steps or 0) if self.eval_strategy == "steps" else 0
         if self.num_completions_to_print is not None:
             out["num_samples_logged"] = self.num_completions_to_print
-        # How long: max_steps wins; else epochs over the dataset, as TRL counts them.
-        steps = self.max_steps
-        if steps is None or steps <= 0:
-            if num_rows is None:
-                raise ConfigError(
-                    "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
-                )
-            world = int(os.environ.get("WORLD_SIZE", "1"))  # every process samples its own prompts
-            prompts_per_step = world * max(1, out["rollout.batch_size"] // max(1, out["rollout.group_size"]))
-            if not self.num_train_epochs > 0:
-                raise ConfigError(
-                    f"GRPOConfig(num_train_epochs={self.num_train_epochs}) with max_steps={self.max_steps} trains "
-                    "nothing; set num_train_epochs > 0 or max_steps=N"
-                )
-            steps = max(1, math.ceil(self.num_train_epochs * num_rows / prompts_per_step))
-        out["steps"] = int(steps)
+        # How long: TRL counts optimizer steps; cohort counts generation batches, each making `per_batch`.
+        per_batch = self.num_iterations * out["algo.num_minibatches"]
+        steps = self.optimizer_steps(num_rows, world)
+        if not (self.max_steps is not None and self.max_steps > 0):  # from epochs: whole generation batches
+            steps = math.ceil(steps / per_batch) * per_batch
+        if steps % per_batch:
+            raise ConfigError(
+                f"GRPOConfig(max_steps={steps}): each generation batch makes {per_batch} optimizer steps "
+                f"(num_iterations={self.num_iterations} x steps_per_generation / gradient_accumulation_steps = "
+                f"{out['algo.num_minibatches']}) and cohort trains whole generation batches; set max_steps to a "
+                f"multiple of {per_batch} (e.g. {max(per_batch, steps - steps % per_batch)})"
+            )
+        out["steps"] = steps // per_batch
+        # cohort's scheduler steps once per optimizer step (steps x num_iterations x num_minibatches in all).
+        warmup = self.warmup_steps
+        if isinstance(warmup, float) and 0 < warmup < 1:  # transformers 5: a float < 1 is a ratio
+            warmup = math.ceil(warmup * steps)
         if not 0 <= self.warmup_ratio <= 1:
             raise ConfigError(
                 f"GRPOConfig(warmup_ratio={self.warmup_ratio}) must be in [0, 1] (a fraction of the steps)"
             )
-        warmup = self.warmup_steps or (round(self.warmup_ratio * steps) if self.warmup_ratio else 0)
-        out["optim.warmup_steps"] = int(warmup)
-        # TRL reads a value in (0, 1) of logging_steps, save_steps and eval_steps as a fraction of the steps.
+        out["optim.warmup_steps"] = int(
+            warmup or (math.ceil(self.warmup_ratio * steps) if self.warmup_ratio else 0)
+        )
+        # logging_steps, save_steps and eval_steps count optimizer steps (a value in (0, 1): that fraction of
+        # max_steps); cohort acts on whole generation batches, so each rounds up to them.
         out["logging_steps"] = self.logging_steps
+        if self.eval_strategy == "steps" and not self.eval_steps:
+            out["eval_every"] = self.logging_steps  # TRL's default for eval_steps
         for key in ("logging_steps", "save_every", "eval_every"):
             every = out[key]
             if isinstance(every, float) and 0 < every < 1:
-                out[key] = max(1, round(every * steps))
+                every = max(1, math.ceil(every * steps))
+            out[key] = math.ceil(every / per_batch) if every else 0
         out.update(self.cohort)
         return load_config(None, out)
+
+    def steps_per_generation_resolved(self, world: int = 1) -> int:
+        """Returns the optimizer-step-sized parts of one generation batch, per TRL: steps_per_generation, or
+        generation_batch_size / (per_device_train_batch_size x processes), or gradient_accumulation_steps."""
+        per_device, accumulation = self.per_device_train_batch_size, self.gradient_accumulation_steps
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"GRPOConfig({name}={value!r}) must be an integer >= 1")
+        spg, gbs = self.steps_per_generation, self.generation_batch_size
+        if spg is not None and gbs is not None:
+            raise ConfigError(
+                "GRPOConfig: set steps_per_generation or generation_batch_size, not both (TRL derives one from "
+                "the other)"
+            )
+        if gbs is not None:
+            if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1 or gbs % (per_device * world):
+                raise ConfigError(
+                    f"GRPOConfig(generation_batch_size={gbs!r}) must be a positive multiple of "
+                    f"per_device_train_batch_size x processes = {per_device * world}"
+                )
+            spg = gbs // (per_device * world)
+        spg = accumulation if spg is None else spg
+        if isinstance(spg, bool) or not isinstance(spg, int) or spg < 1:
+            raise ConfigError(f"GRPOConfig(steps_per_generation={spg!r}) must be an integer >= 1")
+        if spg % accumulation:
+            raise ConfigError(
+                f"GRPOConfig: one generation batch holds {spg} micro-batches (steps_per_generation), which is "
+                f"not a whole number of optimizer steps of gradient_accumulation_steps={accumulation}; cohort "
+                "generates once per whole optimizer steps: make steps_per_generation a multiple of "
+                "gradient_accumulation_steps"
+            )
+        minibatch = per_device * accumulation
+        if spg > accumulation and minibatch % self.num_generations:
+            raise ConfigError(
+                f"GRPOConfig: with {spg // accumulation} optimizer steps per generation batch, each step takes "
+                f"per_device_train_batch_size x gradient_accumulation_steps = {minibatch} completions, not a "
+                f"whole number of groups of num_generations={self.num_generations}; cohort's optimizer steps take "
+                "whole groups: make that product a multiple of num_generations"
+            )
+        return spg
+
+    def optimizer_steps(self, num_rows: int | None, world: int = 1) -> int:
+        """Returns the run's optimizer steps as TRL counts them: max_steps, else from num_train_epochs."""
+        if self.max_steps is not None and self.max_steps > 0:
+            return int(self.max_steps)
+        if num_rows is None:
+            raise ConfigError(
+                "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
+            )
+        if not self.num_train_epochs > 0:
+            raise ConfigError(
+                f"GRPOConfig(num_train_epochs={self.num_train_epochs}) with max_steps={self.max_steps} trains "
+                "nothing; set num_train_epochs > 0 or max_steps=N"
+            )
+        per_generation = self.steps_per_generation_resolved(world)
+        prompts = self.per_device_train_batch_size * per_generation * world // self.num_generations
+        # TRL's sampler drops the last incomplete generation batch of an epoch.
+        batches = max(1, num_rows // max(1, prompts))
+        per_batch = self.num_iterations * per_generation // self.gradient_accumulation_steps
+        return max(1, math.ceil(self.num_train_epochs * batches * per_batch))
+
+
+@functools.cache
+def _training_arguments_defaults() -> dict[str, Any]:
+    """Returns transformers.TrainingArguments' field defaults, by name."""
+    from transformers import TrainingArguments
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(TrainingArguments):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def _unknown_message(name: str) -> str:
@@ -433,17 +566,6 @@ def peft_to_lora(peft_config: Any) -> dict[str, Any]:
     return out
 
 
-@dataclass
-class TrainerState:
-    """The part of transformers' TrainerState a TRL script reads: the step, the planned steps, the epoch and
-    every logged row (`log_history`, one dict per step, TRL's metric names)."""
-
-    global_step: int = 0
-    max_steps: int = 0
-    epoch: float = 0.0
-    log_history: list[dict[str, Any]] = field(default_factory=list)
-
-
 def model_name(model: Any) -> str:
     """Returns the name or path a model object was loaded from ('' when unknown)."""
     return str(
@@ -503,7 +625,8 @@ def trl_arguments(
         for part in section.split("."):
             obj = getattr(obj, part)
         setattr(obj, leaf, value)
-    config.eval_at_ends = bool(held)
+    # TRL evaluates on its eval_steps schedule only; without one cohort evaluates the held-out rows at both ends.
+    config.eval_at_ends = bool(held) and args.eval_strategy == "no"
     if processing_class is not None:
         tokenizer = processing_class
     if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
@@ -513,3 +636,30 @@ def trl_arguments(
     if tokenizer is not None and tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return config, train, held or [], model, tokenizer
+
+
+def trl_view(cfg: TrainConfig) -> GRPOConfig:
+    """Returns a GRPOConfig stating a cohort config in TRL's terms (optimizer steps): what callbacks get as
+    `args` when the trainer was built in cohort's form."""
+    per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
+    fields: dict[str, Any] = {
+        "max_steps": cfg.steps * per_step,
+        "seed": cfg.seed,
+        "per_device_train_batch_size": cfg.rollout.batch_size // cfg.algo.num_minibatches,
+        "num_generations": cfg.rollout.group_size,
+        "num_iterations": cfg.algo.num_iterations,
+        "max_completion_length": cfg.rollout.max_completion_length,
+        "temperature": cfg.rollout.temperature,
+        "beta": cfg.algo.beta,
+        "learning_rate": cfg.optim.lr,
+        "logging_steps": cfg.logging_steps * per_step,
+        "save_strategy": "steps" if cfg.save_every else "no",
+        "save_steps": (cfg.save_every or 500) * per_step,
+        "eval_strategy": "steps" if cfg.eval_every else "no",
+        "eval_steps": cfg.eval_every * per_step or None,
+        "per_device_eval_batch_size": cfg.eval_batch_size,
+        "report_to": [s for s in ("tensorboard", "wandb") if getattr(cfg, s)] or "none",
+    }
+    if cfg.algo.num_minibatches > 1:
+        fields["steps_per_generation"] = cfg.algo.num_minibatches
+    return GRPOConfig(output_dir=cfg.out_dir, **fields)

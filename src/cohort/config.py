@@ -182,6 +182,23 @@ class AlgoConfig:
     top_entropy_quantile: float = 1.0
     """Keep only this top share of each micro-batch's tokens by entropy in the policy loss ("Beyond the 80/20
     Rule" uses 0.2; 1.0 keeps every token)."""
+    entropy_coef: float = 0.0
+    """Entropy regularisation: subtract this times the mean per-token entropy from the loss (an exploration
+    bonus; 0 is off). With adaptive_entropy it is the controller's starting coefficient."""
+    adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive coefficient (TRL's use_adaptive_entropy): after each optimizer step it moves by
+    entropy_coef_delta, up when the step's entropy was at or below entropy_target and down otherwise, within
+    [entropy_coef_min, entropy_coef_max]; the bonus applies only while the last entropy is at or below the
+    target."""
+    entropy_target: float = 0.2
+    """With adaptive_entropy: the mean per-token entropy (nats) the controller defends (TRL's default 0.2 acts
+    only near collapse; a value near the early-training entropy acts sooner)."""
+    entropy_coef_min: float = 0.0
+    """With adaptive_entropy: the lowest coefficient."""
+    entropy_coef_max: float = 1.0
+    """With adaptive_entropy: the highest coefficient."""
+    entropy_coef_delta: float = 0.005
+    """With adaptive_entropy: the coefficient's change per optimizer step."""
     cov_method: str = "none"
     """Entropy control by covariance (Cui et al. 2025): none, clip_cov (detach the gradient of a few tokens of
     high log-prob/advantage covariance) or kl_cov (penalise |log(pi/pi_old)| on the top-covariance tokens)."""
@@ -430,6 +447,8 @@ class TrainConfig:
     """Evaluate held-out accuracy before the first and after the last step."""
     eval_limit: int = 200
     """Evaluate on at most this many held-out rows."""
+    eval_batch_size: int = 64
+    """Completions generated at once when evaluating (TRL's per_device_eval_batch_size; memory, not results)."""
     num_samples_logged: int = 4
     """Completions logged per step to samples.jsonl (and TensorBoard / W&B), as whole groups: the G completions
     of ceil(num_samples_logged / G) prompts, each with every reward function's score and its advantage."""
@@ -650,6 +669,7 @@ class TrainConfig:
                 f"algo.top_entropy_quantile={a.top_entropy_quantile} must be in (0, 1] (the share of highest-"
                 "entropy tokens kept; the paper uses 0.2, 1.0 keeps all)"
             )
+        _check_entropy_regularisation(a)
         _check_choice("algo.cov_method", a.cov_method, COV_METHODS)
         if a.cov_ratio is not None and not 0 < a.cov_ratio <= 1:
             raise ConfigError(
@@ -770,6 +790,7 @@ class TrainConfig:
             ("eval_limit", self.eval_limit, self.eval_limit >= 1, ">= 1"),
             ("num_samples_logged", self.num_samples_logged, self.num_samples_logged >= 0, ">= 0"),
             ("logging_steps", self.logging_steps, self.logging_steps >= 1, ">= 1"),
+            ("eval_batch_size", self.eval_batch_size, self.eval_batch_size >= 1, ">= 1"),
             (
                 "threads",
                 self.threads,
@@ -915,6 +936,36 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+def _check_entropy_regularisation(a: AlgoConfig) -> None:
+    """Raises ConfigError for entropy-regularisation settings that cannot work."""
+    for key in (
+        "entropy_coef",
+        "entropy_target",
+        "entropy_coef_min",
+        "entropy_coef_max",
+        "entropy_coef_delta",
+    ):
+        value = getattr(a, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"algo.{key}={value!r} must be a finite number")
+    if not a.adaptive_entropy:
+        return
+    if a.entropy_coef_delta <= 0:
+        raise ConfigError(
+            f"algo.entropy_coef_delta={a.entropy_coef_delta} must be > 0 (the adaptive coefficient's step; "
+            "TRL's default is 0.005)"
+        )
+    if a.entropy_coef_min > a.entropy_coef_max:
+        raise ConfigError(
+            f"algo.entropy_coef_min={a.entropy_coef_min} is above algo.entropy_coef_max={a.entropy_coef_max}; "
+            "the adaptive coefficient stays within [min, max]"
+        )
+    if a.entropy_target < 0:
+        raise ConfigError(
+            f"algo.entropy_target={a.entropy_target} must be >= 0 (a mean per-token entropy in nats)"
+        )
+
+
 def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
@@ -989,6 +1040,17 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             if c.algo.reward_mode == "decoupled"
             else None
         ),
+    ),
+    *(
+        Inert(
+            f"algo.{key}",
+            lambda c: (
+                None
+                if c.algo.adaptive_entropy
+                else "only the adaptive entropy coefficient reads it; set algo.adaptive_entropy=true or drop this key"
+            ),
+        )
+        for key in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta")
     ),
     Inert("algo.std", _estimator_ignores("std")),
     Inert("algo.adv_eps", _estimator_ignores("adv_eps")),

@@ -39,6 +39,11 @@ def world_size() -> int:
     return tdist.get_world_size() if is_distributed() else 1
 
 
+def local_rank() -> int:
+    """Return this process's rank on its machine (torchrun's LOCAL_RANK; 0 when not distributed)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if is_distributed() else 0
+
+
 def is_main() -> bool:
     """Return True on the process that writes logs, reports and checkpoints."""
     return rank() == 0

@@ -19,3 +19,8 @@ class TrainingError(RuntimeError):
 class UnsafeCheckpointError(TrainingError):
     """A checkpoint file holds something other than tensors and plain containers (pickled objects, which could
     run code when loaded): it is refused, never loaded. The message names the file and what it holds."""
+
+
+class RunExistsError(ConfigError):
+    """out_dir already holds a run and nothing said to continue it (resume=auto, or TRL's
+    trainer.train(resume_from_checkpoint=True))."""

@@ -61,7 +61,7 @@ def completion_logprobs(
     *,
     rows: Sequence[int] | None = None,
     temperature: float = 1.0,
-    with_entropy: bool = False,
+    with_entropy: bool | str = False,
     chunk_size: int = 1024,
     fast: FastConfig | None = None,
 ) -> LogProbs:
@@ -69,6 +69,7 @@ def completion_logprobs(
 
     Row r belongs to prompt r // group_size. Differentiable when grad is enabled. `fast` switches the
     paths (default: all auto); `FastConfig.all("off")` gives the plain reference computation.
+    `with_entropy="grad"` makes the entropy differentiable too (entropy regularisation).
     """
     fast = FastConfig() if fast is None else fast
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, fast)

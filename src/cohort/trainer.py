@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -20,10 +21,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import TrainerControl, TrainerState
 
 from cohort import distributed as dist
 from cohort.algo import combine_rewards, process_advantages, process_advantages_to_tokens, zero_std_group_mask
 from cohort.algo.estimators import estimate_advantages
+from cohort.callbacks import Callbacks, LogWindow
 from cohort.checkpoint import (
     find_resume_dir,
     list_checkpoints,
@@ -36,11 +39,11 @@ from cohort.checkpoint import (
     set_aside_newer,
     set_rng_state,
 )
-from cohort.compat import TrainerState, dataset_rows, trl_arguments
+from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.curriculum import Curriculum
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
-from cohort.errors import ConfigError, TrainingError, UnsafeCheckpointError
+from cohort.errors import ConfigError, RunExistsError, TrainingError, UnsafeCheckpointError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
@@ -85,7 +88,7 @@ from cohort.sharding import (
     save_sharded,
     shard,
 )
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, checkpointing_layers
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, WeightedMeans, checkpointing_layers
 
 
 def resolve_device(name: str) -> torch.device:
@@ -244,11 +247,12 @@ class GRPOTrainer:
             model, config = config, None  # TRL's positional order starts with the model
         if reward_funcs is not None and (callable(reward_funcs) or isinstance(reward_funcs, str)):
             reward_funcs = [reward_funcs]  # one function or name, as TRL accepts
-        if callbacks or optimizers not in (None, (None, None)):
+        if optimizers not in (None, (None, None)):
             raise ConfigError(
-                "callbacks= and optimizers= are not implemented by cohort: it builds AdamW and the schedule from "
-                "the config (optim.*) and logs through metrics.jsonl / tensorboard / wandb"
+                "optimizers= is not implemented by cohort: it builds AdamW and the schedule from the config "
+                "(optim.* / GRPOConfig's learning_rate, lr_scheduler_type, warmup_steps, weight_decay, adam_*)"
             )
+        self._trl_form = config is None
         if config is None:
             config, train_rows, eval_rows, model, tokenizer = trl_arguments(
                 model,
@@ -272,11 +276,24 @@ class GRPOTrainer:
         if isinstance(model, (str, os.PathLike)):
             config.model.name_or_path, model = str(model), None
         self.reward_processing_classes = reward_processing_classes
-        self.state = TrainerState(max_steps=config.steps)
         self.cfg = cfg = config.validate(
             need_model=model is None, need_data=train_rows is None, reward_funcs=reward_funcs
         )
         dist.init_from_env(cfg.distributed.backend)
+        # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.
+        self.updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
+        self.state = TrainerState(
+            max_steps=cfg.steps * self.updates_per_step,
+            logging_steps=cfg.logging_steps * self.updates_per_step,
+            eval_steps=cfg.eval_every * self.updates_per_step,
+            save_steps=cfg.save_every * self.updates_per_step,
+            train_batch_size=cfg.rollout.batch_size // cfg.algo.num_minibatches,
+            is_local_process_zero=dist.local_rank() == 0,
+            is_world_process_zero=dist.is_main(),
+        )
+        self.callbacks = Callbacks(
+            callbacks, args=args if self._trl_form else trl_view(cfg), state=self.state
+        )
         self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
@@ -314,7 +331,14 @@ class GRPOTrainer:
                 "dataset, or eval_rows=); give held-out rows or set eval_every=0"
             )
         self.run_dir = Path(cfg.out_dir)
-        self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
+        # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
+        self._existing_run: RunExistsError | None = None
+        try:
+            self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
+        except RunExistsError as e:
+            if not self._trl_form:
+                raise
+            self._checkpoint, self._existing_run = None, e
         # 2. Model, tokenizer, reference.
         seed_everything(cfg.seed + dist.rank())
         if cfg.threads:
@@ -456,7 +480,15 @@ class GRPOTrainer:
             self.iterative, self.labeler = self._make_iterative()
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
+        self._log_window = LogWindow()
         self._resume()
+        self.callbacks.objects = {
+            "model": self.model,
+            "processing_class": self.tokenizer,
+            "optimizer": self.optimizer,
+            "lr_scheduler": self.scheduler,
+        }
+        self.callbacks.fire("on_init_end")
 
     # ------------------------------------------------------------------ setup helpers
     def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
@@ -534,9 +566,15 @@ class GRPOTrainer:
             earlier = logged_steps(self.run_dir)
             found = list_checkpoints(self.run_dir)
             if earlier or found:
-                raise ConfigError(
+                how = (
+                    "call trainer.train(resume_from_checkpoint=True) to continue it, or choose another output_dir"
+                    if self._trl_form
+                    else "pass resume=auto to continue it (TRL's form: trainer.train(resume_from_checkpoint=True)), "
+                    "or choose another out_dir"
+                )
+                raise RunExistsError(
                     f"out_dir={str(self.run_dir)!r} already holds a run ({earlier} logged steps, "
-                    f"{len(found)} checkpoints): pass resume=auto to continue it, or choose another out_dir"
+                    f"{len(found)} checkpoints): {how}"
                 )
             return None
         candidates = (
@@ -625,12 +663,18 @@ class GRPOTrainer:
             self._load_rank_state(ckpt, extra, int(state["step"]))
             if "health" in extra:
                 self.health.load_state_dict(extra["health"])
+            if "entropy" in extra:
+                self.updater.load_entropy_state(extra["entropy"])
+            if "trainer_state" in extra:  # log_history, best metric, stateful callbacks, the open log window
+                self.callbacks.load_state_dict(extra["trainer_state"])
+                self._log_window.rows = [dict(r) for r in extra["trainer_state"].get("log_window", [])]
             if self.iterative is not None and iterative is not None:
                 self.iterative.load_state_dict(iterative)
             self.num_tokens = extra.get("num_tokens", 0)
             if "shuffle_rng" in extra:
                 self.shuffle_generator.set_state(extra["shuffle_rng"])
             self.step_idx = self._saved_step = state["step"]
+            self._sync_state()
             if dist.is_main():
                 for moved in set_aside_newer(self.run_dir, self.step_idx):
                     print(
@@ -1153,8 +1197,7 @@ class GRPOTrainer:
     ) -> tuple[torch.Tensor, RewardLogs, list[tuple[list[float], list[int]] | None] | None]:
         prompts, columns = self._reward_inputs(rows, rollout.group_size)
         # Reward functions get the live state, as in TRL, brought to the step being scored.
-        self.state.global_step = self.step_idx
-        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
+        self._sync_state()
         logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
         steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
         scores = score(
@@ -1205,42 +1248,87 @@ class GRPOTrainer:
                 columns[:, -2].bool(),
                 columns[:, -1].bool(),
             )
-        grouped = reward.view(-1, G)
-        # Completions that ended with EOS (TRL's convention: all three are 0 when none did).
-        terminated = lengths[~truncated.to(lengths.device)]
-        if terminated.numel() == 0:
-            terminated = torch.zeros(1)
-        m: dict[str, Any] = {
-            "step": self.step_idx,
-            "reward": float(torch.nanmean(reward)),
-            "reward_std": float(torch.nanmean(_nanstd(grouped))),
-        }
-        for j, name in enumerate(self.reward_names):
-            col = per_func[:, j]
-            m[f"rewards/{name}/mean"] = float(torch.nanmean(col))
-            m[f"rewards/{name}/std"] = float(_nanstd(col.view(1, -1))[0])
-        m.update(
-            {
-                "completions/mean_length": float(lengths.mean()),
-                "completions/min_length": float(lengths.min()),
-                "completions/max_length": float(lengths.max()),
-                "completions/mean_terminated_length": float(terminated.mean()),
-                "completions/min_terminated_length": float(terminated.min()),
-                "completions/max_terminated_length": float(terminated.max()),
-                "completions/clipped_ratio": float(truncated.float().mean()),
-                "num_tokens": self.num_tokens,
-                "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
-            }
-        )
+        m: dict[str, Any] = {"step": self.step_idx}
+        m.update(rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.reward_names))
+        m["num_tokens"] = self.num_tokens
         m.update(stats.metrics())
         m.update({f"fast/{k}": float(v) for k, v in rollout.paths.items()})
         return m
 
     # ------------------------------------------------------------------ evaluation and saving
-    def evaluate(self, *, k: int = 1) -> dict[str, float]:
-        """Return held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function."""
+    def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
+        """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
+        with `sampled` TRL's eval_* metrics (eval_loss, eval_reward, eval_rewards/<name>/mean, ...) of
+        group_size sampled completions per held-out prompt, with eval_runtime and its rates."""
         if not self.eval_rows:
             return {}
+        t0 = time.perf_counter()
+        out = self._greedy_evaluation(k)
+        if sampled:
+            out.update(self._sampled_evaluation())
+            seconds = time.perf_counter() - t0
+            n = len(self.eval_rows)
+            calls = math.ceil(n / max(1, self.cfg.eval_batch_size // self.cfg.rollout.group_size))
+            out["eval_runtime"] = seconds
+            out["eval_samples_per_second"] = n * self.cfg.rollout.group_size / seconds
+            out["eval_steps_per_second"] = calls / seconds
+        return out
+
+    def _sampled_evaluation(self) -> dict[str, float]:
+        """Returns TRL's eval_* metrics: group_size completions per held-out prompt, sampled as in training,
+        scored by every reward function, and the objective's value on them (eval_loss)."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        per_call = max(1, cfg.eval_batch_size // G)
+        # its own stream, so evaluating does not change the training trajectory
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7907 + self.step_idx)
+        parts: list[tuple[torch.Tensor, ...]] = []
+        loss = WeightedMeans()
+        for start in range(0, len(self.eval_rows), per_call):
+            rows = self.eval_rows[start : start + per_call]
+            with self.autocast(), gathered(self.model):
+                rollout = self.engine.generate(
+                    self.model,
+                    self.eval_prompt_ids[start : start + per_call],
+                    G,
+                    self.sampling_params(),
+                    generator,
+                )
+            prompts, columns = self._reward_inputs(rows, G)
+            per_func = score(
+                self.reward_funcs,
+                prompts=prompts,
+                completions=self._decode(rollout, rows),
+                completion_ids=rollout.completion_ids,
+                columns=columns,
+                trainer_state=self.state,
+                steps={},  # a process reward scores its mean step reward here
+            )
+            reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")
+            a = cfg.algo
+            if a.reward_mode == "decoupled":
+                adv = combine_rewards(
+                    per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
+                )
+            else:
+                sizes = rollout.completion_lengths.cpu().to(torch.float64).tolist()
+                adv = estimate_advantages(a.advantage, reward, G, sizes, **a.advantage_arguments())
+            batch = PolicyBatch(
+                rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
+            )
+            with self.autocast():
+                for key, value in self.updater.evaluate_loss(batch).items():
+                    loss.add(key, value, len(adv))
+            zero_std = zero_std_group_mask(reward, G)
+            parts.append(
+                (reward, per_func, rollout.completion_lengths.cpu(), rollout.truncated.cpu(), zero_std.cpu())
+            )
+        reward, per_func, lengths, truncated, zero_std = (torch.cat(p) for p in zip(*parts))
+        stats = rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.reward_names)
+        stats.update(loss.means())
+        return {f"eval_{k}": v for k, v in stats.items()}
+
+    def _greedy_evaluation(self, k: int) -> dict[str, float]:
+        """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
         with self.autocast(), gathered(self.model):
             return evaluate(
                 self.model,
@@ -1252,6 +1340,7 @@ class GRPOTrainer:
                 max_completion_length=self.cfg.rollout.max_completion_length,
                 prompt_column=self.cfg.data.prompt_column,
                 k=k,
+                batch_prompts=max(1, self.cfg.eval_batch_size // k),
                 temperature=self.cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
                 # its own stream, so evaluating does not change the training trajectory
                 generator=torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step_idx),
@@ -1268,6 +1357,12 @@ class GRPOTrainer:
         if self.curriculum is not None:
             extra["curriculum"] = self.curriculum.state_dict()
         extra["health"] = self.health.state_dict()
+        extra["trainer_state"] = {
+            **self.callbacks.state_dict(),
+            "log_window": [{k: v for k, v in r.items() if _plain_value(v)} for r in self._log_window.rows],
+        }
+        if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
+            extra["entropy"] = self.updater.entropy_state()
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
         # initial model.
         files = {}
@@ -1330,8 +1425,13 @@ class GRPOTrainer:
         return out
 
     # ------------------------------------------------------------------ the loop
-    def train(self) -> dict[str, Any]:
+    def train(
+        self, resume_from_checkpoint: bool | str | os.PathLike | None = None, trial: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
         """Return the run's summary (also written to out_dir/summary.json) after running the configured steps.
+
+        `resume_from_checkpoint` is TRL's: True continues from the newest checkpoint of out_dir, a path from
+        that checkpoint (cohort's out_dir/checkpoints/step-N, or TRL's name output_dir/checkpoint-N).
 
         The summary: start_step, steps, total_steps, seconds_train, seconds_per_step, interrupted, checkpoint,
         accuracy_before / accuracy_after when evaluated, and final_metrics (the last step's headline metrics).
@@ -1342,6 +1442,16 @@ class GRPOTrainer:
         KeyboardInterrupt; a non-finite loss or gradient raises TrainingError before the weights change,
         and saves nothing.
         """
+        if trial is not None or kwargs:
+            names = (["trial"] if trial is not None else []) + list(kwargs)
+            raise ConfigError(
+                f"trainer.train({', '.join(f'{n}=...' for n in names)}): cohort takes resume_from_checkpoint only "
+                "(hyperparameter search is not implemented)"
+            )
+        if resume_from_checkpoint not in (None, False):
+            self._resume_from(resume_from_checkpoint)
+        elif self._existing_run is not None:
+            raise self._existing_run
         main = dist.is_main()
         lock = RunLock(self.run_dir).acquire() if main else None
         try:
@@ -1349,6 +1459,91 @@ class GRPOTrainer:
         finally:
             if lock is not None:
                 lock.release()
+
+    def _resume_from(self, where: bool | str | os.PathLike) -> None:
+        """Loads the checkpoint TRL's train(resume_from_checkpoint=...) names (True: out_dir's newest)."""
+        if self._checkpoint is not None:  # the config's resume already loaded one
+            return
+        if where is True:
+            if not list_checkpoints(self.run_dir):
+                raise ConfigError(
+                    f"resume_from_checkpoint=True: no checkpoint in {self.run_dir / 'checkpoints'} to resume from; "
+                    "call trainer.train() to start the run"
+                )
+            self.cfg.resume = "auto"
+        else:
+            path = Path(str(where))
+            trl_name = re.fullmatch(r"checkpoint-(\d+)", path.name)
+            if not path.exists() and trl_name:  # TRL's output_dir/checkpoint-N is cohort's checkpoints/step-N
+                path = path.parent / "checkpoints" / f"step-{trl_name.group(1)}"
+            if not (path / "trainer_state.pt").is_file():
+                found = ", ".join(p.name for p in list_checkpoints(self.run_dir)) or "none"
+                raise ConfigError(
+                    f"resume_from_checkpoint={str(where)!r} is not a cohort checkpoint (no trainer_state.pt); "
+                    f"the checkpoints of {self.run_dir} are: {found} (in {self.run_dir / 'checkpoints'}), or pass True"
+                )
+            self.cfg.resume = str(path)
+        self._existing_run = None
+        self._checkpoint = self._find_checkpoint()
+        self._resume()
+
+    def _log_summary(self, summary: dict[str, Any], losses: list[float], seconds: float) -> None:
+        """Appends TRL's closing row to log_history: train_runtime, train_samples_per_second,
+        train_steps_per_second and train_loss, over this attempt's optimizer steps."""
+        updates = (self.step_idx - summary["start_step"]) * self.updates_per_step
+        completions = self.cfg.rollout.batch_size * dist.world_size() // self.cfg.algo.num_minibatches
+        seconds = max(seconds, 1e-9)
+        self.callbacks.log(
+            {
+                "train_runtime": seconds,
+                "train_samples_per_second": updates * completions / seconds,
+                "train_steps_per_second": updates / seconds,
+                "train_loss": math.fsum(losses) / len(losses) if losses else 0.0,
+            }
+        )
+
+    def _sync_state(self) -> None:
+        """Brings TRL's state to this step: optimizer steps, epoch, tokens seen."""
+        self.state.global_step = self.step_idx * self.updates_per_step
+        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
+        self.state.num_input_tokens_seen = self.num_tokens
+
+    def _act(self, logger: MetricsLogger | None, progress: Progress, save: bool) -> TrainerControl:
+        """Logs, evaluates and saves as the control says (the loop's schedule and the callbacks), firing
+        on_log / on_evaluate / on_save; returns the control."""
+        control = self.callbacks.control
+        if (
+            self.callbacks.callbacks and dist.is_distributed()
+        ):  # every process acts alike (saves are collective)
+            for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
+                setattr(control, name, bool(dist.all_max_int(int(getattr(control, name)))))
+        if control.should_log:
+            control.should_log = False
+            if self._log_window.rows:
+                self.callbacks.log(self._log_window.flush(self.optimizer.param_groups[0]["lr"]))
+        if control.should_evaluate:
+            control.should_evaluate = False
+            if self.eval_rows:
+                self._evaluate_and_log(logger, progress)
+        if control.should_save:
+            control.should_save = False
+            if save:
+                self.save()
+            control = self.callbacks.fire("on_save")
+        return control
+
+    def _evaluate_and_log(self, logger: MetricsLogger | None, progress: Progress) -> dict[str, float]:
+        """Returns an evaluation, logged to evals.jsonl, the progress line and log_history (TRL's eval_* names),
+        after on_evaluate."""
+        ev = self.evaluate(sampled=self._trl_form)
+        if logger:
+            logger.log_eval(self.step_idx, ev)
+        progress.evaluated(self.step_idx, ev)
+        row = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in ev.items()}
+        self.callbacks.log(row)
+        self.callbacks.fire("on_evaluate", metrics=row)
+        self.callbacks.track_best(row)
+        return ev
 
     def _train(self, main: bool) -> dict[str, Any]:
         cfg = self.cfg
@@ -1382,17 +1577,18 @@ class GRPOTrainer:
         # Several processes stop together at a step boundary (their checkpoint is a collective save): a signal
         # is held until the step ends, then every process learns of it.
         signals = StopSignals(defer=dist.is_distributed())
+        losses: list[float] = []  # this attempt's step losses: TRL's train_loss
         try:
             with signals:
                 self._signals = signals
+                self._sync_state()
+                control = self.callbacks.fire("on_train_begin")
                 if cfg.eval_at_ends and self.step_idx == 0 and self.eval_rows:
-                    before = self.evaluate()
+                    before = self._evaluate_and_log(logger, progress)
                     summary["accuracy_before"] = before.get("accuracy")
-                    if logger:
-                        logger.log_eval(0, before)
-                    progress.evaluated(0, before)
-                while self.step_idx < cfg.steps:
+                while self.step_idx < cfg.steps and not control.should_training_stop:
                     snap = self._snapshot()
+                    self.callbacks.fire("on_step_begin")
                     try:
                         result = self.step()
                     except KeyboardInterrupt:
@@ -1400,25 +1596,22 @@ class GRPOTrainer:
                             self._rewind(snap)  # interrupted while preparing: back to the step's start
                         raise
                     with signals.committing():
-                        self.state.global_step = self.step_idx
-                        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
-                        self.state.log_history.append(result.metrics)
+                        self._sync_state()
                         if logger:
                             logger.log(result.metrics)
                             logger.log_samples(self.step_idx, result.samples)
                         progress.update(self.step_idx, result.metrics)
                         last_metrics = result.metrics
-                        if (
-                            cfg.eval_every
-                            and self.step_idx % cfg.eval_every == 0
-                            and self.step_idx < cfg.steps
-                        ):
-                            ev = self.evaluate()
-                            if logger:
-                                logger.log_eval(self.step_idx, ev)
-                            progress.evaluated(self.step_idx, ev)
-                        if (main or sharded) and cfg.save_every and self.step_idx % cfg.save_every == 0:
-                            self.save()
+                        losses.append(float(result.metrics["loss"]))
+                        self._log_window.add(result.metrics)
+                        step, control = self.step_idx, self.callbacks.control
+                        control.should_log |= step % cfg.logging_steps == 0
+                        control.should_evaluate |= (
+                            bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+                        )
+                        control.should_save |= bool(cfg.save_every) and step % cfg.save_every == 0
+                        self.callbacks.fire("on_step_end")
+                        control = self._act(logger, progress, save=main or sharded)
                         fired = self.health.take_pending()
                         # every process aborts when one does (the save is collective)
                         if cfg.health.abort and dist.all_max_int(int(bool(fired))):
@@ -1453,11 +1646,8 @@ class GRPOTrainer:
                 self.run_dir, self.step_idx
             )
             if not interrupted and cfg.eval_at_ends and self.eval_rows and not finished_before:
-                after = self.evaluate()
+                after = self._evaluate_and_log(logger, progress)
                 summary["accuracy_after"] = after.get("accuracy")
-                if logger:
-                    logger.log_eval(self.step_idx, after)
-                progress.evaluated(self.step_idx, after)
             seconds = time.perf_counter() - t_start
             summary.update(
                 {
@@ -1478,6 +1668,9 @@ class GRPOTrainer:
             if logger:
                 logger.close()
                 write_report(self.run_dir)
+            if not interrupted:
+                self._log_summary(summary, losses, seconds)
+                self.callbacks.fire("on_train_end")
         if interrupted:
             where = (
                 f"checkpoint saved in {summary.get('checkpoint')}"
@@ -1486,6 +1679,51 @@ class GRPOTrainer:
             )
             raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
         return summary
+
+
+def rollout_stats(
+    reward: torch.Tensor,
+    per_func: torch.Tensor,
+    lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    zero_std: torch.Tensor,
+    G: int,
+    names: list[str],
+) -> dict[str, float]:
+    """Returns TRL's reward and completion metrics of N completions in groups of G: reward, reward_std (mean
+    in-group std), rewards/<name>/mean and std, completions/* lengths and clipped_ratio, frac_reward_zero_std."""
+    lengths = lengths.float()
+    # Completions that ended with EOS (TRL's convention: all three are 0 when none did).
+    terminated = lengths[~truncated.to(lengths.device)]
+    if terminated.numel() == 0:
+        terminated = torch.zeros(1)
+    m = {
+        "reward": float(torch.nanmean(reward)),
+        "reward_std": float(torch.nanmean(_nanstd(reward.view(-1, G)))),
+    }
+    for j, name in enumerate(names):
+        col = per_func[:, j]
+        m[f"rewards/{name}/mean"] = float(torch.nanmean(col))
+        m[f"rewards/{name}/std"] = float(_nanstd(col.view(1, -1))[0])
+    m.update(
+        {
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/mean_terminated_length": float(terminated.mean()),
+            "completions/min_terminated_length": float(terminated.min()),
+            "completions/max_terminated_length": float(terminated.max()),
+            "completions/clipped_ratio": float(truncated.float().mean()),
+            "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
+        }
+    )
+    return m
+
+
+def _plain_value(value: Any) -> bool:
+    """Returns whether a metric value may go into a checkpoint loaded with weights_only (a number, a string,
+    None)."""
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -16,11 +16,13 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
 from cohort import distributed as dist
 from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
+from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from cohort.algo.offpolicy import sampler_correction
 from cohort.algo.selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 from cohort.config import AlgoConfig
@@ -160,6 +162,9 @@ class UpdateStats:
 
     controls: dict[str, float] = field(default_factory=dict)
     """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
+    entropy_coef: float | None = None
+    """The entropy-regularisation coefficient after the update (None when algo.entropy_coef is 0 and the
+    adaptive controller is off)."""
 
     def metrics(self) -> dict[str, float | None]:
         """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
@@ -178,10 +183,12 @@ class UpdateStats:
             out["sampler/logprob_gap"] = self.logprob_gap
         out.update({f"fast/{k}": v for k, v in self.paths.items()})
         out.update(self.controls)
+        if self.entropy_coef is not None:
+            out["entropy_coef"] = self.entropy_coef
         return out
 
 
-class _Means:
+class WeightedMeans:
     """Weighted running means by name."""
 
     def __init__(self) -> None:
@@ -196,7 +203,11 @@ class _Means:
         w = self.weights.get(name, 0.0)
         return self.sums[name] / w if w > 0 else default
 
-    def merge(self, other: _Means, skip: tuple[str, ...] = ()) -> None:
+    def means(self) -> dict[str, float]:
+        """Returns every name's weighted mean (names of weight 0 left out)."""
+        return {k: v / self.weights[k] for k, v in self.sums.items() if self.weights[k] > 0}
+
+    def merge(self, other: WeightedMeans, skip: tuple[str, ...] = ()) -> None:
         """Adds another process's sums and weights (except the names in `skip`, already global)."""
         for name, value in other.sums.items():
             if name not in skip:
@@ -245,14 +256,34 @@ class PolicyUpdater:
         builtin_loss = algo.loss_type in LOSS_TYPES
         # Any per-token control at all (most runs have none: the micro-batch loop then skips them entirely).
         self.controls_on = selection is not None or algo.sampler_correction != "none"
+        # Entropy regularisation: the controller's coefficient and last measured entropy are run state
+        # (saved in checkpoints through entropy_state).
+        self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
+        # The objective's settings, shared by the update and evaluate_loss.
+        self._loss_options: dict[str, Any] = dict(
+            loss_type=algo.loss_type,
+            aggregation=algo.aggregation,
+            loss_kwargs=algo.loss_kwargs,
+            eps_low=algo.eps_low,
+            eps_high=algo.eps_high,
+            delta=algo.delta,
+            beta=algo.beta,
+            max_completion_length=max_completion_length,
+            importance=algo.importance,
+            kl_kind=algo.kl_estimator,
+        )
+        self.entropy_coef = float(algo.entropy_coef)
+        self.last_entropy: float | None = None
         # `on` that cannot be honoured fails here, before any work.
         self.skip_zero = choose(
             self.fast.skip_zero_advantage,
             "skip_zero_advantage",
             model,
             # where it cannot apply, auto simply computes every row; `on` is an error
-            worth=algo.beta == 0 and builtin_loss and selection is None,
-            unavailable=lambda: skip_unavailable(algo.beta, builtin_loss=builtin_loss, selection=selection),
+            worth=algo.beta == 0 and builtin_loss and selection is None and not self.entropy_on,
+            unavailable=lambda: skip_unavailable(
+                algo.beta, builtin_loss=builtin_loss, selection=selection, entropy_bonus=self.entropy_on
+            ),
         )
         # Zero (not None) gradients make a step whose rows were all skipped identical to one that
         # back-propagated zeros: AdamW still advances its moments and applies weight decay.
@@ -262,7 +293,13 @@ class PolicyUpdater:
 
     # ------------------------------------------------------------------ helpers
     def _logprobs(
-        self, model, batch: PolicyBatch, rows: list[int], paths: _Means | None = None, *, with_entropy=False
+        self,
+        model,
+        batch: PolicyBatch,
+        rows: list[int],
+        paths: WeightedMeans | None = None,
+        *,
+        with_entropy=False,
     ):
         with self.autocast():
             lp = completion_logprobs(
@@ -330,13 +367,15 @@ class PolicyUpdater:
         sampled: torch.Tensor | None,
         adv: torch.Tensor,
         generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
-        """Returns (token_weights, kl_cov_mask, metrics) for one micro-batch: the top-entropy mask, Clip-Cov's
-        detached tokens and the sampler's importance weights as one [n, T] multiplier, and KL-Cov's tokens."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """Returns (token_weights, kl_cov_mask, top_entropy_mask, metrics) for one micro-batch: the top-entropy
+        mask, Clip-Cov's detached tokens and the sampler's importance weights as one [n, T] multiplier,
+        KL-Cov's tokens, and the top-entropy mask alone (None when every token is kept)."""
         a = self.algo
         mask = lp.mask
         weights: torch.Tensor | None = None
         kl_cov: torch.Tensor | None = None
+        kept: torch.Tensor | None = None
         out: dict[str, float] = {}
 
         def times(w: torch.Tensor) -> torch.Tensor:
@@ -379,7 +418,7 @@ class PolicyUpdater:
             )
             weights = times(w)
             out.update({f"sampler/is_ratio_{k.split('/')[-1]}": float(v) for k, v in m.items()})
-        return weights, kl_cov, out
+        return weights, kl_cov, kept, out
 
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
@@ -413,7 +452,7 @@ class PolicyUpdater:
         if a.cov_method == "clip_cov":
             seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
             cov_gen = torch.Generator().manual_seed(seed + dist.rank())
-        means, paths = _Means(), _Means()
+        means, paths = WeightedMeans(), WeightedMeans()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
         extremes: dict[str, float] = {}
         control_names: set[str] = set()
@@ -433,6 +472,17 @@ class PolicyUpdater:
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
+                if (
+                    self.entropy_on
+                ):  # the bonus is a mean over the optimizer step's loss tokens, all processes
+                    apply_coef = applied_entropy_coef(
+                        self.entropy_coef,
+                        self.last_entropy,
+                        target=a.entropy_target,
+                        adaptive=a.adaptive_entropy,
+                    )
+                    step_tokens = dist.all_sum_int(sum(lengths[r] for r in rows))
+                    entropy_sum = entropy_count = 0.0
                 micros = self._micro_batches(batch, work)
                 if self.sharded:
                     # FSDP gathers weights inside each forward and reduces gradients inside each backward:
@@ -444,7 +494,9 @@ class PolicyUpdater:
                         with self.autocast():
                             idle_backward(self.model, self.device)
                         continue
-                    with_entropy = it == 0 or a.top_entropy_quantile < 1
+                    with_entropy: bool | str = it == 0 or a.top_entropy_quantile < 1 or self.entropy_on
+                    if self.entropy_on and apply_coef != 0:
+                        with_entropy = "grad"
                     lp = self._logprobs(self.model, batch, micro, paths, with_entropy=with_entropy)
                     width = lp.logp.shape[1]
                     old_mb = self._stack(old, micro, width) if old is not None else None
@@ -463,10 +515,10 @@ class PolicyUpdater:
                     else:
                         tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
                         adv_mb = self._stack(tok, micro, width)
-                    weights, kl_cov, extra = (
+                    weights, kl_cov, kept, extra = (
                         self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
                         if self.controls_on
-                        else (None, None, {})
+                        else (None, None, None, {})
                     )
                     control_names.update(extra)
                     for k, val in extra.items():
@@ -480,23 +532,21 @@ class PolicyUpdater:
                         old_mb,
                         adv_mb,
                         lp.mask,
-                        loss_type=a.loss_type,
-                        aggregation=a.aggregation,
-                        loss_kwargs=a.loss_kwargs,
                         token_weights=weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
-                        eps_low=a.eps_low,
-                        eps_high=a.eps_high,
-                        delta=a.delta,
-                        beta=a.beta,
                         ref_logp=self._stack(ref, micro, width) if ref is not None else None,
-                        max_completion_length=self.max_completion_length,
                         num_items=num_items,
                         num_sequences=num_seq,
-                        importance=a.importance,
-                        kl_kind=a.kl_estimator,
+                        **self._loss_options,
                     )
+                    if self.entropy_on:  # on the tokens the policy term trains (top-entropy's when set)
+                        ent = cast(torch.Tensor, lp.entropy)
+                        active = lp.mask if kept is None else lp.mask & kept.bool()
+                        if apply_coef != 0:
+                            loss = loss + entropy_bonus(ent, active, apply_coef, max(step_tokens, 1))
+                        entropy_sum += float((ent.detach() * active).sum())
+                        entropy_count += float(active.sum())
                     loss.backward()
                     total_loss += float(loss.detach())
                     ntok = float(lp.mask.sum())
@@ -528,6 +578,9 @@ class PolicyUpdater:
                 self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
+                if self.entropy_on:
+                    self._adapt_entropy(entropy_sum, entropy_count)
+                    means.add("entropy_coef", self.entropy_coef, 1.0)
                 means.add("loss", dist.all_sum_float(total_loss), 1.0)
                 means.add("grad_norm", float(gn), 1.0)
                 means.add("rows_computed_frac", len(work) / max(len(mb_rows), 1), 1.0)
@@ -560,4 +613,84 @@ class PolicyUpdater:
             logprob_gap=gap if batch.sampling_logprobs is not None else None,
             paths=taken,
             controls={k: extremes[k] if k in extremes else means.get(k, 0.0) for k in sorted(control_names)},
+            entropy_coef=self.entropy_coef if self.entropy_on else None,
         )
+
+    @torch.no_grad()
+    def evaluate_loss(self, batch: PolicyBatch) -> dict[str, float]:
+        """Returns the objective on `batch` without a step, over this process's rows alone: {"loss", "entropy",
+        "kl" (beta > 0)}. The policy is the sampler here (ratio 1), so the policy term is the aggregated
+        advantage; the token controls (top-entropy, Clip-Cov, KL-Cov, sampler IS) are left out."""
+        a = self.algo
+        rows = [r for r in range(len(batch.completion_ids)) if bool(batch.in_loss[r])]
+        if not rows:
+            return {}
+        lengths = batch.lengths
+        num_items, num_seq = loss_normalisers(
+            a.loss_type, [lengths[r] for r in rows], int, 1, aggregation=a.aggregation
+        )
+        ref = None
+        if a.beta > 0 and self.reference is not None:
+            with self.reference() as ref_model:
+                ref = self._frozen_logprobs(ref_model, batch, rows)
+        apply_coef = applied_entropy_coef(
+            self.entropy_coef, self.last_entropy, target=a.entropy_target, adaptive=a.adaptive_entropy
+        )
+        tokens = max(sum(lengths[r] for r in rows), 1)
+        total, means = 0.0, WeightedMeans()
+        with gathered(self.model):
+            for micro in self._micro_batches(batch, rows):
+                lp = self._logprobs(self.model, batch, micro, with_entropy=True)
+                entropy = cast(torch.Tensor, lp.entropy)
+                width = lp.logp.shape[1]
+                loss, metrics = policy_loss(
+                    lp.logp,
+                    None,
+                    batch.advantages[micro].to(lp.logp.device),
+                    lp.mask,
+                    ref_logp=self._stack(ref, micro, width) if ref is not None else None,
+                    num_items=num_items,
+                    num_sequences=num_seq,
+                    **self._loss_options,
+                )
+                if self.entropy_on and apply_coef != 0:
+                    loss = loss + entropy_bonus(entropy, lp.mask, apply_coef, tokens)
+                total += float(loss)
+                ntok = float(lp.mask.sum())
+                if "kl" in metrics:
+                    means.add("kl", float(metrics["kl"]), ntok)
+                means.add("entropy", float((entropy * lp.mask).sum() / max(ntok, 1.0)), ntok)
+        out = {"loss": total, "entropy": means.get("entropy", 0.0)}
+        if means.get("kl") is not None:
+            out["kl"] = means.get("kl")
+        return out
+
+    def _adapt_entropy(self, entropy_sum: float, entropy_count: float) -> None:
+        """Moves the adaptive entropy coefficient after an optimizer step, from the step's entropy over
+        every process's tokens (the same decision on every process)."""
+        a = self.algo
+        if not a.adaptive_entropy:
+            return
+        total, count = dist.all_sum_float(entropy_sum), dist.all_sum_float(entropy_count)
+        if count <= 0:  # nothing measured (every row out of the loss): the coefficient stays
+            return
+        self.last_entropy = total / count
+        self.entropy_coef = adapt_entropy_coef(
+            self.entropy_coef,
+            self.last_entropy,
+            target=a.entropy_target,
+            delta=a.entropy_coef_delta,
+            low=a.entropy_coef_min,
+            high=a.entropy_coef_max,
+        )
+
+    def entropy_state(self) -> dict[str, float | None]:
+        """Returns the entropy controller's state (coefficient, last measured entropy) for a checkpoint."""
+        return {"coef": self.entropy_coef, "last_entropy": self.last_entropy}
+
+    def load_entropy_state(self, state: dict[str, float | None]) -> None:
+        """Restores entropy_state()."""
+        coef = state.get("coef")
+        self.entropy_coef = float(coef) if coef is not None else float(self.algo.entropy_coef)
+        last = state.get("last_entropy")
+        self.last_entropy = None if last is None else float(last)

@@ -15,6 +15,7 @@ from .advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from .entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from .estimators import ADVANTAGE_ESTIMATORS, ADVANTAGE_TYPES, estimate_advantages, register_advantage
 from .filters import truncation_mask, zero_std_group_mask
 from .kl import KL_KINDS, LOG_RATIO_CLAMP, kl_estimate
@@ -47,7 +48,10 @@ __all__ = [
     "ADVANTAGE_TYPES",
     "IS_LEVELS",
     "IS_MODES",
+    "adapt_entropy_coef",
+    "applied_entropy_coef",
     "clip_cov_mask",
+    "entropy_bonus",
     "estimate_advantages",
     "kl_cov_mask",
     "register_advantage",

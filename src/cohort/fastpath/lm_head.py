@@ -25,8 +25,10 @@ def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int
 
 
 def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size):
-    """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *]."""
-    fn = _logp_entropy if with_entropy else _logp_only
+    """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *].
+
+    `with_entropy`: False, True (a statistic, outside autograd) or "grad" (differentiable: a loss term)."""
+    fn = _logp_entropy_grad if with_entropy == "grad" else _logp_entropy if with_entropy else _logp_only
     # Recomputing chunks in backward keeps one chunk's logits alive at a time. When everything fits in
     # one chunk that bound holds anyway, and skipping the recompute saves 7 % of the demo's update.
     use_ckpt = torch.is_grad_enabled() and picked.requires_grad and picked.shape[0] > chunk_size
@@ -67,6 +69,14 @@ def _logp_entropy(head, h, target, temperature):
     with torch.no_grad():
         z = logits.detach()
         entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
+    return logp, entropy
+
+
+def _logp_entropy_grad(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logp_all = logits.log_softmax(-1)  # [m, V]
+    logp = logp_all.gather(-1, target[:, None]).squeeze(-1)  # [m]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [m], differentiable (entropy regularisation)
     return logp, entropy
 
 

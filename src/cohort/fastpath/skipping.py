@@ -16,10 +16,14 @@ from collections.abc import Sequence
 import torch
 
 
-def skip_unavailable(beta: float, *, builtin_loss: bool = True, selection: str | None = None) -> str | None:
+def skip_unavailable(
+    beta: float, *, builtin_loss: bool = True, selection: str | None = None, entropy_bonus: bool = False
+) -> str | None:
     """Returns why zero-advantage rows cannot be skipped (None: they can)."""
     if beta != 0:
         return f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
+    if entropy_bonus:
+        return "algo.entropy_coef / adaptive_entropy: the entropy term of a zero-advantage row has a gradient"
     if not builtin_loss:
         return "a user loss may not vanish where the advantage is 0"
     if selection is not None:
