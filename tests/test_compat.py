@@ -69,7 +69,9 @@ def test_quick_start(tiny_model_dir, tmp_path):
         assert "kl" not in row  # beta = 0: TRL logs no kl
     assert history[0]["learning_rate"] > history[1]["learning_rate"]  # TRL's linear decay
     summary = history[-1]
-    assert {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"} <= set(summary)
+    assert {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"} <= set(
+        summary
+    )
     assert summary["train_steps_per_second"] == pytest.approx(2 / summary["train_runtime"])
     assert summary["train_samples_per_second"] == pytest.approx(16 / summary["train_runtime"])
     assert summary["train_loss"] == pytest.approx((history[0]["loss"] + history[1]["loss"]) / 2)

@@ -83,3 +83,20 @@ def test_the_demos_config_passes(tmp_path):
     rep = rehearse(demo_config(tmp_path / "run", model, steps=None, seed=0), groups=2)
     assert rep.blocking == [], rep.lines
     assert "16 prompts per step x G=8 = 128 completions" in "\n".join(rep.lines)
+
+
+def _complement(completions, **kwargs):
+    return [1.0 - float(i % 2) for i in range(len(completions))]  # _position + this = 1 everywhere
+
+
+def _position(completions, **kwargs):
+    return [float(i % 2) for i in range(len(completions))]  # differs inside every group
+
+
+def test_all_equal_groups_are_judged_per_reward_under_gdpo(tiny_model_dir, tmp_path):
+    # The weighted sum is 1 everywhere, but under decoupled (GDPO) normalisation each varying reward column
+    # gives the group an advantage: training judges groups per column, and so does the doctor.
+    cfg = _cfg(tiny_model_dir, tmp_path / "g", **{"algo.reward_mode": "decoupled"})
+    rep = rehearse(cfg, groups=2, reward_funcs=[_position, _complement])
+    text = "\n".join(rep.lines)
+    assert "0% with all-equal rewards" in text, text

@@ -102,3 +102,10 @@ def test_a_reward_model_with_another_models_tokenizer_is_refused(tiny_model_dir,
 def test_two_reward_models_need_a_name(tiny_model_dir, rm_dir, tmp_path):
     with pytest.raises(ConfigError, match="set iterative.reward"):
         GRPOTrainer(_it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", rewards=[str(rm_dir), str(rm_dir)]))
+
+
+def test_an_unknown_labeler_is_refused_before_the_policy_loads(tiny_model_dir, rm_dir, tmp_path):
+    cfg = _it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **{"iterative.labeler": "no_such_reward"})
+    cfg.model.name_or_path = str(tmp_path / "no_model_here")  # loading it would fail with another error
+    with pytest.raises(ValueError, match="no_such_reward"):
+        GRPOTrainer(cfg)

@@ -164,9 +164,39 @@ def test_a_process_reward_model_by_path_scores_each_step(tiny_model_dir, tmp_pat
 
     with pytest.raises(ConfigError, match="is a process reward model"):
         GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "e", **{"rewards": [str(folder)], "eval_at_ends": True}))
+    # gmpo needs one advantage per completion: refused before the policy loads (the path does not exist).
+    with pytest.raises(
+        ConfigError, match="loss_type='gmpo' needs one advantage per completion.*process reward"
+    ):
+        GRPOTrainer(
+            _cfg(
+                tiny_model_dir,
+                tmp_path / "g",
+                **{
+                    "rewards": [str(folder)],
+                    "algo.loss_type": "gmpo",
+                    "model.name_or_path": str(tmp_path / "none"),
+                },
+            )
+        )
     # Through the trainer, by path, as any reward model.
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", **{"rewards": [str(folder)], "steps": 1}))
     assert type(t.reward_funcs[0]).__name__ == "ProcessRewardModel"
     t.train()
     rows = [json.loads(x) for x in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["process/steps_per_completion"] >= 1.0
+
+
+def test_a_function_returning_step_rewards_under_gmpo_is_one_clear_error(tiny_model_dir, tmp_path):
+    from cohort.errors import TrainingError
+
+    def steps(completions, **kwargs):
+        return [[1.0, float(len(c) % 2)] for c in completions]
+
+    t = GRPOTrainer(
+        _cfg(tiny_model_dir, tmp_path, **{"algo.loss_type": "gmpo", "steps": 1}), reward_funcs=[steps]
+    )
+    with pytest.raises(
+        TrainingError, match="'steps' returned step rewards.*needs one advantage per completion"
+    ):
+        t.train()

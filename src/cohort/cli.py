@@ -247,7 +247,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
     kept = 0
     Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    with open(Path(args.out).expanduser(), "w", encoding="utf-8") as f:
         for start in range(0, len(rows), 32):
             chunk = rows[start : start + 32]
             batch = engine.generate(model, prompt_ids[start : start + 32], args.k, params, gen)
@@ -326,7 +326,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.writelines(lines)
         return 0
     Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    with open(Path(args.out).expanduser(), "w", encoding="utf-8") as f:
         f.writelines(lines)
     print(f"wrote {len(rows)} row(s), {args.n} completion(s) each, to {args.out}")
     return 0

@@ -99,10 +99,8 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         t_sample = time.perf_counter() - t1
         _rewards(rep, trainer, drawn)
         G = r.group_size
-        from cohort.algo import group_advantages
-
-        reward = drawn.reward
-        zero = zero_std_group_mask(reward, G).view(-1, G)[:, 0].float().mean().item()
+        # As training judges them: per weighted reward column under GDPO's decoupled normalisation.
+        zero = zero_std_group_mask(trainer._signal(drawn), G).view(-1, G)[:, 0].float().mean().item()
         truncated = drawn.rollout.truncated.float().mean().item()
         rep.say("rollout")
         rep.say(
@@ -121,7 +119,7 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
                 "that the chat template ends turns with the EOS token the model emits (model.generation_config), "
                 "or raise rollout.max_completion_length"
             )
-        adv = group_advantages(reward, G, scale=a.scale, std=a.std, eps=a.adv_eps)
+        adv = trainer._advantages(drawn.per_func, drawn.reward, drawn.rollout)  # the run's estimator and mode
         t2 = time.perf_counter()
         table = _one_update(trainer, drawn, adv)
         t_update = time.perf_counter() - t2

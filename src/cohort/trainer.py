@@ -24,7 +24,13 @@ import torch
 from transformers import TrainerControl, TrainerState
 
 from cohort import distributed as dist
-from cohort.algo import combine_rewards, process_advantages, process_advantages_to_tokens, zero_std_group_mask
+from cohort.algo import (
+    POLICY_LOSSES,
+    combine_rewards,
+    process_advantages,
+    process_advantages_to_tokens,
+    zero_std_group_mask,
+)
 from cohort.algo.estimators import estimate_advantages
 from cohort.callbacks import Callbacks, LogWindow
 from cohort.checkpoint import (
@@ -313,6 +319,17 @@ class GRPOTrainer:
                 "reward (e.g. accuracy) first, or set eval_every=0 and eval_at_ends=false"
             )
         self.process_column: int | None = None  # the reward function that returns step rewards, once seen
+        loss_spec = POLICY_LOSSES.get(cfg.algo.loss_type)
+        self._sequence_advantages = loss_spec is not None and loss_spec.sequence_advantages
+        step_models = [
+            n for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, ProcessRewardModel)
+        ]
+        if self._sequence_advantages and step_models:
+            raise ConfigError(
+                f"algo.loss_type={cfg.algo.loss_type!r} needs one advantage per completion, but the reward "
+                f"{step_models[0]!r} is a process reward model (its step rewards give per-token advantages); use "
+                "another loss type (e.g. grpo) or an outcome reward"
+            )
         self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
         if train_rows is None:
             train_rows, loaded_eval = load_prompt_rows(cfg)
@@ -324,6 +341,11 @@ class GRPOTrainer:
             held_out = [c for c in eval_rows[0] if c != cfg.data.prompt_column]
             check_reward_columns(self.reward_funcs[:1], held_out, where="the held-out data")  # evaluate()'s
         self.train_rows, self.eval_rows = train_rows, eval_rows or []
+        # Iterative GRPO's reward model and labeler are checked now, before the policy loads.
+        self.iterative: IterativeRM | None = None
+        self.labeler: Any = None
+        if cfg.iterative.every:
+            self.iterative, self.labeler = self._make_iterative()
         if cfg.eval_every and not self.eval_rows:
             raise ConfigError(
                 f"eval_every={cfg.eval_every} asks for held-out evaluations, but there are no held-out rows "
@@ -474,10 +496,6 @@ class GRPOTrainer:
         self.num_tokens = 0
         self._warned: set[str] = set()
         self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
-        self.iterative: IterativeRM | None = None
-        self.labeler: Any = None
-        if cfg.iterative.every:
-            self.iterative, self.labeler = self._make_iterative()
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
         self._log_window = LogWindow()
@@ -1219,6 +1237,12 @@ class GRPOTrainer:
                 "(combine them into one function)"
             )
         ((j, parsed),) = steps.items()
+        if self._sequence_advantages:
+            raise TrainingError(
+                f"reward function {self.reward_names[j]!r} returned step rewards, which give per-token advantages, "
+                f"but algo.loss_type={self.cfg.algo.loss_type!r} needs one advantage per completion; use another "
+                "loss type (e.g. grpo) or return one number per completion"
+            )
         resolved = resolve_step_ends(
             parsed,
             rollout.completion_ids,
