@@ -1271,6 +1271,11 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
 
     leaf = key.rsplit(".", 1)[-1]
     trl = TRL_FIELDS.get(leaf)
+    if trl is not None and trl.cohort is not None and trl.cohort.startswith("state."):
+        return (
+            f"unknown config key {key!r}: TRL's {leaf!r} belongs to the Python API (GRPOConfig({leaf}=...), read "
+            f"by callbacks): {trl.note}"
+        )
     if trl is not None and trl.cohort is not None and trl.cohort != leaf:
         return f"unknown config key {key!r}: {leaf!r} is TRL's name; cohort's is {trl.cohort!r}"
     if trl is not None and trl.cohort is None:
