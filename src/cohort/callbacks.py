@@ -19,6 +19,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from cohort.errors import ConfigError
+from cohort.report.sinks import json_safe
 
 EVENTS = (
     "on_init_end",
@@ -94,7 +95,7 @@ class Callbacks:
         }
         for cb in self.callbacks:  # transformers' ExportableState (EarlyStoppingCallback's patience counter)
             if callable(getattr(cb, "state", None)):
-                out["callbacks"][type(cb).__name__] = _plain(cb.state())
+                out["callbacks"][type(cb).__name__] = json_safe(cb.state())
         return out
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -158,14 +159,3 @@ class LogWindow:
         out["learning_rate"] = learning_rate
         self.rows = []
         return out
-
-
-def _plain(value: Any) -> Any:
-    """Returns `value` with tuples as lists and unknown objects as strings: what a checkpoint may hold."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)

@@ -146,17 +146,17 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     """Return the path of run_dir/summary.json after writing `summary` to it (JSON-safe, atomically)."""
     path = Path(run_dir) / "summary.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_json_safe(summary), indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Return `value` with nested dicts / lists cleaned by _clean and anything else JSON cannot hold as text."""
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     value = clean_value(value)
     return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
