@@ -56,6 +56,8 @@ class Callbacks:
         self.control = TrainerControl()
         self.objects: dict[str, Any] = {}
         """model, processing_class, optimizer, lr_scheduler: passed to every event, as transformers does."""
+        self.window = LogWindow()
+        """The generation batches' metrics since the last log_history row."""
 
     def fire(self, event: str, **kwargs: Any) -> TrainerControl:
         """Returns the control after calling `event` on every callback (one may return a new control)."""
@@ -84,7 +86,8 @@ class Callbacks:
         self.fire("on_log", logs=dict(row))
 
     def state_dict(self) -> dict[str, Any]:
-        """Returns what a checkpoint keeps: the log rows, the best metric and each stateful callback's state."""
+        """Returns what a checkpoint keeps: the log rows and the open window, the best metric and each stateful
+        callback's state."""
         s = self.state
         out: dict[str, Any] = {
             "log_history": [dict(r) for r in s.log_history],
@@ -92,6 +95,11 @@ class Callbacks:
             "best_global_step": s.best_global_step,
             "best_model_checkpoint": s.best_model_checkpoint,
             "callbacks": {},
+            # weights_only checkpoints hold plain values only: the window's rows keep their numbers and strings
+            "log_window": [
+                {k: v for k, v in row.items() if v is None or isinstance(v, (bool, int, float, str))}
+                for row in self.window.rows
+            ],
         }
         for cb in self.callbacks:  # transformers' ExportableState (EarlyStoppingCallback's patience counter)
             if callable(getattr(cb, "state", None)):
@@ -99,9 +107,10 @@ class Callbacks:
         return out
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Restores state_dict(): log rows, best metric, and the attributes of stateful callbacks."""
+        """Restores state_dict(): log rows and window, best metric, and the attributes of stateful callbacks."""
         s = self.state
         s.log_history = [dict(r) for r in saved.get("log_history", [])]
+        self.window.rows = [dict(r) for r in saved.get("log_window", [])]
         s.best_metric = saved.get("best_metric")
         s.best_global_step = saved.get("best_global_step")
         s.best_model_checkpoint = saved.get("best_model_checkpoint")

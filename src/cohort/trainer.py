@@ -32,7 +32,7 @@ from cohort.algo import (
     zero_std_group_mask,
 )
 from cohort.algo.estimators import estimate_advantages
-from cohort.callbacks import Callbacks, LogWindow
+from cohort.callbacks import Callbacks
 from cohort.checkpoint import (
     find_resume_dir,
     list_checkpoints,
@@ -498,7 +498,6 @@ class GRPOTrainer:
         self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
-        self._log_window = LogWindow()
         self._resume()
         self.callbacks.objects = {
             "model": self.model,
@@ -685,7 +684,6 @@ class GRPOTrainer:
                 self.updater.load_entropy_state(extra["entropy"])
             if "trainer_state" in extra:  # log_history, best metric, stateful callbacks, the open log window
                 self.callbacks.load_state_dict(extra["trainer_state"])
-                self._log_window.rows = [dict(r) for r in extra["trainer_state"].get("log_window", [])]
             if self.iterative is not None and iterative is not None:
                 self.iterative.load_state_dict(iterative)
             self.num_tokens = extra.get("num_tokens", 0)
@@ -901,22 +899,26 @@ class GRPOTrainer:
         return StepResult(metrics, samples)
 
     def _advantages(
-        self, per_func: torch.Tensor, reward: torch.Tensor, rollout: RolloutBatch
+        self, per_func: torch.Tensor, reward: torch.Tensor, rollout: RolloutBatch, *, gather: bool = True
     ) -> torch.Tensor:
         """Returns this process's rows of the advantages [N], computed over the global batch (every process's
-        rewards), so batch statistics (scale=batch, REINFORCE++, GDPO) do not depend on the process count."""
+        rewards), so batch statistics (scale=batch, REINFORCE++, GDPO) do not depend on the process count;
+        with gather=False over this process's rows alone (held-out evaluation, alike on every process)."""
         a, G = self.cfg.algo, rollout.group_size
         if a.reward_mode != "decoupled":
-            return self._estimate(reward, rollout)
-        rows, start = dist.all_gather_rows(per_func)
+            return self._estimate(reward, rollout, gather=gather)
+        rows, start = dist.all_gather_rows(per_func) if gather else (per_func, 0)
         adv = combine_rewards(rows, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps)
         return adv[start : start + reward.shape[0]]
 
-    def _estimate(self, reward: torch.Tensor, rollout: RolloutBatch) -> torch.Tensor:
-        """Returns this process's rows of the chosen estimator's advantages over every process's rewards [N]."""
+    def _estimate(self, reward: torch.Tensor, rollout: RolloutBatch, *, gather: bool = True) -> torch.Tensor:
+        """Returns this process's rows of the chosen estimator's advantages over every process's rewards [N]
+        (this process's alone with gather=False)."""
         a = self.cfg.algo
-        rows, start = dist.all_gather_rows(reward)
-        lengths, _ = dist.all_gather_rows(rollout.completion_lengths.cpu().to(torch.float64))
+        lengths = rollout.completion_lengths.cpu().to(torch.float64)
+        rows, start = dist.all_gather_rows(reward) if gather else (reward, 0)
+        if gather:
+            lengths, _ = dist.all_gather_rows(lengths)
         adv = estimate_advantages(
             a.advantage, rows, rollout.group_size, lengths.tolist(), **a.advantage_arguments()
         )
@@ -1328,14 +1330,7 @@ class GRPOTrainer:
                 steps={},  # a process reward scores its mean step reward here
             )
             reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")
-            a = cfg.algo
-            if a.reward_mode == "decoupled":
-                adv = combine_rewards(
-                    per_func, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps
-                )
-            else:
-                sizes = rollout.completion_lengths.cpu().to(torch.float64).tolist()
-                adv = estimate_advantages(a.advantage, reward, G, sizes, **a.advantage_arguments())
+            adv = self._advantages(per_func, reward, rollout, gather=False)  # every process evaluates alike
             batch = PolicyBatch(
                 rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
             )
@@ -1381,10 +1376,7 @@ class GRPOTrainer:
         if self.curriculum is not None:
             extra["curriculum"] = self.curriculum.state_dict()
         extra["health"] = self.health.state_dict()
-        extra["trainer_state"] = {
-            **self.callbacks.state_dict(),
-            "log_window": [{k: v for k, v in r.items() if _plain_value(v)} for r in self._log_window.rows],
-        }
+        extra["trainer_state"] = self.callbacks.state_dict()
         if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
             extra["entropy"] = self.updater.entropy_state()
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
@@ -1543,8 +1535,8 @@ class GRPOTrainer:
                 setattr(control, name, bool(dist.all_max_int(int(getattr(control, name)))))
         if control.should_log:
             control.should_log = False
-            if self._log_window.rows:
-                self.callbacks.log(self._log_window.flush(self.optimizer.param_groups[0]["lr"]))
+            if self.callbacks.window.rows:
+                self.callbacks.log(self.callbacks.window.flush(self.optimizer.param_groups[0]["lr"]))
         if control.should_evaluate:
             control.should_evaluate = False
             if self.eval_rows:
@@ -1627,7 +1619,7 @@ class GRPOTrainer:
                         progress.update(self.step_idx, result.metrics)
                         last_metrics = result.metrics
                         losses.append(float(result.metrics["loss"]))
-                        self._log_window.add(result.metrics)
+                        self.callbacks.window.add(result.metrics)
                         step, control = self.step_idx, self.callbacks.control
                         control.should_log |= step % cfg.logging_steps == 0
                         control.should_evaluate |= (
@@ -1742,12 +1734,6 @@ def rollout_stats(
         }
     )
     return m
-
-
-def _plain_value(value: Any) -> bool:
-    """Returns whether a metric value may go into a checkpoint loaded with weights_only (a number, a string,
-    None)."""
-    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _finite_or_none(x: float) -> float | None:
