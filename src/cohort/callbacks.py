@@ -119,7 +119,7 @@ class Callbacks:
             for name, value in (kept or {}).get("attributes", {}).items():
                 setattr(cb, name, value)
 
-    def track_best(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
+    def track_best(self, metrics: dict[str, Any]) -> None:
         """Updates state.best_metric / best_global_step from an evaluation, as the Trainer does when
         args.metric_for_best_model is set (after on_evaluate has seen the previous best)."""
         name = getattr(self.args, "metric_for_best_model", None)
@@ -138,7 +138,6 @@ class Callbacks:
         if best is None or (value > best if greater else value < best):
             self.state.best_metric = value
             self.state.best_global_step = self.state.global_step
-            self.state.best_model_checkpoint = checkpoint
 
 
 class LogWindow:

@@ -472,9 +472,8 @@ class PolicyUpdater:
                 work = [r for r in rows if r not in skip]
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
-                if (
-                    self.entropy_on
-                ):  # the bonus is a mean over the optimizer step's loss tokens, all processes
+                # The entropy bonus is a mean over the optimizer step's loss tokens, every process's.
+                if self.entropy_on:
                     apply_coef = applied_entropy_coef(
                         self.entropy_coef,
                         self.last_entropy,
@@ -545,8 +544,9 @@ class PolicyUpdater:
                         active = lp.mask if kept is None else lp.mask & kept.bool()
                         if apply_coef != 0:
                             loss = loss + entropy_bonus(ent, active, apply_coef, max(step_tokens, 1))
-                        entropy_sum += float((ent.detach() * active).sum())
-                        entropy_count += float(active.sum())
+                        if a.adaptive_entropy:  # the controller's measurement (a host sync: only when read)
+                            entropy_sum += float((ent.detach() * active).sum())
+                            entropy_count += float(active.sum())
                     loss.backward()
                     total_loss += float(loss.detach())
                     ntok = float(lp.mask.sum())
