@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,20 @@ def test_eval_sample_and_merge_take_a_lora_adapter_folder(tmp_path, monkeypatch,
     assert "not a LoRA adapter folder" in capsys.readouterr().err
     assert main(["sft", "--model", adapter, "--task", "addition", "--out", str(tmp_path / "sft")]) == 2
     assert "merge it into its base model first" in capsys.readouterr().err
+
+
+def test_a_torchrun_process_exits_with_its_code_after_its_exit_handlers():
+    """Under torchrun (WORLD_SIZE > 1) the CLI skips the interpreter's teardown, where gloo's threads can abort a
+    finished run; its exit handlers still run and its output still arrives."""
+    script = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('handler ran', flush=True))\n"
+        "from cohort.cli import main\n"
+        "sys.exit(main(['config', 'algo.beta']))\n"
+    )
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "beta" in proc.stdout and proc.stdout.rstrip().endswith("handler ran")

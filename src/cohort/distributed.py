@@ -6,10 +6,16 @@ the single-process one on the whole batch.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+from typing import Any
 
 import torch
 import torch.distributed as tdist
+
+_MESHES: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = {}
+"""Device meshes by shape and dimension names, made once per process group (FSDP units share them)."""
 
 
 def is_distributed() -> bool:
@@ -25,8 +31,38 @@ def init_from_env(backend: str = "auto") -> None:
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         tdist.init_process_group(backend=backend)
+        # a script that never calls shutdown() still releases its groups before the interpreter's teardown
+        atexit.register(_destroy)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """Returns the device mesh of `shape` with dimension `names` over all processes (made once, then reused)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (shape, names)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(
+            "cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=names
+        )
+    return _MESHES[key]
+
+
+def shutdown() -> None:
+    """Wait for every process, then release the process groups (no-op when not distributed)."""
+    if tdist.is_available() and tdist.is_initialized():
+        if tdist.get_world_size() > 1:
+            tdist.barrier()
+        _destroy()
+
+
+def _destroy() -> None:
+    """Release the process groups if still open, with the meshes that hold them."""
+    _MESHES.clear()
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+    gc.collect()
 
 
 def rank() -> int:

@@ -54,8 +54,6 @@ SHARDED_REASON = (
 )
 """Why the chunked LM head is off for a sharded model with tied embeddings (the switchboard says it)."""
 
-_MESHES: dict[tuple[str, int], Any] = {}
-
 
 def resolve_strategy(strategy: str, world: int) -> str:
     """Returns the strategy that runs with `world` processes: "none", "replicate" or "fsdp"."""
@@ -119,17 +117,9 @@ def is_split_sharded(model: torch.nn.Module) -> bool:
 
 
 def _mesh(strategy: str, world: int) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (strategy, world)
-    if key not in _MESHES:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        _MESHES[key] = (
-            init_device_mesh(device, (world, 1), mesh_dim_names=("replicate", "shard"))
-            if strategy == "replicate"
-            else init_device_mesh(device, (world,), mesh_dim_names=("shard",))
-        )
-    return _MESHES[key]
+    if strategy == "replicate":
+        return dist.device_mesh((world, 1), ("replicate", "shard"))
+    return dist.device_mesh((world,), ("shard",))
 
 
 def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none") -> torch.nn.Module:
