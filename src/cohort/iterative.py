@@ -19,8 +19,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import torch
-
 from cohort.rm import RewardModelTrainer, RMExample, rm_examples
 
 
@@ -102,8 +100,3 @@ def load_initial_pairs(path: str | None) -> list[RMExample]:
             f"iterative.initial_data {path!r} is {kind}; it must hold prompt/chosen/rejected pairs"
         )
     return examples
-
-
-def fresh_generator(device: torch.device, seed: int, step: int) -> torch.Generator:
-    """Returns the sampling stream of one iteration's fresh samples (independent of the training stream)."""
-    return torch.Generator(device=device).manual_seed(seed * 1_000_033 + step)

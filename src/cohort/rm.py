@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from cohort import seeds
 from cohort.errors import ConfigError
 from cohort.rundir import config_changes
 
@@ -138,7 +139,7 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
     start = step * batch_size
     while len(out) < batch_size:
         epoch, pos = divmod(start + len(out), n)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        order = torch.randperm(n, generator=seeds.generator(seeds.pairs_epoch(seed, epoch))).tolist()
         take = min(batch_size - len(out), n - pos)
         out += order[pos : pos + take]
     return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import re
 import time
 import warnings
@@ -19,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import TrainerControl, TrainerState
 
 from cohort import distributed as dist
+from cohort import seeds
 from cohort.algo import (
     POLICY_LOSSES,
     combine_rewards,
@@ -54,7 +53,7 @@ from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.health import HealthAbort, HealthMonitor, collapsed_share
-from cohort.iterative import IterativeRM, fresh_generator, load_initial_pairs
+from cohort.iterative import IterativeRM, load_initial_pairs
 from cohort.logprobs import warm_probes
 from cohort.models import (
     DTYPES,
@@ -94,6 +93,7 @@ from cohort.sharding import (
     save_sharded,
     shard,
 )
+from cohort.train.state import StateRegistry
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, WeightedMeans, checkpointing_layers
 
 
@@ -109,11 +109,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+seed_everything = seeds.seed_globals  # the name the demo and benchmarks import
 
 
 def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
@@ -145,7 +141,7 @@ class PromptSampler:
         self._order = self._shuffle()
 
     def _shuffle(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        g = seeds.generator(seeds.epoch_shuffle(self.seed, self.epoch))
         return torch.randperm(self.n, generator=g).tolist()
 
     def take(self, k: int, allow: Callable[[int], bool] | None = None) -> list[int]:
@@ -362,7 +358,7 @@ class GRPOTrainer:
                 raise
             self._checkpoint, self._existing_run = None, e
         # 2. Model, tokenizer, reference.
-        seed_everything(cfg.seed + dist.rank())
+        seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
         if cfg.threads:
             if cfg.threads > (os.cpu_count() or cfg.threads):
                 warnings.warn(
@@ -452,9 +448,9 @@ class GRPOTrainer:
             SamplerCopy(self.model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
         )
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + dist.rank())
+        self.generator = seeds.generator(seeds.sampling(cfg.seed, dist.rank()), self.device)
         # The same on every process: minibatches are drawn from the global batch (cohort.update).
-        self.shuffle_generator = torch.Generator().manual_seed(cfg.seed * 104729)
+        self.shuffle_generator = seeds.generator(seeds.minibatch_shuffle(cfg.seed))
         o = cfg.optim
         self.optimizer = make_adamw(
             (p for p in self.model.parameters() if p.requires_grad),
@@ -480,7 +476,7 @@ class GRPOTrainer:
             autocast=self.autocast,
             fast=cfg.fast,
         )
-        self.sampler = PromptSampler(len(self.train_rows), cfg.seed + 1000 * dist.rank())
+        self.sampler = PromptSampler(len(self.train_rows), seeds.prompt_order(cfg.seed, dist.rank()))
         c = cfg.curriculum
         self.curriculum = (
             Curriculum(
@@ -498,6 +494,7 @@ class GRPOTrainer:
         self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
+        self.parts = self._register_parts()
         self._resume()
         self.callbacks.objects = {
             "model": self.model,
@@ -647,11 +644,9 @@ class GRPOTrainer:
                         self.reference.load_state_dict(
                             load_state_file(ckpt / "reference.pt", map_location=self.device)
                         )
-                iterative = (
-                    load_state_file(ckpt / "iterative.pt")
-                    if self.iterative is not None and (ckpt / "iterative.pt").is_file()
-                    else None
-                )
+                own_files = {
+                    n: load_state_file(ckpt / n) for n in self.parts.file_names() if (ckpt / n).is_file()
+                }
             except UnsafeCheckpointError:
                 raise
             except (RuntimeError, OSError, ValueError, EOFError) as e:
@@ -673,22 +668,10 @@ class GRPOTrainer:
                 else:
                     self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            set_rng_state(state["rng"], self.generator)
-            self.sampler.load_state_dict(extra["sampler"])
-            if self.curriculum is not None and "curriculum" in extra:
-                self.curriculum.load_state_dict(extra["curriculum"])
+            # The main process's sampling stream sits at the top of trainer_state.pt (where older cohorts read it).
+            self.parts.load_state_dict({**extra, "rng": state["rng"]})
+            self.parts.load_files(own_files.get)
             self._load_rank_state(ckpt, extra, int(state["step"]))
-            if "health" in extra:
-                self.health.load_state_dict(extra["health"])
-            if "entropy" in extra:
-                self.updater.load_entropy_state(extra["entropy"])
-            if "trainer_state" in extra:  # log_history, best metric, stateful callbacks, the open log window
-                self.callbacks.load_state_dict(extra["trainer_state"])
-            if self.iterative is not None and iterative is not None:
-                self.iterative.load_state_dict(iterative)
-            self.num_tokens = extra.get("num_tokens", 0)
-            if "shuffle_rng" in extra:
-                self.shuffle_generator.set_state(extra["shuffle_rng"])
             self.step_idx = self._saved_step = state["step"]
             self._sync_state()
             if dist.is_main():
@@ -742,15 +725,11 @@ class GRPOTrainer:
             return  # trainer_state.pt held them
         own = ckpt / f"rank-{dist.rank()}.pt"
         if extra.get("world_size") == dist.world_size() and own.is_file():
-            mine = load_state_file(own)
-            set_rng_state(mine["rng"], self.generator)
-            self.sampler.load_state_dict(mine["sampler"])
-            if self.curriculum is not None and mine.get("curriculum") is not None:
-                self.curriculum.load_state_dict(mine["curriculum"])
+            self.parts.load_state_dict(load_state_file(own), per_process=True)
             return
         # Another process count: the weights, optimizer, schedule and step resume exactly; the processes'
         # sampling streams cannot (their number changed), so each starts a stream of its own from the step.
-        seed = self.cfg.seed * 7919 + 1_000_003 * step + dist.rank()
+        seed = seeds.sampling_after_resume(self.cfg.seed, step, dist.rank())
         self.generator.manual_seed(seed)
         self.sampler = PromptSampler(len(self.train_rows), seed)
         if dist.is_main():
@@ -761,24 +740,49 @@ class GRPOTrainer:
                 flush=True,
             )
 
-    def _snapshot(self) -> dict[str, Any]:
-        """Returns the state that preparing a step changes (prompt order, random streams, token count)."""
-        return {
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(self.generator),
-            "shuffle_rng": self.shuffle_generator.get_state(),
-            "num_tokens": self.num_tokens,
-            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
-        }
-
-    def _rewind(self, snap: dict[str, Any]) -> None:
-        """Restores a _snapshot: the state at the start of the step being prepared."""
-        self.sampler.load_state_dict(snap["sampler"])
+    def _register_parts(self) -> StateRegistry:
+        """Returns the registry of this run's stateful parts (checkpointed, resumed, rewound by name)."""
+        parts = StateRegistry()
+        # Each process's own streams: its sampling generator (with the global RNGs), prompt order, curriculum.
+        parts.register(
+            "rng",
+            read=lambda: rng_state(self.generator),
+            restore=lambda s: set_rng_state(s, self.generator),
+            per_process=True,
+            rewinds=True,
+        )
+        parts.register(
+            "sampler",
+            read=lambda: self.sampler.state_dict(),
+            restore=lambda s: self.sampler.load_state_dict(s),
+            per_process=True,
+            rewinds=True,
+        )
         if self.curriculum is not None:
-            self.curriculum.load_state_dict(snap["curriculum"])
-        set_rng_state(snap["rng"], self.generator)
-        self.shuffle_generator.set_state(snap["shuffle_rng"])
-        self.num_tokens = snap["num_tokens"]
+            parts.register("curriculum", self.curriculum, per_process=True, rewinds=True)
+        parts.register(
+            "shuffle_rng",
+            read=self.shuffle_generator.get_state,
+            restore=self.shuffle_generator.set_state,
+            rewinds=True,
+        )
+        parts.register(
+            "num_tokens",
+            read=lambda: self.num_tokens,
+            restore=lambda n: setattr(self, "num_tokens", n),
+            rewinds=True,
+        )
+        parts.register("health", self.health)
+        parts.register(
+            "trainer_state", self.callbacks
+        )  # log_history, best metric, stateful callbacks, log window
+        if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
+            parts.register(
+                "entropy", read=self.updater.entropy_state, restore=self.updater.load_entropy_state
+            )
+        if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
+            parts.register("iterative", self.iterative, file="iterative.pt")
+        return parts
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -982,10 +986,12 @@ class GRPOTrainer:
         assert self.iterative is not None and self.labeler is not None
         if self.reference is not None:
             self.reference.sync(alpha=1.0)
-        pick = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx)
+        pick = seeds.generator(seeds.iterative_prompts(cfg.seed, self.step_idx))
         idx = torch.randperm(len(self.train_rows), generator=pick)[: it.prompts].tolist()
         rows = [self.train_rows[i] for i in idx]
-        rollout = self._generate(idx, fresh_generator(self.device, cfg.seed, self.step_idx))
+        rollout = self._generate(
+            idx, seeds.generator(seeds.iterative_samples(cfg.seed, self.step_idx), self.device)
+        )
         completions = self._decode(rollout, rows)
         prompts, columns = self._reward_inputs(rows, G)
         verdict = score(
@@ -997,7 +1003,7 @@ class GRPOTrainer:
         )[:, 0]
         labels = [bool(v >= it.label_threshold) for v in verdict.tolist()]  # NaN (no verdict) counts as wrong
         fresh = self.iterative.pairs(prompts, completions, labels, G)
-        out = self.iterative.retrain(fresh, seed=cfg.seed * 31 + self.step_idx)
+        out = self.iterative.retrain(fresh, seed=seeds.iterative_retrain(cfg.seed, self.step_idx))
         out["iterative/fresh_correct_frac"] = sum(labels) / max(len(labels), 1)
         return out
 
@@ -1306,7 +1312,7 @@ class GRPOTrainer:
         cfg, G = self.cfg, self.cfg.rollout.group_size
         per_call = max(1, cfg.eval_batch_size // G)
         # its own stream, so evaluating does not change the training trajectory
-        generator = torch.Generator(device=self.device).manual_seed(cfg.seed * 7907 + self.step_idx)
+        generator = seeds.generator(seeds.held_out_sampling(cfg.seed, self.step_idx), self.device)
         parts: list[tuple[torch.Tensor, ...]] = []
         loss = WeightedMeans()
         for start in range(0, len(self.eval_rows), per_call):
@@ -1362,32 +1368,19 @@ class GRPOTrainer:
                 batch_prompts=max(1, self.cfg.eval_batch_size // k),
                 temperature=self.cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
                 # its own stream, so evaluating does not change the training trajectory
-                generator=torch.Generator(device=self.device).manual_seed(self.cfg.seed + self.step_idx),
+                generator=seeds.generator(seeds.logged_samples(self.cfg.seed, self.step_idx), self.device),
             )
 
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""
-        extra = {
-            "sampler": self.sampler.state_dict(),
-            "num_tokens": self.num_tokens,
-            "shuffle_rng": self.shuffle_generator.get_state(),
-            "config": to_dict(self.cfg),
-        }
-        if self.curriculum is not None:
-            extra["curriculum"] = self.curriculum.state_dict()
-        extra["health"] = self.health.state_dict()
-        extra["trainer_state"] = self.callbacks.state_dict()
-        if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
-            extra["entropy"] = self.updater.entropy_state()
+        extra = {**self.parts.state_dict(), "config": to_dict(self.cfg)}
+        files = self.parts.files()
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
-        # initial model.
-        files = {}
+        # initial model. Its weights go with the policy's (whole, or in the shards).
         sharded = self.strategy != "none"
         ref_copy = self.reference.copy if self.reference is not None and self.reference.syncs else None
         if self.reference is not None and self.reference.syncs and not sharded:
             files["reference.pt"] = self.reference.state_dict()
-        if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
-            files["iterative.pt"] = self.iterative.state_dict()
         if sharded:  # the reference's weights (once it moved) go into the shards with the policy's
             extra["world_size"] = dist.world_size()
             extra["reference_syncs"] = self.reference.syncs if self.reference is not None else 0
@@ -1412,13 +1405,8 @@ class GRPOTrainer:
         return folder
 
     def _rank_state(self) -> dict[str, Any]:
-        """Returns this process's own streams (sampling generator, prompt order, curriculum) for its rank-R.pt."""
-        return {
-            "world_size": dist.world_size(),
-            "rng": rng_state(self.generator),
-            "sampler": self.sampler.state_dict(),
-            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
-        }
+        """Returns this process's own parts (sampling generator, prompt order, curriculum) for its rank-R.pt."""
+        return {"world_size": dist.world_size(), **self.parts.state_dict(per_process=True)}
 
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
@@ -1603,13 +1591,13 @@ class GRPOTrainer:
                     before = self._evaluate_and_log(logger, progress)
                     summary["accuracy_before"] = before.get("accuracy")
                 while self.step_idx < cfg.steps and not control.should_training_stop:
-                    snap = self._snapshot()
+                    snap = self.parts.snapshot()
                     self.callbacks.fire("on_step_begin")
                     try:
                         result = self.step()
                     except KeyboardInterrupt:
                         if not signals.torn:
-                            self._rewind(snap)  # interrupted while preparing: back to the step's start
+                            self.parts.rewind(snap)  # interrupted while preparing: back to the step's start
                         raise
                     with signals.committing():
                         self._sync_state()

@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 
 from cohort import distributed as dist
+from cohort import seeds
 from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from cohort.algo.offpolicy import sampler_correction
@@ -451,7 +452,7 @@ class PolicyUpdater:
         cov_gen = None
         if a.cov_method == "clip_cov":
             seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
-            cov_gen = torch.Generator().manual_seed(seed + dist.rank())
+            cov_gen = seeds.generator(seeds.clip_cov_draws(seed, dist.rank()))
         means, paths = WeightedMeans(), WeightedMeans()
         low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
         extremes: dict[str, float] = {}
