@@ -21,7 +21,7 @@ from test_trainer import _cfg
 from cohort.checkpoint import list_checkpoints, readable_checkpoints
 from cohort.config import ConfigError, load_config
 from cohort.data import DataError, load_rows, validate_rows
-from cohort.errors import TrainingError
+from cohort.errors import NonFiniteError, TrainingError
 from cohort.rewards import score
 from cohort.rundir import RunLock, RunLockedError, trim_logs
 from cohort.trainer import GRPOTrainer
@@ -59,8 +59,9 @@ def test_non_finite_logits_stop_the_run_before_the_weights_or_a_checkpoint_go_ba
         model=model,
         tokenizer=load_tokenizer(tiny_model_dir),
     )
-    with pytest.raises(TrainingError, match=r"step 1: .*non-finite"):
+    with pytest.raises(TrainingError, match=r"step 1: .*non-finite") as raised:
         t.train()
+    assert isinstance(raised.value, NonFiniteError)  # typed: callers catch it without reading the text
     assert all(torch.equal(p, before[n]) for n, p in t.model.named_parameters())  # nothing applied
     assert not list_checkpoints(tmp_path / "inf")  # and nothing saved
 
@@ -72,7 +73,7 @@ def test_a_model_with_nan_weights_is_refused(tiny_model_dir, tmp_path):
     with torch.no_grad():
         model.lm_head.weight[3, 5] = float("nan")
     with pytest.raises(
-        TrainingError, match="non-finite weights: 1 NaN/inf values in 1 tensors .*lm_head.weight"
+        NonFiniteError, match="non-finite weights: 1 NaN/inf values in 1 tensors .*lm_head.weight"
     ):
         GRPOTrainer(
             _cfg(tiny_model_dir, tmp_path / "nan"), model=model, tokenizer=load_tokenizer(tiny_model_dir)

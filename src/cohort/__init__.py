@@ -17,6 +17,8 @@ _EXPORTS = {
     "TrainConfig": "cohort.config",
     "load_config": "cohort.config",
     "ConfigError": "cohort.errors",
+    "TrainingError": "cohort.errors",
+    "NonFiniteError": "cohort.errors",
     "SFTConfig": "cohort.sft",
     "sft_train": "cohort.sft",
     "evaluate": "cohort.evaluation",

@@ -16,6 +16,11 @@ class TrainingError(RuntimeError):
     does not fit the config). The message names the step or the file, the likely cause and the fix."""
 
 
+class NonFiniteError(TrainingError):
+    """A loss, gradient, logit or weight is NaN or infinite; the weights were not updated by it. The message
+    names the quantity, the step where known and the usual causes (learning rate, half precision, clipping)."""
+
+
 class UnsafeCheckpointError(TrainingError):
     """A checkpoint file holds something other than tensors and plain containers (pickled objects, which could
     run code when loaded): it is refused, never loaded. The message names the file and what it holds."""

@@ -48,7 +48,7 @@ from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.curriculum import Curriculum
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
-from cohort.errors import ConfigError, RunExistsError, TrainingError, UnsafeCheckpointError
+from cohort.errors import ConfigError, NonFiniteError, RunExistsError, TrainingError, UnsafeCheckpointError
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
@@ -854,9 +854,10 @@ class GRPOTrainer:
             )
             try:
                 stats = self.updater.update(batch, self.shuffle_generator)
+            except NonFiniteError as e:  # the one check that stops the step: recorded like the others
+                self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
+                raise NonFiniteError(f"step {self.step_idx + 1}: {e}") from None
             except TrainingError as e:
-                if "non-finite" in str(e):  # the one check that stops the step: recorded like the others
-                    self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
                 raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
             t_update = time.perf_counter()
             if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
@@ -1026,8 +1027,8 @@ class GRPOTrainer:
                     self.generator if generator is None else generator,
                 )
             except RuntimeError as e:
-                if "inf" in str(e) and "nan" in str(e):
-                    raise TrainingError(
+                if "inf" in str(e) and "nan" in str(e):  # torch's own sampling error has no type of its own
+                    raise NonFiniteError(
                         f"step {self.step_idx + 1}: the policy produced non-finite logits while sampling ({e}); "
                         "usually half-precision overflow (try model.dtype=float32 or bfloat16)"
                     ) from None
@@ -1730,7 +1731,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
-    """Raises TrainingError when a parameter of `model` holds NaN or inf."""
+    """Raises NonFiniteError when a parameter of `model` holds NaN or inf."""
     # Each process checks its own shard of a sharded model.
     bad = [
         (n, int((~torch.isfinite(local(p))).sum()))
@@ -1738,7 +1739,7 @@ def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
         if not torch.isfinite(local(p)).all()
     ]
     if bad:
-        raise TrainingError(
+        raise NonFiniteError(
             f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
             f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
         )

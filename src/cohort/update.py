@@ -27,7 +27,7 @@ from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entrop
 from cohort.algo.offpolicy import sampler_correction
 from cohort.algo.selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 from cohort.config import AlgoConfig
-from cohort.errors import TrainingError
+from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
 from cohort.fastpath.attention import plan_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
@@ -570,7 +570,7 @@ class PolicyUpdater:
                 # Both numbers are already on the host: checking them costs no extra synchronisation.
                 if not (math.isfinite(total_loss) and math.isfinite(float(gn))):
                     self.optimizer.zero_grad(set_to_none=False)
-                    raise TrainingError(
+                    raise NonFiniteError(
                         f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient'} (loss {total_loss}, "
                         f"gradient norm {float(gn)}); the weights were not updated. Usual causes: a learning rate "
                         f"too high for this model (optim.lr={self.optimizer.param_groups[0]['lr']:g}), half-precision "
