@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """Returns the first line of an exception's message (its type's name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key, the value and the fix."""
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cohort.errors import first_line
+
 if TYPE_CHECKING:
     from cohort.config import LoraConfig
 
@@ -264,7 +266,7 @@ def corrupt_weights_error(name_or_path: str, exc: Exception) -> ValueError | Non
         p.name for p in folder.glob("*.bin")
     )
     named = f" ({', '.join(files)})" if files else ""
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = first_line(exc)
     return ValueError(
         f"the weights file of {name_or_path!r}{named} is corrupt or truncated ({reason}); copy or download the "
         "model again, or save it again with save_pretrained"

@@ -48,7 +48,14 @@ from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.curriculum import Curriculum
 from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
-from cohort.errors import ConfigError, NonFiniteError, RunExistsError, TrainingError, UnsafeCheckpointError
+from cohort.errors import (
+    ConfigError,
+    NonFiniteError,
+    RunExistsError,
+    TrainingError,
+    UnsafeCheckpointError,
+    first_line,
+)
 from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
@@ -650,7 +657,7 @@ class GRPOTrainer:
             except UnsafeCheckpointError:
                 raise
             except (RuntimeError, OSError, ValueError, EOFError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                first = first_line(e)
                 mismatch = ("size mismatch", "Missing key", "Unexpected key", "Size mismatch", "not found in")
                 if any(m in str(e) for m in mismatch):
                     raise TrainingError(

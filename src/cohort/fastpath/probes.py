@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from cohort.errors import first_line
 from cohort.models import eval_mode, float_dtype, input_device
 
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {check name: bool}
@@ -70,7 +71,7 @@ def probe(
         # A library that changed under us (a renamed argument, a warning turned into an error) shows up
         # here: keep what was raised so the fallback message names it instead of blaming the numbers.
         raised = _RAISED_GLOBAL if model is None else _RAISED.setdefault(model, {})
-        raised[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        raised[name] = f"{type(exc).__name__}: {first_line(exc) if str(exc).strip() else ''}"
         ok = False
     cache[name] = ok
     return ok

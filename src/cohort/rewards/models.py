@@ -20,12 +20,6 @@ from cohort.rewards.builtin import completion_text
 __all__ = ["RewardModel"]
 
 
-def _first_line(exc: BaseException) -> str:
-    """Returns the first line of an exception's message (its type when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _check_num_labels(config: Any, name: str) -> None:
     """Raises ValueError unless the model's classification head has exactly one output."""
     num_labels = getattr(config, "num_labels", None)

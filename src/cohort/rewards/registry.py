@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from cohort.errors import first_line
 from cohort.plugins import load_function
 from cohort.rewards.builtin import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
 from cohort.rewards.models import RewardModel
@@ -140,7 +141,7 @@ def _resolve_one(
         except OSError as exc:
             raise ValueError(
                 f"reward {spec!r} reads as a Hugging Face hub model id (org/name), which could not be loaded "
-                f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); for a local "
+                f"({first_line(exc)}); for a local "
                 "reward model give an existing folder; built-in rewards are: " + _known()
             ) from exc
     if key.endswith(".py"):
