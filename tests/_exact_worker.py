@@ -12,6 +12,7 @@ from _tiny import VOCAB, random_prompts, tiny_model
 
 from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
+from cohort.distributed import exit_without_teardown
 from cohort.fastpath import FastConfig
 from cohort.logprobs import warm_probes
 from cohort.models import wrap_lora
@@ -130,3 +131,4 @@ def worker(rank: int, world: int, store: str, out: str, cases: dict[str, dict], 
             torch.save(run_case(case, rank, world, strategy), Path(out) / f"{name}-{rank}.pt")
     finally:
         tdist.destroy_process_group()
+    exit_without_teardown(0)  # gloo's threads, still held by sharded tensors, can abort the teardown

@@ -628,20 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_without_teardown(code: int) -> None:
-    """Ends a torchrun process after its exit handlers, skipping the interpreter's teardown.
-
-    FSDP's sharded tensors keep gloo's process group alive past destroy_process_group(); the teardown then
-    destroys its threads in no set order and, on a loaded machine, aborts a finished run ("terminate called
-    without an active exception", seen about once in ten CPU runs)."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
@@ -652,7 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args.func(args)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            _exit_without_teardown(code)
+            from cohort.distributed import exit_without_teardown
+
+            exit_without_teardown(code)
         return code
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)

@@ -86,21 +86,9 @@ def _aggregate_grpo(
     return per_seq.sum() / (per_token.shape[0] if num_sequences is None else num_sequences)
 
 
-@_register("bnpo")
-def _aggregate_bnpo(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    num_items: Normaliser,
-    num_sequences: Normaliser,
-    **_: object,
-) -> torch.Tensor:
-    """Return sum_it l_it / num_items, with num_items the token count of the (process-local) batch."""
-    return per_token.sum() / (mask.sum().clamp(min=1) if num_items is None else num_items)
-
-
 @_register("dapo")
-def _aggregate_dapo(
+@_register("bnpo")  # the inner decorator registers first: the names keep their documented order
+def _aggregate_token_mean(
     per_token: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -108,8 +96,8 @@ def _aggregate_dapo(
     num_sequences: Normaliser,
     **_: object,
 ) -> torch.Tensor:
-    """Return sum_it l_it / num_items, with num_items the token count of the whole generation batch."""
-    # Same formula as bnpo; the two differ in which count the trainer passes (all processes vs this one).
+    """Return sum_it l_it / num_items: the mean over tokens (bnpo and dapo; see TOKEN_COUNT_SCOPE for the count)."""
+    # bnpo and dapo differ only in the count the trainer passes: this process's tokens or every process's.
     return per_token.sum() / (mask.sum().clamp(min=1) if num_items is None else num_items)
 
 
