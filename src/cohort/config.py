@@ -27,6 +27,8 @@ from cohort.algo import COMBINE_MODES as REWARD_MODES
 from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
 from cohort.algo import KL_KINDS, SCALES
 from cohort.algo import STD_KINDS as STDS
+from cohort.algo.controls import COV_METHODS
+from cohort.algo.controls import SAMPLER_CORRECTIONS as _SAMPLER_CORRECTIONS
 from cohort.choices import ENGINES
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastConfig
@@ -156,8 +158,7 @@ class RolloutConfig:
         return self.temperature if self.temperature > 0 else 1.0
 
 
-COV_METHODS = ("none", "clip_cov", "kl_cov")
-SAMPLER_CORRECTIONS = ("none", "token_tis", "token_mis", "sequence_tis", "sequence_mis")
+SAMPLER_CORRECTIONS = tuple(_SAMPLER_CORRECTIONS)
 SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
 
 

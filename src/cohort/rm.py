@@ -30,6 +30,7 @@ import torch
 
 from cohort import seeds
 from cohort.errors import ConfigError
+from cohort.rewards.models import share_pad_token
 from cohort.rundir import config_changes
 
 RM_FORMATS = ("pointwise", "pairwise")
@@ -118,8 +119,6 @@ def load_reward_model_for_training(
     from transformers.utils import logging as hf_logging
 
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "some weights were newly initialised": the score head, as intended
     try:
@@ -128,7 +127,7 @@ def load_reward_model_for_training(
         )
     finally:
         hf_logging.set_verbosity(level)
-    model.config.pad_token_id = tokenizer.pad_token_id
+    share_pad_token(model, tokenizer, os.fspath(source))
     return model, tokenizer
 
 

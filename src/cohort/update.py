@@ -23,9 +23,8 @@ import torch
 from cohort import distributed as dist
 from cohort import seeds
 from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
+from cohort.algo.controls import ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
-from cohort.algo.offpolicy import sampler_correction
-from cohort.algo.selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 from cohort.config import AlgoConfig
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
@@ -255,8 +254,15 @@ class PolicyUpdater:
             else None
         )
         builtin_loss = algo.loss_type in LOSS_TYPES
-        # Any per-token control at all (most runs have none: the micro-batch loop then skips them entirely).
-        self.controls_on = selection is not None or algo.sampler_correction != "none"
+        self.controls = ControlSettings(
+            top_entropy_quantile=algo.top_entropy_quantile,
+            cov_method=algo.cov_method,
+            cov_ratio=algo.cov_ratio,
+            clip_cov_bounds=(float(algo.clip_cov_bounds[0]), float(algo.clip_cov_bounds[1])),
+            sampler_correction=algo.sampler_correction,
+            sampler_is_max=algo.sampler_is_max,
+            sampler_is_min=algo.sampler_is_min,
+        )
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
@@ -362,64 +368,22 @@ class PolicyUpdater:
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
     def _token_controls(
-        self,
-        lp,
-        old: torch.Tensor | None,
-        sampled: torch.Tensor | None,
-        adv: torch.Tensor,
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
-        """Returns (token_weights, kl_cov_mask, top_entropy_mask, metrics) for one micro-batch: the top-entropy
-        mask, Clip-Cov's detached tokens and the sampler's importance weights as one [n, T] multiplier,
-        KL-Cov's tokens, and the top-entropy mask alone (None when every token is kept)."""
-        a = self.algo
-        mask = lp.mask
-        weights: torch.Tensor | None = None
-        kl_cov: torch.Tensor | None = None
-        kept: torch.Tensor | None = None
-        out: dict[str, float] = {}
-
-        def times(w: torch.Tensor) -> torch.Tensor:
-            w = w.to(lp.logp.dtype)
-            return w if weights is None else weights * w
-
-        n_tok = max(float(mask.sum()), 1.0)
-        if a.top_entropy_quantile < 1:
-            if lp.entropy is None:
-                raise TrainingError("top_entropy_quantile needs token entropies, but none were computed")
-            kept = top_entropy_mask(lp.entropy.detach(), mask, a.top_entropy_quantile)
-            weights = times(kept)
-            out["entropy_mask/kept_frac"] = float(kept.sum()) / n_tok
-        if a.cov_method != "none":
-            cov = token_covariance(lp.logp.detach(), adv, mask)
-            if a.cov_method == "clip_cov":
-                low, high = a.clip_cov_bounds
-                ratio = COV_RATIOS["clip_cov"] if a.cov_ratio is None else a.cov_ratio
-                chosen = clip_cov_mask(cov, mask, ratio=ratio, low=low, high=high, generator=generator)
-                weights = times(~chosen)
-            else:
-                ratio = COV_RATIOS["kl_cov"] if a.cov_ratio is None else a.cov_ratio
-                chosen = kl_cov = kl_cov_mask(cov, mask, ratio=ratio)
-            out["cov/selected_frac"] = float(chosen.sum()) / n_tok
-        if a.sampler_correction != "none":
-            if sampled is None:
-                raise TrainingError(
-                    f"algo.sampler_correction={a.sampler_correction} needs the sampler's log-probs, but this rollout "
-                    "engine returned none; use rollout.engine=builtin or hf"
-                )
-            level, kind = a.sampler_correction.split("_")
-            w, m = sampler_correction(
-                lp.logp.detach() if old is None else old,
-                sampled,
-                mask,
-                level=level,
-                mode="truncate" if kind == "tis" else "mask",
-                max_ratio=a.sampler_is_max,
-                min_ratio=a.sampler_is_min,
+        self, lp, old: torch.Tensor | None, sampled: torch.Tensor | None, adv: torch.Tensor, generator
+    ) -> TokenControls:
+        """Returns one micro-batch's token controls (cohort.algo.controls), a missing input as TrainingError."""
+        try:
+            return token_controls(
+                lp.logp,
+                lp.mask,
+                adv,
+                self.controls,
+                entropy=lp.entropy,
+                old_logp=old,
+                sampled_logp=sampled,
+                generator=generator,
             )
-            weights = times(w)
-            out.update({f"sampler/is_ratio_{k.split('/')[-1]}": float(v) for k, v in m.items()})
-        return weights, kl_cov, kept, out
+        except ValueError as e:  # the engine or the log-prob path did not provide what a control reads
+            raise TrainingError(str(e)) from None
 
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
@@ -515,11 +479,14 @@ class PolicyUpdater:
                     else:
                         tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
                         adv_mb = self._stack(tok, micro, width)
-                    weights, kl_cov, kept, extra = (
+                    # Most runs have no control: the micro-batch loop then skips them entirely.
+                    ctl = (
                         self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
-                        if self.controls_on
-                        else (None, None, None, {})
+                        if self.controls.active
+                        else None
                     )
+                    weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
+                    extra = ctl.metrics if ctl else {}
                     control_names.update(extra)
                     for k, val in extra.items():
                         if k.endswith(("_min", "_max")):  # extremes over the update, not means

@@ -20,6 +20,26 @@ from cohort.rewards.builtin import completion_text
 __all__ = ["RewardModel"]
 
 
+def share_pad_token(model: Any, tokenizer: Any, name: str) -> None:
+    """Gives `tokenizer` a pad token (its eos when it has none) and tells the model its id.
+
+    A sequence-classification model reads its score at the last token that is not padding, so it must know
+    the pad id; raises ValueError when the tokenizer has neither a pad nor an eos token."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"the tokenizer of reward model {name!r} has neither a pad token nor an eos token, so texts of "
+                "different lengths cannot be batched; set tokenizer.pad_token (adding a token means resizing the "
+                "model's embeddings) and pass the tokenizer"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    model_config: Any = model.config
+    model_config.pad_token_id = tokenizer.pad_token_id
+    text_config = getattr(model_config, "get_text_config", None)
+    if callable(text_config):
+        text_config().pad_token_id = tokenizer.pad_token_id
+
+
 def _check_num_labels(config: Any, name: str) -> None:
     """Raises ValueError unless the model's classification head has exactly one output."""
     num_labels = getattr(config, "num_labels", None)
@@ -119,20 +139,7 @@ class RewardModel(ModelReward):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token_id is None:
-            if tokenizer.eos_token is None:
-                raise ValueError(
-                    f"the tokenizer of reward model {self.__name__!r} has neither a pad token nor an eos token, "
-                    "so texts of different lengths cannot be batched; set tokenizer.pad_token (adding a token "
-                    "means resizing the model's embeddings) and pass the tokenizer"
-                )
-            tokenizer.pad_token = tokenizer.eos_token
-        # The model reads its score at the last token that is not padding: it must know the pad id.
-        model_config: Any = model.config
-        model_config.pad_token_id = tokenizer.pad_token_id
-        text_config = getattr(model_config, "get_text_config", None)
-        if callable(text_config):
-            text_config().pad_token_id = tokenizer.pad_token_id
+        share_pad_token(model, tokenizer, self.__name__)
         check_tokenizer_fits(model, tokenizer, self.__name__)
         self.model = model.eval()
         self.tokenizer = tokenizer
