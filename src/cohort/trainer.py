@@ -780,9 +780,8 @@ class GRPOTrainer:
             rewinds=True,
         )
         parts.register("health", self.health)
-        parts.register(
-            "trainer_state", self.callbacks
-        )  # log_history, best metric, stateful callbacks, log window
+        # log_history, the best metric, stateful callbacks and the open log window
+        parts.register("trainer_state", self.callbacks)
         if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
             parts.register(
                 "entropy", read=self.updater.entropy_state, restore=self.updater.load_entropy_state
