@@ -113,7 +113,12 @@ def split_units(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
 
 def is_split_sharded(model: torch.nn.Module) -> bool:
     """Returns True when the model is sharded with its decoder and LM head as separate FSDP units."""
-    return bool(getattr(model, "_cohort_split_units", False))
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return False
+    split = split_units(model)
+    return split is not None and all(isinstance(unit, FSDPModule) for unit in split)
 
 
 def _mesh(strategy: str, world: int) -> Any:
@@ -139,7 +144,6 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     if split is not None:  # the chunked LM head calls the decoder and the head separately: units of their own
         for unit in split:
             fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
-    setattr(model, "_cohort_split_units", split is not None)  # noqa: B010  (read by the chunked head)
     # Whatever the root still holds (embeddings, norm and head when they are not units) is needed again at
     # once by the backward pass: not resharded after the forward.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
