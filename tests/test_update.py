@@ -151,13 +151,21 @@ def test_the_kl_term_is_also_path_invariant(model64, batch):
         _assert_same(got, ref, fast)
 
 
-def test_skipping_zero_advantage_rows_is_refused_with_a_kl_term(model64):
-    with pytest.raises(FastPathError, match="skip_zero_advantage=on.*beta=0.1"):
+@pytest.mark.parametrize(
+    ("algo", "match"),
+    [
+        (AlgoConfig(beta=0.1), "skip_zero_advantage=on.*beta=0.1"),  # a KL term
+        (AlgoConfig(entropy_coef=0.01), "skip_zero_advantage=on.*entropy"),  # an entropy bonus
+    ],
+    ids=["kl_term", "entropy_bonus"],
+)
+def test_skipping_zero_advantage_rows_is_refused_when_zero_rows_still_count(model64, algo, match):
+    with pytest.raises(FastPathError, match=match):
         PolicyUpdater(
             model64,
             torch.optim.SGD(model64.parameters(), lr=0.0),
             None,
-            AlgoConfig(beta=0.1),
+            algo,
             temperature=1.0,
             max_completion_length=8,
             micro_batch_tokens=100,
@@ -371,18 +379,3 @@ def test_the_adaptive_entropy_coefficient_follows_the_measured_entropy(model64, 
     _, _, fresh = _entropy_gradient(model64, batch, plain, 10**6, entropy_target=0.0, **common)
     fresh.load_entropy_state(state)
     assert fresh.entropy_state() == state
-
-
-def test_skipping_zero_advantage_rows_is_refused_with_an_entropy_bonus(model64):
-    with pytest.raises(FastPathError, match="skip_zero_advantage=on.*entropy"):
-        PolicyUpdater(
-            model64,
-            torch.optim.SGD(model64.parameters(), lr=0.0),
-            None,
-            AlgoConfig(entropy_coef=0.01),
-            temperature=1.0,
-            max_completion_length=8,
-            micro_batch_tokens=100,
-            max_grad_norm=0.0,
-            fast=FastConfig(skip_zero_advantage="on"),
-        )

@@ -286,11 +286,11 @@ def tta_prepare(spec: dict) -> dict:
     from cohort.data import encode_prompts, make_task, sft_completion
     from cohort.models import build_tiny_model, load_model, load_tokenizer
     from cohort.sft import SFTConfig, encode_pairs, sft_train
-    from cohort.trainer import seed_everything
+    from cohort.seeds import seed_globals
 
     out = Path(spec["out_dir"])
     seed = spec["seed"]
-    seed_everything(seed)
+    seed_globals(seed)
     base = build_tiny_model(out / "base-model", seed=seed, **demo.DEMO_MODEL)
     tokenizer, model = load_tokenizer(base), load_model(base)
     cfg = demo.demo_config(out / "unused", base, steps=None, seed=seed)

@@ -27,8 +27,7 @@ from cohort.algo import COMBINE_MODES as REWARD_MODES
 from cohort.algo import IMPORTANCE_LEVELS as IMPORTANCE
 from cohort.algo import KL_KINDS, SCALES
 from cohort.algo import STD_KINDS as STDS
-from cohort.algo.controls import COV_METHODS
-from cohort.algo.controls import SAMPLER_CORRECTIONS as _SAMPLER_CORRECTIONS
+from cohort.algo.controls import COV_METHODS, SAMPLER_CORRECTIONS
 from cohort.choices import ENGINES
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastConfig
@@ -158,7 +157,6 @@ class RolloutConfig:
         return self.temperature if self.temperature > 0 else 1.0
 
 
-SAMPLER_CORRECTIONS = tuple(_SAMPLER_CORRECTIONS)
 SAMPLER_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -693,7 +691,7 @@ class TrainConfig:
                 "algo.cov_method=kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
                 "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
             )
-        _check_choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
+        _check_choice("algo.sampler_correction", a.sampler_correction, tuple(SAMPLER_CORRECTIONS))
         if not a.sampler_is_max > 1:
             raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
         if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:

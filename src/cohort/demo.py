@@ -77,7 +77,8 @@ def run_demo(
 
 def _run_demo(out_dir: str | Path, *, steps: int | None, seed: int, progress: bool) -> dict[str, Any]:
     """Return the demo's summary (run_demo without the progress-bar switch)."""
-    from cohort.trainer import GRPOTrainer, seed_everything
+    from cohort.seeds import seed_globals
+    from cohort.trainer import GRPOTrainer
 
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -93,7 +94,7 @@ def _run_demo(out_dir: str | Path, *, steps: int | None, seed: int, progress: bo
         say(f"replacing the earlier demo run in {out}")
         for path in earlier:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    seed_everything(seed)
+    seed_globals(seed)
     # 1. A tiny model, saved and loaded back exactly like a hub model.
     base = build_tiny_model(out / "base-model", seed=seed, **DEMO_MODEL)
     tokenizer = load_tokenizer(base)

@@ -116,9 +116,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-seed_everything = seeds.seed_globals  # the name the demo and benchmarks import
-
-
 def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     """Return (train rows, held-out rows) for the config's built-in task or dataset."""
     d = cfg.data

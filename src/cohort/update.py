@@ -383,7 +383,7 @@ class PolicyUpdater:
                 generator=generator,
             )
         except ValueError as e:  # the engine or the log-prob path did not provide what a control reads
-            raise TrainingError(str(e)) from None
+            raise TrainingError(f"algo.{e}") from None  # algo's messages name the setting without its section
 
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
