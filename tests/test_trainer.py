@@ -113,6 +113,37 @@ def test_interrupt_leaves_a_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     assert resumed.step_idx == 2
 
 
+def test_a_signal_after_the_update_waits_until_the_step_is_logged_and_saved(tiny_model_dir, tmp_path):
+    # A SIGTERM landing between a step's update and its return (metrics, samples) cannot rewind the step (the
+    # weights moved): it is held until the step is logged and saved, then the run stops there.
+    import os
+    import signal
+
+    t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "sig", steps=4))
+    real_metrics = t._metrics
+    calls = {"n": 0}
+
+    def metrics_then_signal(*args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_metrics(*args)
+
+    t._metrics = metrics_then_signal
+    with pytest.raises(KeyboardInterrupt, match="at step 2"):
+        t.train()
+    rows = [json.loads(line) for line in (tmp_path / "sig" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    resumed = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "sig", steps=4, resume="auto"))
+    assert resumed.step_idx == 2
+    full = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "full", steps=4))
+    full.train()
+    resumed.train()
+    a, b = _params(full.model), _params(resumed.model)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+
+
 def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "m", **{"algo.beta": 0.05}))
     result = t.step()

@@ -167,6 +167,11 @@ class StopSignals:
             self.torn = True
         raise KeyboardInterrupt
 
+    def hold(self) -> None:
+        """Holds interrupts from now until the end of the next `committing()` block (a commit that begins in one
+        function and ends in its caller)."""
+        self._committing = True
+
     def committing(self):
         """Returns a context manager inside which an interrupt waits until the block ends."""
         import contextlib

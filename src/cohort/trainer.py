@@ -842,45 +842,45 @@ class GRPOTrainer:
         counts, _ = dist.all_gather_rows(torch.tensor([len(rollout.prompt_ids)]))
         total_groups = int(counts.sum())
         group_offset = int(counts[: dist.rank()].sum())
-        # 5. Policy update: from here on the step completes even when interrupted (StopSignals).
-        with self._committing():
-            batch = PolicyBatch(
-                rollout.prompt_ids,
-                rollout.completion_ids,
-                G,
-                adv,
-                in_loss,
-                rollout.sampling_logprobs,
-                token_advantages=token_adv,
-                group_offset=group_offset,
-                total_groups=total_groups,
+        # 5. Policy update: from here on the step completes even when interrupted: a signal waits until the loop
+        # has logged and saved the step (StopSignals.hold), since a step cut short after its update could be
+        # neither rewound nor logged.
+        self._hold_signals()
+        batch = PolicyBatch(
+            rollout.prompt_ids,
+            rollout.completion_ids,
+            G,
+            adv,
+            in_loss,
+            rollout.sampling_logprobs,
+            token_advantages=token_adv,
+            group_offset=group_offset,
+            total_groups=total_groups,
+        )
+        try:
+            stats = self.updater.update(batch, self.shuffle_generator)
+        except NonFiniteError as e:  # the one check that stops the step: recorded like the others
+            self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
+            raise NonFiniteError(f"step {self.step_idx + 1}: {e}") from None
+        except TrainingError as e:
+            raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
+        t_update = time.perf_counter()
+        if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
+            self.health.warn(
+                "zero_gradient",
+                self.step_idx + 1,
+                0.0,
+                0.0,
+                "the gradient is exactly 0 although some advantages are not: the policy's "
+                f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
+                "the run cannot learn from here",
             )
-            try:
-                stats = self.updater.update(batch, self.shuffle_generator)
-            except NonFiniteError as e:  # the one check that stops the step: recorded like the others
-                self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
-                raise NonFiniteError(f"step {self.step_idx + 1}: {e}") from None
-            except TrainingError as e:
-                raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
-            t_update = time.perf_counter()
-            if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
-                self.health.warn(
-                    "zero_gradient",
-                    self.step_idx + 1,
-                    0.0,
-                    0.0,
-                    "the gradient is exactly 0 although some advantages are not: the policy's "
-                    f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
-                    "the run cannot learn from here",
-                )
-            # 6. Reference sync (recipes that let the anchor follow the policy).
-            self.step_idx += 1
-            synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
-            it_metrics = (
-                self._iterate()
-                if self.iterative is not None and self.step_idx % cfg.iterative.every == 0
-                else {}
-            )
+        # 6. Reference sync (recipes that let the anchor follow the policy).
+        self.step_idx += 1
+        synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
+        it_metrics = (
+            self._iterate() if self.iterative is not None and self.step_idx % cfg.iterative.every == 0 else {}
+        )
         metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         for k, v in drawn.metrics().items():  # over every process: the most rounds any took, summed counts
             metrics[k] = float(dist.all_max_int(int(v))) if k == "sampling/rounds" else dist.all_sum_float(v)
@@ -1172,8 +1172,9 @@ class GRPOTrainer:
                     out[-1]["token_advantages"] = [round(float(x), 6) for x in token_adv[i]]
         return out
 
-    def _committing(self) -> contextlib.AbstractContextManager:
-        return self._signals.committing() if self._signals is not None else contextlib.nullcontext()
+    def _hold_signals(self) -> None:
+        if self._signals is not None:
+            self._signals.hold()
 
     def _check_learnable(self, per_func: torch.Tensor, adv: torch.Tensor, in_loss: torch.Tensor) -> None:
         """Warns (once per kind) when this step's batch cannot move the policy."""
