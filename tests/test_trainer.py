@@ -120,7 +120,7 @@ def test_a_signal_after_the_update_waits_until_the_step_is_logged_and_saved(tiny
     import signal
 
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "sig", steps=4))
-    real_metrics = t._metrics
+    real_metrics = t._step_metrics
     calls = {"n": 0}
 
     def metrics_then_signal(*args):
@@ -129,7 +129,7 @@ def test_a_signal_after_the_update_waits_until_the_step_is_logged_and_saved(tiny
             os.kill(os.getpid(), signal.SIGTERM)
         return real_metrics(*args)
 
-    t._metrics = metrics_then_signal
+    t._step_metrics = metrics_then_signal
     with pytest.raises(KeyboardInterrupt, match="at step 2"):
         t.train()
     rows = [json.loads(line) for line in (tmp_path / "sig" / "metrics.jsonl").read_text().splitlines()]

@@ -17,6 +17,7 @@ import torch
 from cohort.compat import GRPOConfig
 from cohort.config import load_config
 from cohort.errors import ConfigError
+from cohort.train.metrics import step_metrics
 from cohort.trainer import GRPOTrainer
 from cohort.update import UpdateStats
 
@@ -98,11 +99,10 @@ def _fake_rollout(lengths: list[int], truncated: list[bool]) -> SimpleNamespace:
 
 
 def _metrics_of(rollout: SimpleNamespace) -> dict:
-    trainer = object.__new__(GRPOTrainer)  # _metrics needs only these attributes
-    trainer.step_idx, trainer.num_tokens, trainer.reward_names = 1, 0, ["r"]
     n = len(rollout.completion_lengths)
     reward = torch.arange(n, dtype=torch.float32)
-    return trainer._metrics(rollout, reward[:, None], reward, torch.zeros(n, dtype=torch.bool), UpdateStats())
+    zero_std = torch.zeros(n, dtype=torch.bool)
+    return step_metrics(1, rollout, reward[:, None], reward, zero_std, UpdateStats(), ["r"], 0)  # type: ignore[arg-type]
 
 
 def test_terminated_lengths_cover_only_completions_that_ended_with_eos():

@@ -29,6 +29,8 @@ import torch
 
 from cohort.config import TrainConfig, from_dict, to_dict
 from cohort.errors import ConfigError
+from cohort.train.advantages import outcome_advantages
+from cohort.train.scoring import as_text
 
 
 @dataclasses.dataclass
@@ -92,7 +94,7 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         k = max(1, min(groups, len(trainer.train_rows)))
         t1 = time.perf_counter()
         try:
-            drawn = trainer._draw(k)
+            drawn = trainer.drawer.draw(k, step=1)
         except Exception as e:  # noqa: BLE001 - a reward function's own error is what the doctor reports
             rep.block(f"sampling or scoring {k} groups failed: {type(e).__name__}: {e}")
             return rep
@@ -100,7 +102,7 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         _rewards(rep, trainer, drawn)
         G = r.group_size
         # As training judges them: per weighted reward column under GDPO's decoupled normalisation.
-        zero = zero_std_group_mask(trainer._signal(drawn), G).view(-1, G)[:, 0].float().mean().item()
+        zero = zero_std_group_mask(trainer.drawer.signal(drawn), G).view(-1, G)[:, 0].float().mean().item()
         truncated = drawn.rollout.truncated.float().mean().item()
         rep.say("rollout")
         rep.say(
@@ -119,7 +121,9 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
                 "that the chat template ends turns with the EOS token the model emits (model.generation_config), "
                 "or raise rollout.max_completion_length"
             )
-        adv = trainer._advantages(drawn.per_func, drawn.reward, drawn.rollout)  # the run's estimator and mode
+        adv = outcome_advantages(
+            drawn.per_func, drawn.reward, drawn.rollout, a, trainer.reward_weights
+        )  # the run's
         t2 = time.perf_counter()
         table = _one_update(trainer, drawn, adv)
         t_update = time.perf_counter() - t2
@@ -183,7 +187,7 @@ def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
     reward = drawn.reward  # the weighted sum the advantages were computed from
     texts = trainer.tokenizer.batch_decode(drawn.rollout.completion_ids[:G], skip_special_tokens=True)
     out = [
-        f"  prompt: {trainer._as_text(drawn.rows[0][trainer.cfg.data.prompt_column])[:80]!r}",
+        f"  prompt: {as_text(drawn.rows[0][trainer.cfg.data.prompt_column])[:80]!r}",
         "    #  reward  advantage  ratio  clipped  KL      completion",
     ]
     for i in rows:

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from cohort.errors import TrainingError
 
 CHECKS = (
@@ -138,6 +140,54 @@ class HealthMonitor:
         """Returns the findings fired since the last call, and forgets them."""
         out, self.pending = self.pending, []
         return out
+
+    def check_batch(
+        self, step: int, per_func: torch.Tensor, adv: torch.Tensor, in_loss: torch.Tensor
+    ) -> None:
+        """Returns None; records (warning once per kind) a batch that cannot move the policy: no reward at all,
+        every completion filtered out, or every advantage 0 with no KL term to learn from."""
+        if bool(torch.isnan(per_func).all()):
+            self.warn(
+                "no_reward",
+                step,
+                1.0,
+                1.0,
+                "every reward function returned None for every completion: nothing to learn from; "
+                "check that the reward functions apply to this dataset",
+            )
+        elif not bool(in_loss.any()):
+            self.warn(
+                "rows_dropped",
+                step,
+                1.0,
+                1.0,
+                "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
+                "the loss is exactly 0; raise rollout.max_completion_length or relax the filters",
+            )
+        elif not bool((adv[in_loss] != 0).any()) and self.beta == 0:
+            self.warn(
+                "no_advantage",
+                step,
+                1.0,
+                1.0,
+                "every group's completions got equal rewards: every advantage is 0 and the step "
+                "changes nothing (too easy or too hard prompts, or a reward that cannot tell completions apart)",
+            )
+
+    def check_gradient(
+        self, step: int, grad_norm: float, adv: torch.Tensor, in_loss: torch.Tensor, lr: float
+    ) -> None:
+        """Returns None; records a gradient of exactly 0 although some advantages in the loss are not 0."""
+        if grad_norm == 0 and bool((adv[in_loss] != 0).any()):
+            self.warn(
+                "zero_gradient",
+                step,
+                0.0,
+                0.0,
+                "the gradient is exactly 0 although some advantages are not: the policy's "
+                f"probabilities are saturated (often a learning rate too high, optim.lr={lr:g}); "
+                "the run cannot learn from here",
+            )
 
     def observe(self, step: int, metrics: dict[str, Any], collapse: float | None) -> list[Finding]:
         """Returns the checks that fire on this step's metrics (adds health/<check> = 1 for each to metrics)."""

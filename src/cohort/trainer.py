@@ -13,7 +13,6 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,8 @@ from cohort import distributed as dist
 from cohort import seeds
 from cohort.algo import (
     POLICY_LOSSES,
-    combine_rewards,
-    process_advantages,
-    process_advantages_to_tokens,
     zero_std_group_mask,
 )
-from cohort.algo.estimators import estimate_advantages
 from cohort.callbacks import Callbacks
 from cohort.checkpoint import (
     find_resume_dir,
@@ -47,7 +42,7 @@ from cohort.checkpoint import (
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig, save_config, to_dict
 from cohort.curriculum import Curriculum
-from cohort.data import as_completions, encode_prompts, is_conversational, load_rows, make_task, validate_rows
+from cohort.data import encode_prompts, load_rows, make_task, validate_rows
 from cohort.errors import (
     ConfigError,
     NonFiniteError,
@@ -75,8 +70,6 @@ from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
 from cohort.report import MetricsLogger, Progress, quiet_hf_progress, read_jsonl, write_report, write_summary
 from cohort.rewards import (
-    RewardLogs,
-    StepRewards,
     check_reward_columns,
     resolve_reward_funcs,
     reward_name,
@@ -84,8 +77,8 @@ from cohort.rewards import (
     score,
 )
 from cohort.rewards.models import RewardModel
-from cohort.rewards.process import ProcessRewardModel, process_metrics, resolve_step_ends
-from cohort.rollout import RolloutBatch, SamplingParams, make_engine, select_groups
+from cohort.rewards.process import ProcessRewardModel, process_metrics
+from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
 from cohort.sharding import (
@@ -100,6 +93,12 @@ from cohort.sharding import (
     save_sharded,
     shard,
 )
+from cohort.train.advantages import Advantaged, advantage_batch, outcome_advantages, own_rows
+from cohort.train.draw import Drawer, Drawn
+from cohort.train.generation import GenerationSource, LocalGeneration
+from cohort.train.metrics import final_metrics, rollout_stats, rollout_tokens, sample_rows, step_metrics
+from cohort.train.sampling import PromptSampler
+from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, WeightedMeans, checkpointing_layers
 
@@ -135,81 +134,6 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
             d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed, **d.task_options
         )
     return train, held[: cfg.eval_limit] if held else held
-
-
-class PromptSampler:
-    """Yields dataset indices in shuffled epochs; its state is saved with checkpoints."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
-        self._order = self._shuffle()
-
-    def _shuffle(self) -> list[int]:
-        g = seeds.generator(seeds.epoch_shuffle(self.seed, self.epoch))
-        return torch.randperm(self.n, generator=g).tolist()
-
-    def take(self, k: int, allow: Callable[[int], bool] | None = None) -> list[int]:
-        """Return the next k indices (an epoch boundary reshuffles), passing over those `allow` refuses.
-
-        After a whole dataset's worth of refusals in one call every index is taken again, so a curriculum
-        that has set almost everything aside cannot stall the run."""
-        out: list[int] = []
-        refused = 0
-        while len(out) < k:
-            if self.pos == self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._shuffle()
-            i = self._order[self.pos]
-            self.pos += 1
-            if allow is not None and refused < self.n and not allow(i):
-                refused += 1
-                continue
-            out.append(i)
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        """Return the position to resume from."""
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at a saved position."""
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._order = self._shuffle()
-
-
-@dataclass
-class Drawn:
-    """The prompts of a step (or of one dynamic-sampling round), their rollout and their rewards."""
-
-    idx: list[int]
-    rows: list[dict]
-    rollout: RolloutBatch
-    completions: list[Any]
-    per_func: torch.Tensor
-    """[N, R] each reward function's score (NaN for None)."""
-    reward: torch.Tensor
-    """[N] the weighted sum of per_func: what advantages, filters and the logs use."""
-    logs: RewardLogs
-    seconds_generate: float
-    seconds_score: float
-    steps: list[tuple[list[float], list[int]] | None] | None = None
-    """Per completion the process reward function's (step rewards, step end token indices); None without one."""
-    rounds: int = 1
-    groups_generated: int | None = None
-    """Set by dynamic sampling only: groups generated over every round."""
-    groups_kept: int | None = None
-    completion_tokens: int | None = None
-
-    def metrics(self) -> dict[str, float]:
-        """Returns the dynamic-sampling metrics of a refilled batch ({} for a plain one)."""
-        if self.groups_generated is None:
-            return {}
-        return {
-            "sampling/rounds": float(self.rounds),
-            "sampling/groups_generated": float(self.groups_generated),
-            "sampling/groups_kept": float(self.groups_kept or 0),
-            "sampling/completion_tokens": float(self.completion_tokens or 0),
-        }
 
 
 @dataclass
@@ -318,13 +242,12 @@ class GRPOTrainer:
                 "held-out completions with the first reward and needs one number per completion: put an outcome "
                 "reward (e.g. accuracy) first, or set eval_every=0 and eval_at_ends=false"
             )
-        self.process_column: int | None = None  # the reward function that returns step rewards, once seen
         loss_spec = POLICY_LOSSES.get(cfg.algo.loss_type)
-        self._sequence_advantages = loss_spec is not None and loss_spec.sequence_advantages
+        sequence_advantages = loss_spec is not None and loss_spec.sequence_advantages
         step_models = [
             n for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, ProcessRewardModel)
         ]
-        if self._sequence_advantages and step_models:
+        if sequence_advantages and step_models:
             raise ConfigError(
                 f"algo.loss_type={cfg.algo.loss_type!r} needs one advantage per completion, but the reward "
                 f"{step_models[0]!r} is a process reward model (its step rewards give per-token advantages); use "
@@ -491,6 +414,35 @@ class GRPOTrainer:
             )
             if c.enabled
             else None
+        )
+        # The step's parts: rewards of a rollout, where rollouts come from, drawing and refilling groups.
+        self.scorer = Scorer(
+            self.reward_funcs,
+            self.reward_names,
+            self.reward_weights,
+            self.tokenizer,
+            prompt_column=cfg.data.prompt_column,
+            step_separator=cfg.process.step_separator,
+            loss_type=cfg.algo.loss_type,
+            sequence_advantages=sequence_advantages,
+        )
+        self.source: GenerationSource = LocalGeneration(
+            self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
+        )
+        self.drawer = Drawer(
+            self.source,
+            self.scorer,
+            self.sampler,
+            rows=self.train_rows,
+            prompt_ids=self.train_prompt_ids,
+            group_size=cfg.rollout.group_size,
+            params=self.sampling_params(),
+            generator=self.generator,
+            curriculum=self.curriculum,
+            decoupled=cfg.algo.reward_mode == "decoupled",
+            max_rounds=cfg.algo.max_sampling_rounds,
+            live_state=self._live_state,
+            warn_once=self._warn_once,
         )
         self.step_idx = 0
         self.num_tokens = 0
@@ -735,7 +687,7 @@ class GRPOTrainer:
         # sampling streams cannot (their number changed), so each starts a stream of its own from the step.
         seed = seeds.sampling_after_resume(self.cfg.seed, step, dist.rank())
         self.generator.manual_seed(seed)
-        self.sampler = PromptSampler(len(self.train_rows), seed)
+        self.sampler.restart(seed)
         if dist.is_main():
             print(
                 f"resume: checkpoint {ckpt} was written by {extra.get('world_size', 1)} processes and this run has "
@@ -806,82 +758,133 @@ class GRPOTrainer:
 
     def step(self) -> StepResult:
         """Return the metrics of one training step (generation batch → μ updates)."""
-        cfg, G = self.cfg, self.cfg.rollout.group_size
         t0 = time.perf_counter()
-        # 1-3. Prompts (B dataset rows), rollout (G completions each), rewards [N, R]. Dynamic sampling swaps
-        # groups whose rewards are all equal for groups of new prompts, generated in batched rounds.
-        # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
-        with gathered(self.model):
-            drawn = self._draw(cfg.prompts_per_step)
-            collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
-            groups = len(drawn.rollout.prompt_ids)
-            if cfg.algo.dynamic_sampling:
-                drawn = self._refill(drawn)
-        if collapse is not None and dist.is_distributed():  # the share over every process's groups
-            collapse = dist.all_sum_float(collapse * groups) / max(dist.all_sum_int(groups), 1)
-        rollout, rows, completions, per_func = drawn.rollout, drawn.rows, drawn.completions, drawn.per_func
-        self.reward_logs = drawn.logs
-        a = cfg.algo
-        reward = drawn.reward  # [N], logged
-        # 4. Advantages [N] and filters. GDPO ("decoupled") normalises each reward before combining.
-        token_adv = None
-        if drawn.steps is not None:  # process supervision: per-token advantages (outcome part + return-to-go)
-            adv, token_adv = self._process_advantages(drawn)
-        else:
-            adv = self._advantages(per_func, reward, rollout)  # [N]
-        in_loss = torch.ones_like(adv, dtype=torch.bool)
-        zero_std = zero_std_group_mask(self._signal(drawn), G)  # [N]
-        if a.filter_zero_std:
-            in_loss &= ~zero_std
-        if a.mask_truncated:
-            in_loss &= ~rollout.truncated.cpu()
+        step = self.step_idx + 1
+        drawn, collapse = self._draw_groups(step)  # 1-3. prompts, G rollouts each, rewards [N, R]
+        adv = self._advantage(drawn)  # 4. advantages [N] and the loss filters
         t_score = time.perf_counter()
         t_gen = t_score - drawn.seconds_score  # scoring may interleave with generation rounds
-        self._check_learnable(per_func, adv, in_loss)
-        # Where this process's groups sit in the global batch (minibatches are drawn from it).
-        counts, _ = dist.all_gather_rows(torch.tensor([len(rollout.prompt_ids)]))
-        total_groups = int(counts.sum())
-        group_offset = int(counts[: dist.rank()].sum())
+        self.health.check_batch(step, drawn.per_func, adv.advantages, adv.in_loss)
+        batch = self._policy_batch(drawn, adv)
         # 5. Policy update: from here on the step completes even when interrupted: a signal waits until the loop
         # has logged and saved the step (StopSignals.hold), since a step cut short after its update could be
         # neither rewound nor logged.
         self._hold_signals()
-        batch = PolicyBatch(
+        stats = self._update(batch, step)
+        t_update = time.perf_counter()
+        self.health.check_gradient(step, stats.grad_norm, adv.advantages, adv.in_loss, self.cfg.optim.lr)
+        self.step_idx = step
+        # 6. Reference sync (recipes that let the anchor follow the policy), iterative GRPO's reward model.
+        synced = self.reference is not None and self.reference.maybe_sync(step, stats.kl)
+        it = self.cfg.iterative
+        it_metrics = self._iterate() if self.iterative is not None and step % it.every == 0 else {}
+        metrics = self._step_metrics(drawn, adv, stats, collapse, synced, it_metrics)
+        metrics.update(
+            {
+                "step_time": t_update - t0,
+                "time/generate": t_gen - t0,
+                "time/score": t_score - t_gen,
+                "time/update": t_update - t_score,
+            }
+        )
+        samples = sample_rows(
+            self.cfg.num_samples_logged,
+            drawn.rows,
+            self.cfg.data.prompt_column,
+            drawn.rollout,
+            drawn.completions,
+            drawn.per_func,
+            drawn.reward,
+            self.reward_names,
+            adv.advantages,
+            adv.in_loss,
+            drawn.logs,
+            adv.token_advantages,
+            drawn.steps,
+        )
+        return StepResult(metrics, samples)
+
+    def _draw_groups(self, step: int) -> tuple[Drawn, float | None]:
+        """Returns the step's groups (refilled under dynamic sampling) and the share of the first round's groups
+        collapsed onto one sub-par answer (None when that check is off), over every process."""
+        want = self.cfg.prompts_per_step
+        # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
+        with gathered(self.model):
+            drawn = self.drawer.draw(want, step)
+            collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
+            groups = len(drawn.rollout.prompt_ids)
+            if self.cfg.algo.dynamic_sampling:
+                drawn = self.drawer.refill(drawn, want, step)
+        if collapse is not None and dist.is_distributed():  # the share over every process's groups
+            collapse = dist.all_sum_float(collapse * groups) / max(dist.all_sum_int(groups), 1)
+        self.reward_logs = drawn.logs
+        return drawn, collapse
+
+    def _advantage(self, drawn: Drawn, *, gather: bool = True) -> Advantaged:
+        """Returns the drawn batch's advantages and loss filters, over every process's rewards (this process's
+        alone with gather=False: the same on every process, as a held-out evaluation needs)."""
+        return advantage_batch(
+            drawn.per_func,
+            drawn.reward,
+            self.drawer.signal(drawn),
+            drawn.rollout,
+            self.cfg.algo,
+            self.reward_weights,
+            steps=drawn.steps,
+            process_column=self.scorer.process_column,
+            gather=dist.all_gather_rows if gather else own_rows,
+        )
+
+    def _policy_batch(self, drawn: Drawn, adv: Advantaged) -> PolicyBatch:
+        """Returns the update's batch, placed in the global batch (minibatches are drawn from every process's)."""
+        rollout = drawn.rollout
+        counts, _ = dist.all_gather_rows(torch.tensor([len(rollout.prompt_ids)]))
+        return PolicyBatch(
             rollout.prompt_ids,
             rollout.completion_ids,
-            G,
-            adv,
-            in_loss,
+            rollout.group_size,
+            adv.advantages,
+            adv.in_loss,
             rollout.sampling_logprobs,
-            token_advantages=token_adv,
-            group_offset=group_offset,
-            total_groups=total_groups,
+            token_advantages=adv.token_advantages,
+            group_offset=int(counts[: dist.rank()].sum()),
+            total_groups=int(counts.sum()),
         )
+
+    def _update(self, batch: PolicyBatch, step: int) -> UpdateStats:
+        """Returns the statistics of the μ × minibatch updates on `batch`; a typed error names the step."""
         try:
-            stats = self.updater.update(batch, self.shuffle_generator)
+            return self.updater.update(batch, self.shuffle_generator)
         except NonFiniteError as e:  # the one check that stops the step: recorded like the others
-            self.health.warn("non_finite", self.step_idx + 1, math.nan, 0.0, str(e))
-            raise NonFiniteError(f"step {self.step_idx + 1}: {e}") from None
+            self.health.warn("non_finite", step, math.nan, 0.0, str(e))
+            raise NonFiniteError(f"step {step}: {e}") from None
         except TrainingError as e:
-            raise TrainingError(f"step {self.step_idx + 1}: {e}") from None
-        t_update = time.perf_counter()
-        if stats.grad_norm == 0 and bool((adv[in_loss] != 0).any()):
-            self.health.warn(
-                "zero_gradient",
-                self.step_idx + 1,
-                0.0,
-                0.0,
-                "the gradient is exactly 0 although some advantages are not: the policy's "
-                f"probabilities are saturated (often a learning rate too high, optim.lr={cfg.optim.lr:g}); "
-                "the run cannot learn from here",
-            )
-        # 6. Reference sync (recipes that let the anchor follow the policy).
-        self.step_idx += 1
-        synced = self.reference is not None and self.reference.maybe_sync(self.step_idx, stats.kl)
-        it_metrics = (
-            self._iterate() if self.iterative is not None and self.step_idx % cfg.iterative.every == 0 else {}
+            raise TrainingError(f"step {step}: {e}") from None
+
+    def _step_metrics(
+        self,
+        drawn: Drawn,
+        adv: Advantaged,
+        stats: UpdateStats,
+        collapse: float | None,
+        synced: bool,
+        it_metrics: dict[str, float],
+    ) -> dict[str, Any]:
+        """Returns the step's metrics row over every process (the health checks observe it)."""
+        rollout = drawn.rollout
+        self.num_tokens += dist.all_sum_int(rollout_tokens(rollout))
+        gather = dist.all_gather_rows if dist.is_distributed() else own_rows
+        metrics = step_metrics(
+            self.step_idx,
+            rollout,
+            drawn.per_func,
+            drawn.reward,
+            adv.zero_std,
+            stats,
+            self.reward_names,
+            self.num_tokens,
+            gather,
         )
-        metrics = self._metrics(rollout, per_func, reward, zero_std, stats)
         for k, v in drawn.metrics().items():  # over every process: the most rounds any took, summed counts
             metrics[k] = float(dist.all_max_int(int(v))) if k == "sampling/rounds" else dist.all_sum_float(v)
         if drawn.steps is not None:
@@ -893,73 +896,7 @@ class GRPOTrainer:
             metrics.update(self.curriculum.metrics(self.step_idx))
         self.health.observe(self.step_idx, metrics, collapse)
         metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
-        metrics.update(
-            {
-                "step_time": t_update - t0,
-                "time/generate": t_gen - t0,
-                "time/score": t_score - t_gen,
-                "time/update": t_update - t_score,
-            }
-        )
-        samples = self._sample_rows(
-            rows, rollout, completions, per_func, reward, adv, in_loss, token_adv, drawn.steps
-        )
-        return StepResult(metrics, samples)
-
-    def _advantages(
-        self, per_func: torch.Tensor, reward: torch.Tensor, rollout: RolloutBatch, *, gather: bool = True
-    ) -> torch.Tensor:
-        """Returns this process's rows of the advantages [N], computed over the global batch (every process's
-        rewards), so batch statistics (scale=batch, REINFORCE++, GDPO) do not depend on the process count;
-        with gather=False over this process's rows alone (held-out evaluation, alike on every process)."""
-        a, G = self.cfg.algo, rollout.group_size
-        if a.reward_mode != "decoupled":
-            return self._estimate(reward, rollout, gather=gather)
-        rows, start = dist.all_gather_rows(per_func) if gather else (per_func, 0)
-        adv = combine_rewards(rows, self.reward_weights, G, mode="decoupled", std=a.std, eps=a.adv_eps)
-        return adv[start : start + reward.shape[0]]
-
-    def _estimate(self, reward: torch.Tensor, rollout: RolloutBatch, *, gather: bool = True) -> torch.Tensor:
-        """Returns this process's rows of the chosen estimator's advantages over every process's rewards [N]
-        (this process's alone with gather=False)."""
-        a = self.cfg.algo
-        lengths = rollout.completion_lengths.cpu().to(torch.float64)
-        rows, start = dist.all_gather_rows(reward) if gather else (reward, 0)
-        if gather:
-            lengths, _ = dist.all_gather_rows(lengths)
-        adv = estimate_advantages(
-            a.advantage, rows, rollout.group_size, lengths.tolist(), **a.advantage_arguments()
-        )
-        return adv[start : start + reward.shape[0]]
-
-    def _process_advantages(self, drawn: Drawn) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (per-row mean advantage [N], per-token advantages, one [T_i] tensor per row) of a batch with a
-        process reward: A_it = A_outcome_i + w_p * A_process_it, where A_outcome is the chosen estimator over the
-        other (outcome) reward functions (0 when there are none) and A_process the return-to-go of the
-        group-normalised step rewards (DeepSeekMath), w_p the process function's reward weight."""
-        a, G = self.cfg.algo, drawn.rollout.group_size
-        j = self.process_column
-        lengths = [len(c) for c in drawn.rollout.completion_ids]
-        others = [k for k in range(drawn.per_func.shape[1]) if k != j]
-        if others:
-            outcome = combine_rewards(drawn.per_func[:, others], self.reward_weights[others], G, mode="sum")
-            adv_out = self._estimate(outcome, drawn.rollout)  # [N]
-        else:
-            adv_out = torch.zeros(len(lengths))
-        assert drawn.steps is not None
-        step_rewards = [torch.tensor(s[0] if s else [], dtype=torch.float64) for s in drawn.steps]
-        per_step = process_advantages(step_rewards, G, std=a.std, eps=a.adv_eps)  # N tensors [K_i]
-        weight = float(self.reward_weights[j])
-        token_adv = []
-        for i, (s, steps_adv) in enumerate(zip(drawn.steps, per_step, strict=True)):
-            if s is None or lengths[i] == 0:
-                tok = torch.zeros(lengths[i], dtype=torch.float64)
-            else:
-                ends = torch.tensor(s[1], dtype=torch.long)
-                tok = process_advantages_to_tokens([steps_adv], [ends], lengths[i])[0]
-            token_adv.append((float(adv_out[i]) + weight * tok).to(torch.float32))
-        row_mean = torch.tensor([float(t.mean()) if t.numel() else 0.0 for t in token_adv])
-        return row_mean, token_adv
+        return metrics
 
     def _make_iterative(self) -> tuple[IterativeRM, Any]:
         """Returns the iterative-GRPO state (the reward model to retrain, its replay buffer) and the labeler."""
@@ -993,11 +930,10 @@ class GRPOTrainer:
         pick = seeds.generator(seeds.iterative_prompts(cfg.seed, self.step_idx))
         idx = torch.randperm(len(self.train_rows), generator=pick)[: it.prompts].tolist()
         rows = [self.train_rows[i] for i in idx]
-        rollout = self._generate(
-            idx, seeds.generator(seeds.iterative_samples(cfg.seed, self.step_idx), self.device)
-        )
-        completions = self._decode(rollout, rows)
-        prompts, columns = self._reward_inputs(rows, G)
+        stream = seeds.generator(seeds.iterative_samples(cfg.seed, self.step_idx), self.device)
+        rollout = self.drawer.generate(idx, self.step_idx, stream)
+        completions = self.scorer.decode(rollout, rows)
+        prompts, columns = self.scorer.inputs(rows, G)
         verdict = score(
             [self.labeler],
             prompts=prompts,
@@ -1017,280 +953,9 @@ class GRPOTrainer:
             return None
         return collapsed_share(drawn.rollout.completion_ids, drawn.reward.tolist(), drawn.rollout.group_size)
 
-    def _generate(self, idx: list[int], generator: torch.Generator | None = None) -> RolloutBatch:
-        """Returns G completions for each training prompt in `idx`, sampled from the current policy (on the
-        training stream unless `generator` is given)."""
-        with self.autocast(), gathered(self.model):
-            try:
-                return self.engine.generate(
-                    self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model),
-                    [self.train_prompt_ids[i] for i in idx],
-                    self.cfg.rollout.group_size,
-                    self.sampling_params(),
-                    self.generator if generator is None else generator,
-                )
-            except RuntimeError as e:
-                if "inf" in str(e) and "nan" in str(e):  # torch's own sampling error has no type of its own
-                    raise NonFiniteError(
-                        f"step {self.step_idx + 1}: the policy produced non-finite logits while sampling ({e}); "
-                        "usually half-precision overflow (try model.dtype=float32 or bfloat16)"
-                    ) from None
-                raise
-
-    def _draw(self, k: int) -> Drawn:
-        """Returns k new prompts from the sampler, their rollout and its rewards (the curriculum records them)."""
-        step = self.step_idx + 1
-        curriculum = self.curriculum
-        allow = (lambda i: curriculum.active(i, step)) if curriculum is not None else None
-        idx = self.sampler.take(k, allow=allow)
-        rows = [self.train_rows[i] for i in idx]
-        t0 = time.perf_counter()
-        rollout = self._generate(idx)
-        t1 = time.perf_counter()
-        completions = self._decode(rollout, rows)
-        per_func, logs, steps = self._score(rows, rollout, completions)
-        if curriculum is not None:
-            curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
-        reward = combine_rewards(per_func, self.reward_weights, rollout.group_size, mode="sum")
-        return Drawn(
-            idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1, steps
-        )
-
-    def _signal(self, drawn: Drawn) -> torch.Tensor:
-        """Returns the rewards whose spread decides whether a group teaches anything: each function's column
-        [N, R] under decoupled (GDPO) normalisation, where any one varying column gives an advantage, else
-        the weighted sum [N]."""
-        if self.cfg.algo.reward_mode != "decoupled":
-            return drawn.reward
-        weighted = self.reward_weights != 0  # [R] a column of weight 0 adds nothing
-        return drawn.per_func[:, weighted]
-
-    def _refill(self, first: Drawn) -> Drawn:
-        """Returns a step's batch of prompts_per_step groups with unequal rewards, drawing groups for new prompts
-        in batched rounds (at most algo.max_sampling_rounds in all) to replace the all-equal ones.
-
-        A round asks for the missing groups divided by the share of informative groups seen so far (a full
-        batch at most), so a run where half the groups teach nothing usually needs one extra round. When the
-        rounds run out the step trains on the informative groups it has (all of the first round's if none)."""
-        cfg, G = self.cfg, self.cfg.rollout.group_size
-        want = cfg.prompts_per_step
-
-        def informative(d: Drawn) -> list[int]:
-            same = zero_std_group_mask(self._signal(d), G).view(-1, G)[:, 0].tolist()
-            return [g for g, s in enumerate(same) if not s]
-
-        parts = [(first, informative(first))]
-        kept, generated = len(parts[0][1]), want
-        while kept < want and len(parts) < cfg.algo.max_sampling_rounds:
-            need = want - kept
-            k = want if kept == 0 else min(want, max(need, math.ceil(need * generated / kept)))
-            d = self._draw(k)
-            parts.append((d, informative(d)))
-            kept, generated = kept + len(parts[-1][1]), generated + k
-        if kept == 0:
-            self._warn_once(
-                "refill-empty",
-                f"dynamic sampling: no group with unequal rewards in {len(parts)} rounds ({generated} groups); the "
-                "step trains on the first round as it is (raise algo.max_sampling_rounds, or check the rewards)",
-            )
-            chosen = [(first, list(range(len(first.idx))))]
-        else:
-            if kept < want:
-                self._warn_once(
-                    "refill-short",
-                    f"dynamic sampling: {kept} of {want} groups with unequal rewards after {len(parts)} rounds; "
-                    "the step trains on those (raise algo.max_sampling_rounds to fill the batch)",
-                )
-            chosen, room = [], want
-            for d, groups in parts:
-                if room > 0 and groups:
-                    chosen.append((d, groups[:room]))
-                    room -= len(chosen[-1][1])
-        rows_of = [[g * G + i for g in groups for i in range(G)] for _, groups in chosen]
-        # Rounds none of whose groups were kept still logged metrics (log_metric) while being scored.
-        none: list[int] = []
-        unused = [(d.logs, none) for d, _ in parts if all(d is not c for c, _ in chosen)]
-        return Drawn(
-            idx=[d.idx[g] for d, groups in chosen for g in groups],
-            rows=[d.rows[g] for d, groups in chosen for g in groups],
-            rollout=select_groups([(d.rollout, groups) for d, groups in chosen]),
-            completions=[
-                d.completions[r] for (d, _), rows in zip(chosen, rows_of, strict=True) for r in rows
-            ],
-            per_func=torch.cat([d.per_func[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
-            reward=torch.cat([d.reward[rows] for (d, _), rows in zip(chosen, rows_of, strict=True)]),
-            steps=None
-            if first.steps is None
-            else [(d.steps or [])[r] for (d, _), rows in zip(chosen, rows_of, strict=True) for r in rows],
-            logs=RewardLogs.merged(
-                [(d.logs, rows) for (d, _), rows in zip(chosen, rows_of, strict=True)] + unused
-            ),
-            seconds_generate=sum(d.seconds_generate for d, _ in parts),
-            seconds_score=sum(d.seconds_score for d, _ in parts),
-            rounds=len(parts),
-            groups_generated=generated,
-            groups_kept=min(kept, want),
-            completion_tokens=sum(int(d.rollout.completion_lengths.sum()) for d, _ in parts),
-        )
-
-    def _sample_rows(
-        self, rows, rollout, completions, per_func, reward, adv, in_loss, token_adv=None, steps=None
-    ) -> list[dict[str, Any]]:
-        """Returns the completions logged this step: whole groups, each completion with every reward function's
-        score, the combined reward, its advantage and whether it was in the loss (with a process reward also the
-        step rewards, their end tokens and every token's advantage)."""
-        G, wanted = rollout.group_size, self.cfg.num_samples_logged
-        n_groups = min(len(rows), -(-wanted // G))  # whole groups, at least num_samples_logged completions
-        if n_groups == 0:
-            return []
-        lengths, truncated = rollout.completion_lengths.tolist(), rollout.truncated.tolist()
-        out = []
-        for g in range(0, len(rows), max(1, len(rows) // n_groups))[:n_groups]:
-            prompt = self._as_text(rows[g][self.cfg.data.prompt_column])
-            for i in range(g * G, (g + 1) * G):
-                scores = {
-                    f"rewards/{n}": _finite_or_none(float(per_func[i, j]))
-                    for j, n in enumerate(self.reward_names)
-                }
-                out.append(
-                    {
-                        "group": g,
-                        "prompt": prompt,
-                        "completion": self._as_text(completions[i]),
-                        "reward": float(reward[i]),
-                        **scores,
-                        "advantage": float(adv[i]),
-                        "in_loss": bool(in_loss[i]),
-                        "length": int(lengths[i]),
-                        "truncated": bool(truncated[i]),
-                        **self.reward_logs.extras_at(i),  # columns from log_extra
-                    }
-                )
-                if token_adv is not None and steps is not None:
-                    out[-1]["step_rewards"] = steps[i][0] if steps[i] else None
-                    out[-1]["step_ends"] = steps[i][1] if steps[i] else None
-                    out[-1]["token_advantages"] = [round(float(x), 6) for x in token_adv[i]]
-        return out
-
     def _hold_signals(self) -> None:
         if self._signals is not None:
             self._signals.hold()
-
-    def _check_learnable(self, per_func: torch.Tensor, adv: torch.Tensor, in_loss: torch.Tensor) -> None:
-        """Warns (once per kind) when this step's batch cannot move the policy."""
-        step = self.step_idx + 1
-        if bool(torch.isnan(per_func).all()):
-            self.health.warn(
-                "no_reward",
-                step,
-                1.0,
-                1.0,
-                "every reward function returned None for every completion: nothing to learn from; "
-                "check that the reward functions apply to this dataset",
-            )
-        elif not bool(in_loss.any()):
-            self.health.warn(
-                "rows_dropped",
-                step,
-                1.0,
-                1.0,
-                "every completion was left out of the loss (algo.filter_zero_std / algo.mask_truncated): "
-                "the loss is exactly 0; raise rollout.max_completion_length or relax the filters",
-            )
-        elif not bool((adv[in_loss] != 0).any()) and self.cfg.algo.beta == 0:
-            self.health.warn(
-                "no_advantage",
-                step,
-                1.0,
-                1.0,
-                "every group's completions got equal rewards: every advantage is 0 and the step "
-                "changes nothing (too easy or too hard prompts, or a reward that cannot tell completions apart)",
-            )
-
-    @staticmethod
-    def _as_text(x: Any) -> str:
-        if is_conversational(x):
-            return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in x)
-        return str(x)
-
-    def _decode(self, rollout: RolloutBatch, rows: list[dict]) -> list[Any]:
-        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-        return as_completions(texts, rows[0][self.cfg.data.prompt_column])
-
-    def _reward_inputs(self, rows: list[dict], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
-        """Returns (prompts, other columns) for reward functions, each repeated once per completion of a group."""
-        pc = self.cfg.data.prompt_column
-        columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != pc}
-        return [r[pc] for r in rows for _ in range(G)], columns
-
-    def _score(
-        self, rows: list[dict], rollout: RolloutBatch, completions: list[Any]
-    ) -> tuple[torch.Tensor, RewardLogs, list[tuple[list[float], list[int]] | None] | None]:
-        prompts, columns = self._reward_inputs(rows, rollout.group_size)
-        # Reward functions get the live state, as in TRL, brought to the step being scored.
-        self._sync_state()
-        logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
-        steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
-        scores = score(
-            self.reward_funcs,
-            prompts=prompts,
-            completions=completions,
-            completion_ids=rollout.completion_ids,
-            columns=columns,
-            trainer_state=self.state,
-            logs=logs,
-            steps=steps,
-        )  # [N, R]
-        if not steps:
-            return scores, logs, None
-        if len(steps) > 1:
-            names = [self.reward_names[j] for j in steps]
-            raise TrainingError(
-                f"reward functions {names} all returned step rewards; one process reward per run is supported "
-                "(combine them into one function)"
-            )
-        ((j, parsed),) = steps.items()
-        if self._sequence_advantages:
-            raise TrainingError(
-                f"reward function {self.reward_names[j]!r} returned step rewards, which give per-token advantages, "
-                f"but algo.loss_type={self.cfg.algo.loss_type!r} needs one advantage per completion; use another "
-                "loss type (e.g. grpo) or return one number per completion"
-            )
-        resolved = resolve_step_ends(
-            parsed,
-            rollout.completion_ids,
-            lambda ids: [self.tokenizer.decode([t]) for t in ids],
-            self.cfg.process.step_separator,
-            self.reward_names[j],
-        )
-        self.process_column = j
-        return scores, logs, resolved
-
-    def _metrics(self, rollout, per_func, reward, zero_std, stats: UpdateStats) -> dict[str, Any]:
-        G = rollout.group_size
-        lengths = rollout.completion_lengths.float()
-        prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * G
-        self.num_tokens += dist.all_sum_int(int(prompt_tokens + lengths.sum()))
-        truncated = rollout.truncated.cpu()
-        if dist.is_distributed():  # the step's statistics are over every process's completions
-            columns = torch.cat(
-                [reward[:, None].double(), per_func.double(), lengths[:, None].double(),
-                 truncated[:, None].double(), zero_std[:, None].double()],
-                dim=1,
-            )  # fmt: skip
-            columns, _ = dist.all_gather_rows(columns)
-            reward, per_func = columns[:, 0].float(), columns[:, 1 : 1 + per_func.shape[1]].float()
-            lengths, truncated, zero_std = (
-                columns[:, -3].float(),
-                columns[:, -2].bool(),
-                columns[:, -1].bool(),
-            )
-        m: dict[str, Any] = {"step": self.step_idx}
-        m.update(rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.reward_names))
-        m["num_tokens"] = self.num_tokens
-        m.update(stats.metrics())
-        m.update({f"fast/{k}": float(v) for k, v in rollout.paths.items()})
-        return m
 
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
@@ -1330,18 +995,20 @@ class GRPOTrainer:
                     self.sampling_params(),
                     generator,
                 )
-            prompts, columns = self._reward_inputs(rows, G)
+            prompts, columns = self.scorer.inputs(rows, G)
             per_func = score(
                 self.reward_funcs,
                 prompts=prompts,
-                completions=self._decode(rollout, rows),
+                completions=self.scorer.decode(rollout, rows),
                 completion_ids=rollout.completion_ids,
                 columns=columns,
                 trainer_state=self.state,
                 steps={},  # a process reward scores its mean step reward here
             )
-            reward = combine_rewards(per_func, self.reward_weights, G, mode="sum")
-            adv = self._advantages(per_func, reward, rollout, gather=False)  # every process evaluates alike
+            reward = self.scorer.combine(per_func, G)
+            adv = outcome_advantages(
+                per_func, reward, rollout, self.cfg.algo, self.reward_weights
+            )  # alike everywhere
             batch = PolicyBatch(
                 rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
             )
@@ -1511,6 +1178,11 @@ class GRPOTrainer:
             }
         )
 
+    def _live_state(self) -> TrainerState:
+        """Returns TRL's trainer state brought to this step (reward functions read it, as in TRL)."""
+        self._sync_state()
+        return self.state
+
     def _sync_state(self) -> None:
         """Brings TRL's state to this step: optimizer steps, epoch, tokens seen."""
         self.state.global_step = self.step_idx * self.updates_per_step
@@ -1672,7 +1344,7 @@ class GRPOTrainer:
                 # This attempt's last step; a run resumed after its last step has the one metrics.jsonl holds.
                 last = last_metrics or next(iter(read_jsonl(self.run_dir / "metrics.jsonl")[-1:]), None)
                 if last is not None:
-                    summary["final_metrics"] = _final_metrics(last)
+                    summary["final_metrics"] = final_metrics(last)
                 write_summary(self.run_dir, summary)
             if logger:
                 logger.close()
@@ -1690,50 +1362,6 @@ class GRPOTrainer:
         return summary
 
 
-def rollout_stats(
-    reward: torch.Tensor,
-    per_func: torch.Tensor,
-    lengths: torch.Tensor,
-    truncated: torch.Tensor,
-    zero_std: torch.Tensor,
-    G: int,
-    names: list[str],
-) -> dict[str, float]:
-    """Returns TRL's reward and completion metrics of N completions in groups of G: reward, reward_std (mean
-    in-group std), rewards/<name>/mean and std, completions/* lengths and clipped_ratio, frac_reward_zero_std."""
-    lengths = lengths.float()
-    # Completions that ended with EOS (TRL's convention: all three are 0 when none did).
-    terminated = lengths[~truncated.to(lengths.device)]
-    if terminated.numel() == 0:
-        terminated = torch.zeros(1)
-    m = {
-        "reward": float(torch.nanmean(reward)),
-        "reward_std": float(torch.nanmean(_nanstd(reward.view(-1, G)))),
-    }
-    for j, name in enumerate(names):
-        col = per_func[:, j]
-        m[f"rewards/{name}/mean"] = float(torch.nanmean(col))
-        m[f"rewards/{name}/std"] = float(_nanstd(col.view(1, -1))[0])
-    m.update(
-        {
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/mean_terminated_length": float(terminated.mean()),
-            "completions/min_terminated_length": float(terminated.min()),
-            "completions/max_terminated_length": float(terminated.max()),
-            "completions/clipped_ratio": float(truncated.float().mean()),
-            "frac_reward_zero_std": float(zero_std.view(-1, G)[:, 0].float().mean()),
-        }
-    )
-    return m
-
-
-def _finite_or_none(x: float) -> float | None:
-    """Returns x, or None for a NaN (a reward function's None) or an infinity."""
-    return x if math.isfinite(x) else None
-
-
 def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
     """Raises NonFiniteError when a parameter of `model` holds NaN or inf."""
     # Each process checks its own shard of a sharded model.
@@ -1747,35 +1375,3 @@ def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
             f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
             f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
         )
-
-
-_FINAL_METRICS = (
-    "reward",
-    "reward_std",
-    "loss",
-    "kl",
-    "entropy",
-    "grad_norm",
-    "lr",
-    "completions/mean_length",
-    "completions/clipped_ratio",
-    "clip_ratio/region_mean",
-    "frac_reward_zero_std",
-    "num_tokens",
-)
-"""The metrics of the last step that summary.json keeps (with each rewards/<func>/mean); metrics.jsonl has all."""
-
-
-def _final_metrics(row: dict[str, Any]) -> dict[str, Any]:
-    """Return the headline metrics of one metrics row (those present and not None)."""
-    keys = [*_FINAL_METRICS, *(k for k in row if k.startswith("rewards/") and k.endswith("/mean"))]
-    return {k: row[k] for k in keys if row.get(k) is not None}
-
-
-def _nanstd(x: torch.Tensor) -> torch.Tensor:
-    """Return the unbiased std of each row ignoring NaN (NaN where fewer than two values)."""
-    valid = ~torch.isnan(x)
-    cnt = valid.sum(-1)
-    mean = torch.where(valid, x, 0).sum(-1) / cnt.clamp(min=1)
-    var = torch.where(valid, (x - mean[:, None]) ** 2, 0).sum(-1) / (cnt - 1).clamp(min=1)
-    return torch.where(cnt > 1, var.sqrt(), torch.nan)
