@@ -24,18 +24,11 @@ from cohort import distributed as dist
 from cohort import seeds
 from cohort.algo import (
     POLICY_LOSSES,
-    zero_std_group_mask,
 )
 from cohort.callbacks import Callbacks
 from cohort.checkpoint import (
-    find_resume_dir,
     list_checkpoints,
-    load_model_weights,
-    load_state_file,
-    load_trainer_state,
-    readable_checkpoints,
     rng_state,
-    save_checkpoint,
     set_aside_newer,
     set_rng_state,
 )
@@ -48,10 +41,7 @@ from cohort.errors import (
     NonFiniteError,
     RunExistsError,
     TrainingError,
-    UnsafeCheckpointError,
-    first_line,
 )
-from cohort.evaluation import evaluate
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.health import HealthAbort, HealthMonitor, collapsed_share
@@ -80,27 +70,23 @@ from cohort.rewards.models import RewardModel
 from cohort.rewards.process import ProcessRewardModel, process_metrics
 from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.sampler_copy import SamplerCopy
-from cohort.rundir import RunLock, StopSignals, config_changes, logged_eval, logged_steps, trim_logs
+from cohort.rundir import RunLock, StopSignals, logged_eval, trim_logs
 from cohort.sharding import (
-    SHARDED_DIR,
     full_state_dict,
     gathered,
-    load_full_weights,
-    load_plain_optimizer,
-    load_sharded,
-    local,
     resolve_strategy,
-    save_sharded,
     shard,
 )
-from cohort.train.advantages import Advantaged, advantage_batch, outcome_advantages, own_rows
+from cohort.train.advantages import Advantaged, advantage_batch, own_rows
+from cohort.train.checkpoints import RunCheckpoints, check_finite_weights, find_checkpoints
 from cohort.train.draw import Drawer, Drawn
 from cohort.train.generation import GenerationSource, LocalGeneration
-from cohort.train.metrics import final_metrics, rollout_stats, rollout_tokens, sample_rows, step_metrics
+from cohort.train.held_out import HeldOut
+from cohort.train.metrics import final_metrics, rollout_tokens, sample_rows, step_metrics
 from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, WeightedMeans, checkpointing_layers
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, checkpointing_layers
 
 
 def resolve_device(name: str) -> torch.device:
@@ -278,12 +264,12 @@ class GRPOTrainer:
         self.run_dir = Path(cfg.out_dir)
         # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
         self._existing_run: RunExistsError | None = None
-        try:
-            self._checkpoint = self._find_checkpoint()  # (folder, state) to resume from, checked against cfg
+        try:  # the checkpoints to resume from (newest first), checked against cfg
+            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self._trl_form)
         except RunExistsError as e:
             if not self._trl_form:
                 raise
-            self._checkpoint, self._existing_run = None, e
+            self._candidates, self._existing_run = [], e
         # 2. Model, tokenizer, reference.
         seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
         if cfg.threads:
@@ -335,7 +321,7 @@ class GRPOTrainer:
                     f"model.gradient_checkpointing=true, but {type(self.model).__name__} cannot checkpoint "
                     "activations (not a transformers model); set it to false"
                 )
-        _check_finite_weights(self.model, "the model to train")
+        check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
         # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.
         a = cfg.algo
@@ -444,6 +430,19 @@ class GRPOTrainer:
             live_state=self._live_state,
             warn_once=self._warn_once,
         )
+        self.held_out = HeldOut(
+            self.eval_rows,
+            self.eval_prompt_ids,
+            model=self.model,
+            engine=self.engine,
+            scorer=self.scorer,
+            updater=self.updater,
+            cfg=cfg,
+            params=self.sampling_params(),
+            device=self.device,
+            autocast=self.autocast,
+            trainer_state=self.state,
+        )
         self.step_idx = 0
         self.num_tokens = 0
         self._warned: set[str] = set()
@@ -451,6 +450,20 @@ class GRPOTrainer:
         self._signals: StopSignals | None = None
         self._saved_step: int | None = None
         self.parts = self._register_parts()
+        self.checkpoints = RunCheckpoints(
+            self.run_dir,
+            cfg,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            reference=self.reference,
+            parts=self.parts,
+            sharded=self.strategy != "none",
+            device=self.device,
+            restart_streams=self._restart_streams,
+        )
         self._resume()
         self.callbacks.objects = {
             "model": self.model,
@@ -522,179 +535,29 @@ class GRPOTrainer:
         """Returns the frozen reference copy (None at beta = 0, and with LoRA, whose reference is the base)."""
         return self.reference.copy if self.reference is not None else None
 
-    def _find_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
-        """Returns the (folder, state) to resume from, after checking the run directory and the config.
-
-        Refuses (ConfigError) to start over a run directory that already holds a run unless resume is set,
-        and to resume with a config that differs from the checkpoint's in anything but the keys that may
-        change between attempts (see RESUMABLE_CHANGES), unless allow_config_change is set.
-        """
-        cfg = self.cfg
-        if not dist.is_main() and not cfg.resume:
-            return None
-        if not cfg.resume:
-            earlier = logged_steps(self.run_dir)
-            found = list_checkpoints(self.run_dir)
-            if earlier or found:
-                how = (
-                    "call trainer.train(resume_from_checkpoint=True) to continue it, or choose another output_dir"
-                    if self._trl_form
-                    else "pass resume=auto to continue it (TRL's form: trainer.train(resume_from_checkpoint=True)), "
-                    "or choose another out_dir"
-                )
-                raise RunExistsError(
-                    f"out_dir={str(self.run_dir)!r} already holds a run ({earlier} logged steps, "
-                    f"{len(found)} checkpoints): {how}"
-                )
-            return None
-        candidates = (
-            readable_checkpoints(self.run_dir)
-            if cfg.resume == "auto"
-            else [(p, load_trainer_state(p)) for p in [find_resume_dir(cfg.resume, self.run_dir)] if p]
-        )
-        if not candidates:
-            if logged_steps(self.run_dir):
-                print(
-                    f"resume=auto: {self.run_dir} has logs but no checkpoint; starting from step 0 (the earlier "
-                    "attempt's logs are kept as *.jsonl.before-restart)",
-                    flush=True,
-                )
-                for name in ("metrics", "samples", "evals", "health"):
-                    path = self.run_dir / f"{name}.jsonl"
-                    if path.is_file():
-                        path.replace(path.with_suffix(".jsonl.before-restart"))
-            return None
-        done = int(candidates[0][1]["step"])
-        if done > cfg.steps:
-            raise ConfigError(
-                f"resume: checkpoint {candidates[0][0]} is at step {done}, past steps={cfg.steps}; steps is the "
-                f"total number of steps, not the number to add: set steps > {done} to train further"
-            )
-        saved = candidates[0][1].get("extra", {}).get("config")
-        if saved is not None and not cfg.allow_config_change:
-            changed = config_changes(saved, to_dict(cfg))
-            if changed:
-                listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
-                raise ConfigError(
-                    f"resume: the config differs from the one checkpoint {candidates[0][0]} was trained with "
-                    f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values, or set "
-                    "allow_config_change=true to continue with the new ones"
-                )
-        self._candidates = candidates
-        return candidates[0]
-
     def _resume(self) -> None:
-        """Loads the state of the checkpoint found at construction (the newest one that loads)."""
-        if self._checkpoint is None:
+        """Loads the state of the newest checkpoint found that loads (none: the run starts at step 0)."""
+        if not self._candidates:
             return
-        for ckpt, state in getattr(self, "_candidates", [self._checkpoint]):
-            extra = state.get("extra", {})
-            sharded_ckpt = (ckpt / SHARDED_DIR).is_dir()
-            try:
-                if sharded_ckpt or self.strategy != "none":
-                    self._load_weights_across(ckpt, state)
-                else:
-                    with quiet_hf_progress():
-                        load_model_weights(self.model, ckpt)
-                    if self.reference is not None and (ckpt / "reference.pt").is_file():
-                        self.reference.load_state_dict(
-                            load_state_file(ckpt / "reference.pt", map_location=self.device)
-                        )
-                own_files = {
-                    n: load_state_file(ckpt / n) for n in self.parts.file_names() if (ckpt / n).is_file()
-                }
-            except UnsafeCheckpointError:
-                raise
-            except (RuntimeError, OSError, ValueError, EOFError) as e:
-                first = first_line(e)
-                mismatch = ("size mismatch", "Missing key", "Unexpected key", "Size mismatch", "not found in")
-                if any(m in str(e) for m in mismatch):
-                    raise TrainingError(
-                        f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({first}); "
-                        "resume with the model it was trained from, or start a new out_dir"
-                    ) from None
-                warnings.warn(
-                    f"checkpoint {ckpt} cannot be loaded ({first}); trying the one before", stacklevel=2
-                )
-                continue
-            _check_finite_weights(self.model, f"checkpoint {ckpt}")
-            if not sharded_ckpt:  # a sharded checkpoint's optimizer came with its shards
-                if self.strategy != "none":
-                    load_plain_optimizer(self.model, self.optimizer, state["optimizer"])
-                else:
-                    self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            # The main process's sampling stream sits at the top of trainer_state.pt (where older cohorts read it).
-            self.parts.load_state_dict({**extra, "rng": state["rng"]})
-            self.parts.load_files(own_files.get)
-            self._load_rank_state(ckpt, extra, int(state["step"]))
-            self.step_idx = self._saved_step = state["step"]
-            self._sync_state()
-            if dist.is_main():
-                for moved in set_aside_newer(self.run_dir, self.step_idx):
-                    print(
-                        f"resume from step {self.step_idx}: the newer checkpoint {moved.name[len('abandoned-') :]} "
-                        f"is set aside as {moved} (kept, never resumed from or pruned)",
-                        flush=True,
-                    )
-            if self.step_idx >= self.cfg.steps:
+        self.step_idx = self._saved_step = self.checkpoints.load(self._candidates)
+        self._sync_state()
+        if dist.is_main():
+            for moved in set_aside_newer(self.run_dir, self.step_idx):
                 print(
-                    f"resume: the run already reached steps={self.cfg.steps}; nothing to train (raise steps to "
-                    "continue it)",
+                    f"resume from step {self.step_idx}: the newer checkpoint {moved.name[len('abandoned-') :]} "
+                    f"is set aside as {moved} (kept, never resumed from or pruned)",
                     flush=True,
                 )
-            return
-        raise TrainingError(
-            f"no checkpoint in {self.run_dir / 'checkpoints'} can be loaded; start a new out_dir, or pass resume= "
-            "a checkpoint folder that loads"
-        )
-
-    def _load_weights_across(self, ckpt: Path, state: dict[str, Any]) -> None:
-        """Loads a checkpoint's weights when either it or this run is sharded (any process counts on either side)."""
-        extra = state.get("extra", {})
-        copy = self.reference.copy if self.reference is not None else None
-        if (ckpt / SHARDED_DIR).is_dir():
-            syncs = int(extra.get("reference_syncs", 0))
-            if syncs and copy is None:
-                raise ValueError("the checkpoint's reference is a full model copy, but this run has none")
-            load_sharded(ckpt, self.model, self.optimizer, copy if syncs else None)
-            if self.reference is not None:
-                self.reference.syncs = syncs
-            return
-        # A one-process checkpoint resumed by a sharded run: whole tensors, each process keeps its shard.
-        if (ckpt / "adapter_model.safetensors").is_file():
-            raise ValueError(
-                f"checkpoint {ckpt} is a one-process LoRA checkpoint; resume it on one process (sharded runs resume "
-                "LoRA from their own sharded checkpoints)"
-            )
-        with quiet_hf_progress():
-            load_model_weights(self.model, ckpt, load=lambda weights: load_full_weights(self.model, weights))
-        if self.reference is not None and (ckpt / "reference.pt").is_file():
-            ref = load_state_file(ckpt / "reference.pt")
-            if "weights" in ref and copy is not None:
-                load_full_weights(copy, ref["weights"])
-            self.reference.syncs = int(ref.get("syncs", 1))
-
-    def _load_rank_state(self, ckpt: Path, extra: dict[str, Any], step: int) -> None:
-        """Restores this process's sampling streams: exactly on the checkpoint's process count, else re-seeded."""
-        if dist.world_size() == 1 and extra.get("world_size", 1) == 1:
-            return  # trainer_state.pt held them
-        own = ckpt / f"rank-{dist.rank()}.pt"
-        if extra.get("world_size") == dist.world_size() and own.is_file():
-            self.parts.load_state_dict(load_state_file(own), per_process=True)
-            return
-        # Another process count: the weights, optimizer, schedule and step resume exactly; the processes'
-        # sampling streams cannot (their number changed), so each starts a stream of its own from the step.
-        seed = seeds.sampling_after_resume(self.cfg.seed, step, dist.rank())
-        self.generator.manual_seed(seed)
-        self.sampler.restart(seed)
-        if dist.is_main():
+        if self.step_idx >= self.cfg.steps:
             print(
-                f"resume: checkpoint {ckpt} was written by {extra.get('world_size', 1)} processes and this run has "
-                f"{dist.world_size()}: weights, optimizer, schedule and step continue exactly; each process's "
-                "sampling stream restarts from a seed of the step",
+                f"resume: the run already reached steps={self.cfg.steps}; nothing to train (raise steps to "
+                "continue it)",
                 flush=True,
             )
+
+    def _restart_streams(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+        self.sampler.restart(seed)
 
     def _register_parts(self) -> StateRegistry:
         """Returns the registry of this run's stateful parts (checkpointed, resumed, rewound by name)."""
@@ -960,125 +823,14 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
         """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
-        with `sampled` TRL's eval_* metrics (eval_loss, eval_reward, eval_rewards/<name>/mean, ...) of
-        group_size sampled completions per held-out prompt, with eval_runtime and its rates."""
-        if not self.eval_rows:
-            return {}
-        t0 = time.perf_counter()
-        out = self._greedy_evaluation(k)
-        if sampled:
-            out.update(self._sampled_evaluation())
-            seconds = time.perf_counter() - t0
-            n = len(self.eval_rows)
-            calls = math.ceil(n / max(1, self.cfg.eval_batch_size // self.cfg.rollout.group_size))
-            out["eval_runtime"] = seconds
-            out["eval_samples_per_second"] = n * self.cfg.rollout.group_size / seconds
-            out["eval_steps_per_second"] = calls / seconds
-        return out
-
-    def _sampled_evaluation(self) -> dict[str, float]:
-        """Returns TRL's eval_* metrics: group_size completions per held-out prompt, sampled as in training,
-        scored by every reward function, and the objective's value on them (eval_loss)."""
-        cfg, G = self.cfg, self.cfg.rollout.group_size
-        per_call = max(1, cfg.eval_batch_size // G)
-        # its own stream, so evaluating does not change the training trajectory
-        generator = seeds.generator(seeds.held_out_sampling(cfg.seed, self.step_idx), self.device)
-        parts: list[tuple[torch.Tensor, ...]] = []
-        loss = WeightedMeans()
-        for start in range(0, len(self.eval_rows), per_call):
-            rows = self.eval_rows[start : start + per_call]
-            with self.autocast(), gathered(self.model):
-                rollout = self.engine.generate(
-                    self.model,
-                    self.eval_prompt_ids[start : start + per_call],
-                    G,
-                    self.sampling_params(),
-                    generator,
-                )
-            prompts, columns = self.scorer.inputs(rows, G)
-            per_func = score(
-                self.reward_funcs,
-                prompts=prompts,
-                completions=self.scorer.decode(rollout, rows),
-                completion_ids=rollout.completion_ids,
-                columns=columns,
-                trainer_state=self.state,
-                steps={},  # a process reward scores its mean step reward here
-            )
-            reward = self.scorer.combine(per_func, G)
-            adv = outcome_advantages(
-                per_func, reward, rollout, self.cfg.algo, self.reward_weights
-            )  # alike everywhere
-            batch = PolicyBatch(
-                rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
-            )
-            with self.autocast():
-                for key, value in self.updater.evaluate_loss(batch).items():
-                    loss.add(key, value, len(adv))
-            zero_std = zero_std_group_mask(reward, G)
-            parts.append(
-                (reward, per_func, rollout.completion_lengths.cpu(), rollout.truncated.cpu(), zero_std.cpu())
-            )
-        reward, per_func, lengths, truncated, zero_std = (torch.cat(p) for p in zip(*parts))
-        stats = rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.reward_names)
-        stats.update(loss.means())
-        return {f"eval_{k}": v for k, v in stats.items()}
-
-    def _greedy_evaluation(self, k: int) -> dict[str, float]:
-        """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
-        with self.autocast(), gathered(self.model):
-            return evaluate(
-                self.model,
-                self.tokenizer,
-                self.eval_rows,
-                self.reward_funcs[0],
-                prompt_ids=self.eval_prompt_ids,
-                engine=self.engine,
-                max_completion_length=self.cfg.rollout.max_completion_length,
-                prompt_column=self.cfg.data.prompt_column,
-                k=k,
-                batch_prompts=max(1, self.cfg.eval_batch_size // k),
-                temperature=self.cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
-                # its own stream, so evaluating does not change the training trajectory
-                generator=seeds.generator(seeds.logged_samples(self.cfg.seed, self.step_idx), self.device),
-            )
+        with `sampled` TRL's eval_* metrics of group_size sampled completions per held-out prompt."""
+        return self.held_out.evaluate(self.step_idx, k=k, sampled=sampled)
 
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""
-        extra = {**self.parts.state_dict(), "config": to_dict(self.cfg)}
-        files = self.parts.files()
-        # A reference that has followed the policy is state: without it a resumed run would anchor to the
-        # initial model. Its weights go with the policy's (whole, or in the shards).
-        sharded = self.strategy != "none"
-        ref_copy = self.reference.copy if self.reference is not None and self.reference.syncs else None
-        if self.reference is not None and self.reference.syncs and not sharded:
-            files["reference.pt"] = self.reference.state_dict()
-        if sharded:  # the reference's weights (once it moved) go into the shards with the policy's
-            extra["world_size"] = dist.world_size()
-            extra["reference_syncs"] = self.reference.syncs if self.reference is not None else 0
-        with quiet_hf_progress():  # no "Writing model shards" bar
-            folder = save_checkpoint(
-                self.run_dir,
-                self.step_idx,
-                model=self.model,
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                generator=self.generator,
-                extra=extra,
-                keep=self.cfg.keep_checkpoints,
-                files=files,
-                write_sharded=(
-                    (lambda tmp: save_sharded(tmp, self.model, self.optimizer, ref_copy)) if sharded else None
-                ),
-                rank_state=self._rank_state() if sharded else None,
-            )
+        folder = self.checkpoints.save(self.step_idx)
         self._saved_step = self.step_idx
         return folder
-
-    def _rank_state(self) -> dict[str, Any]:
-        """Returns this process's own parts (sampling generator, prompt order, curriculum) for its rank-R.pt."""
-        return {"world_size": dist.world_size(), **self.parts.state_dict(per_process=True)}
 
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
@@ -1138,7 +890,7 @@ class GRPOTrainer:
 
     def _resume_from(self, where: bool | str | os.PathLike) -> None:
         """Loads the checkpoint TRL's train(resume_from_checkpoint=...) names (True: out_dir's newest)."""
-        if self._checkpoint is not None:  # the config's resume already loaded one
+        if self._candidates:  # the config's resume already loaded one
             return
         if where is True:
             if not list_checkpoints(self.run_dir):
@@ -1160,7 +912,7 @@ class GRPOTrainer:
                 )
             self.cfg.resume = str(path)
         self._existing_run = None
-        self._checkpoint = self._find_checkpoint()
+        self._candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self._trl_form)
         self._resume()
 
     def _log_summary(self, summary: dict[str, Any], losses: list[float], seconds: float) -> None:
@@ -1360,18 +1112,3 @@ class GRPOTrainer:
             )
             raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
         return summary
-
-
-def _check_finite_weights(model: torch.nn.Module, what: str) -> None:
-    """Raises NonFiniteError when a parameter of `model` holds NaN or inf."""
-    # Each process checks its own shard of a sharded model.
-    bad = [
-        (n, int((~torch.isfinite(local(p))).sum()))
-        for n, p in model.named_parameters()
-        if not torch.isfinite(local(p)).all()
-    ]
-    if bad:
-        raise NonFiniteError(
-            f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
-            f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
-        )

@@ -1,0 +1,129 @@
+"""Held-out evaluation during training: cohort's greedy accuracy (pass@k, maj@k) and TRL's sampled eval_* metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cohort import seeds
+from cohort.algo import zero_std_group_mask
+from cohort.evaluation import evaluate
+from cohort.rewards import score
+from cohort.rollout import SamplingParams
+from cohort.rollout.base import RolloutEngine
+from cohort.sharding import gathered
+from cohort.train.advantages import outcome_advantages
+from cohort.train.generation import LocalGeneration
+from cohort.train.metrics import rollout_stats
+from cohort.train.scoring import Scorer
+from cohort.update import PolicyBatch, PolicyUpdater, WeightedMeans
+
+
+class HeldOut:
+    """Evaluates the policy on the held-out rows, each evaluation on random streams of its own (seeded by the
+    step), so evaluating never changes the training trajectory."""
+
+    def __init__(
+        self,
+        rows: list[dict],
+        prompt_ids: list[list[int]],
+        *,
+        model: torch.nn.Module,
+        engine: RolloutEngine,
+        scorer: Scorer,
+        updater: PolicyUpdater,
+        cfg: Any,
+        params: SamplingParams,
+        device: torch.device,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        trainer_state: Any = None,
+    ):
+        """cfg: the run's TrainConfig (rollout, algo, eval_batch_size, data.prompt_column and seed are read)."""
+        self.rows, self.prompt_ids, self.model, self.engine = rows, prompt_ids, model, engine
+        self.scorer, self.updater, self.cfg, self.params = scorer, updater, cfg, params
+        self.device, self.autocast, self.trainer_state = device, autocast, trainer_state
+        # Sampled as in training, but from the policy itself (never a low-precision sampling copy).
+        self.source = LocalGeneration(engine, model, autocast=autocast)
+
+    def evaluate(self, step: int, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
+        """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
+        with `sampled` TRL's eval_* metrics (eval_loss, eval_reward, eval_rewards/<name>/mean, ...) of
+        group_size sampled completions per held-out prompt, with eval_runtime and its rates."""
+        if not self.rows:
+            return {}
+        t0 = time.perf_counter()
+        out = self.greedy(step, k)
+        if sampled:
+            out.update(self.sampled(step))
+            seconds = time.perf_counter() - t0
+            n, G = len(self.rows), self.cfg.rollout.group_size
+            calls = math.ceil(n / max(1, self.cfg.eval_batch_size // G))
+            out["eval_runtime"] = seconds
+            out["eval_samples_per_second"] = n * G / seconds
+            out["eval_steps_per_second"] = calls / seconds
+        return out
+
+    def sampled(self, step: int) -> dict[str, float]:
+        """Returns TRL's eval_* metrics: group_size completions per held-out prompt, sampled as in training,
+        scored by every reward function, and the objective's value on them (eval_loss)."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        per_call = max(1, cfg.eval_batch_size // G)
+        generator = seeds.generator(seeds.held_out_sampling(cfg.seed, step), self.device)
+        parts: list[tuple[torch.Tensor, ...]] = []
+        loss = WeightedMeans()
+        for start in range(0, len(self.rows), per_call):
+            rows = self.rows[start : start + per_call]
+            rollout = self.source.generate(
+                self.prompt_ids[start : start + per_call], G, self.params, generator
+            )
+            prompts, columns = self.scorer.inputs(rows, G)
+            per_func = score(
+                self.scorer.funcs,
+                prompts=prompts,
+                completions=self.scorer.decode(rollout, rows),
+                completion_ids=rollout.completion_ids,
+                columns=columns,
+                trainer_state=self.trainer_state,
+                steps={},  # a process reward scores its mean step reward here
+            )
+            reward = self.scorer.combine(per_func, G)
+            # this process's rows alone: every process evaluates alike
+            adv = outcome_advantages(per_func, reward, rollout, cfg.algo, self.scorer.weights)
+            batch = PolicyBatch(
+                rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
+            )
+            with self.autocast():
+                for key, value in self.updater.evaluate_loss(batch).items():
+                    loss.add(key, value, len(adv))
+            zero_std = zero_std_group_mask(reward, G)
+            parts.append(
+                (reward, per_func, rollout.completion_lengths.cpu(), rollout.truncated.cpu(), zero_std.cpu())
+            )
+        reward, per_func, lengths, truncated, zero_std = (torch.cat(p) for p in zip(*parts))
+        stats = rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.scorer.names)
+        stats.update(loss.means())
+        return {f"eval_{k}": v for k, v in stats.items()}
+
+    def greedy(self, step: int, k: int) -> dict[str, float]:
+        """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
+        cfg = self.cfg
+        with self.autocast(), gathered(self.model):
+            return evaluate(
+                self.model,
+                self.scorer.tokenizer,
+                self.rows,
+                self.scorer.funcs[0],
+                prompt_ids=self.prompt_ids,
+                engine=self.engine,
+                max_completion_length=cfg.rollout.max_completion_length,
+                prompt_column=cfg.data.prompt_column,
+                k=k,
+                batch_prompts=max(1, cfg.eval_batch_size // k),
+                temperature=cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
+                generator=seeds.generator(seeds.logged_samples(cfg.seed, step), self.device),
+            )
