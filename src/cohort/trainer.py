@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerControl, TrainerState
+from transformers import TrainerState
 
 from cohort import distributed as dist
 from cohort import seeds
@@ -33,7 +33,7 @@ from cohort.checkpoint import (
     set_rng_state,
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
-from cohort.config import TrainConfig, save_config, to_dict
+from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
 from cohort.errors import (
@@ -44,7 +44,7 @@ from cohort.errors import (
 )
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
-from cohort.health import HealthAbort, HealthMonitor, collapsed_share
+from cohort.health import HealthMonitor, collapsed_share
 from cohort.iterative import IterativeRM, load_initial_pairs
 from cohort.logprobs import warm_probes
 from cohort.models import (
@@ -58,7 +58,7 @@ from cohort.models import (
 )
 from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
-from cohort.report import MetricsLogger, Progress, quiet_hf_progress, read_jsonl, write_report, write_summary
+from cohort.report import quiet_hf_progress
 from cohort.rewards import (
     check_reward_columns,
     resolve_reward_funcs,
@@ -70,7 +70,7 @@ from cohort.rewards.models import RewardModel
 from cohort.rewards.process import ProcessRewardModel, process_metrics
 from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.sampler_copy import SamplerCopy
-from cohort.rundir import RunLock, StopSignals, logged_eval, trim_logs
+from cohort.rundir import RunLock, StopSignals
 from cohort.sharding import (
     full_state_dict,
     gathered,
@@ -82,7 +82,8 @@ from cohort.train.checkpoints import RunCheckpoints, check_finite_weights, find_
 from cohort.train.draw import Drawer, Drawn
 from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.held_out import HeldOut
-from cohort.train.metrics import final_metrics, rollout_tokens, sample_rows, step_metrics
+from cohort.train.loop import run
+from cohort.train.metrics import rollout_tokens, sample_rows, step_metrics
 from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
@@ -168,7 +169,7 @@ class GRPOTrainer:
                 "optimizers= is not implemented by cohort: it builds AdamW and the schedule from the config "
                 "(optim.* / GRPOConfig's learning_rate, lr_scheduler_type, warmup_steps, weight_decay, adam_*)"
             )
-        self._trl_form = config is None
+        self.trl_form = config is None
         if config is None:
             config, train_rows, eval_rows, model, tokenizer = trl_arguments(
                 model,
@@ -207,9 +208,7 @@ class GRPOTrainer:
             is_local_process_zero=dist.local_rank() == 0,
             is_world_process_zero=dist.is_main(),
         )
-        self.callbacks = Callbacks(
-            callbacks, args=args if self._trl_form else trl_view(cfg), state=self.state
-        )
+        self.callbacks = Callbacks(callbacks, args=args if self.trl_form else trl_view(cfg), state=self.state)
         self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
         # 1. Everything checkable without a model: rewards, data.
         self.reward_funcs = resolve_reward_funcs(
@@ -265,9 +264,9 @@ class GRPOTrainer:
         # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
         self._existing_run: RunExistsError | None = None
         try:  # the checkpoints to resume from (newest first), checked against cfg
-            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self._trl_form)
+            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self.trl_form)
         except RunExistsError as e:
-            if not self._trl_form:
+            if not self.trl_form:
                 raise
             self._candidates, self._existing_run = [], e
         # 2. Model, tokenizer, reference.
@@ -447,8 +446,8 @@ class GRPOTrainer:
         self.num_tokens = 0
         self._warned: set[str] = set()
         self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
-        self._signals: StopSignals | None = None
-        self._saved_step: int | None = None
+        self.stop_signals: StopSignals | None = None
+        self.saved_step: int | None = None
         self.parts = self._register_parts()
         self.checkpoints = RunCheckpoints(
             self.run_dir,
@@ -539,8 +538,8 @@ class GRPOTrainer:
         """Loads the state of the newest checkpoint found that loads (none: the run starts at step 0)."""
         if not self._candidates:
             return
-        self.step_idx = self._saved_step = self.checkpoints.load(self._candidates)
-        self._sync_state()
+        self.step_idx = self.saved_step = self.checkpoints.load(self._candidates)
+        self.sync_state()
         if dist.is_main():
             for moved in set_aside_newer(self.run_dir, self.step_idx):
                 print(
@@ -817,8 +816,8 @@ class GRPOTrainer:
         return collapsed_share(drawn.rollout.completion_ids, drawn.reward.tolist(), drawn.rollout.group_size)
 
     def _hold_signals(self) -> None:
-        if self._signals is not None:
-            self._signals.hold()
+        if self.stop_signals is not None:
+            self.stop_signals.hold()
 
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
@@ -829,7 +828,7 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""
         folder = self.checkpoints.save(self.step_idx)
-        self._saved_step = self.step_idx
+        self.saved_step = self.step_idx
         return folder
 
     def save_final(self, folder: str | Path | None = None) -> Path:
@@ -883,7 +882,7 @@ class GRPOTrainer:
         main = dist.is_main()
         lock = RunLock(self.run_dir).acquire() if main else None
         try:
-            return self._train(main)
+            return run(self, main)
         finally:
             if lock is not None:
                 lock.release()
@@ -912,203 +911,16 @@ class GRPOTrainer:
                 )
             self.cfg.resume = str(path)
         self._existing_run = None
-        self._candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self._trl_form)
+        self._candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self.trl_form)
         self._resume()
-
-    def _log_summary(self, summary: dict[str, Any], losses: list[float], seconds: float) -> None:
-        """Appends TRL's closing row to log_history: train_runtime, train_samples_per_second,
-        train_steps_per_second and train_loss, over this attempt's optimizer steps."""
-        updates = (self.step_idx - summary["start_step"]) * self.updates_per_step
-        completions = self.cfg.rollout.batch_size * dist.world_size() // self.cfg.algo.num_minibatches
-        seconds = max(seconds, 1e-9)
-        self.callbacks.log(
-            {
-                "train_runtime": seconds,
-                "train_samples_per_second": updates * completions / seconds,
-                "train_steps_per_second": updates / seconds,
-                "train_loss": math.fsum(losses) / len(losses) if losses else 0.0,
-            }
-        )
 
     def _live_state(self) -> TrainerState:
         """Returns TRL's trainer state brought to this step (reward functions read it, as in TRL)."""
-        self._sync_state()
+        self.sync_state()
         return self.state
 
-    def _sync_state(self) -> None:
+    def sync_state(self) -> None:
         """Brings TRL's state to this step: optimizer steps, epoch, tokens seen."""
         self.state.global_step = self.step_idx * self.updates_per_step
         self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
         self.state.num_input_tokens_seen = self.num_tokens
-
-    def _act(self, logger: MetricsLogger | None, progress: Progress, save: bool) -> TrainerControl:
-        """Logs, evaluates and saves as the control says (the loop's schedule and the callbacks), firing
-        on_log / on_evaluate / on_save; returns the control."""
-        control = self.callbacks.control
-        if (
-            self.callbacks.callbacks and dist.is_distributed()
-        ):  # every process acts alike (saves are collective)
-            for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
-                setattr(control, name, bool(dist.all_max_int(int(getattr(control, name)))))
-        if control.should_log:
-            control.should_log = False
-            if self.callbacks.window.rows:
-                self.callbacks.log(self.callbacks.window.flush(self.optimizer.param_groups[0]["lr"]))
-        if control.should_evaluate:
-            control.should_evaluate = False
-            if self.eval_rows:
-                self._evaluate_and_log(logger, progress)
-        if control.should_save:
-            control.should_save = False
-            if save:
-                self.save()
-            control = self.callbacks.fire("on_save")
-        return control
-
-    def _evaluate_and_log(self, logger: MetricsLogger | None, progress: Progress) -> dict[str, float]:
-        """Returns an evaluation, logged to evals.jsonl, the progress line and log_history (TRL's eval_* names),
-        after on_evaluate."""
-        ev = self.evaluate(sampled=self._trl_form)
-        if logger:
-            logger.log_eval(self.step_idx, ev)
-        progress.evaluated(self.step_idx, ev)
-        row = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in ev.items()}
-        self.callbacks.log(row)
-        self.callbacks.fire("on_evaluate", metrics=row)
-        self.callbacks.track_best(row)
-        return ev
-
-    def _train(self, main: bool) -> dict[str, Any]:
-        cfg = self.cfg
-        sharded = self.strategy != "none"  # every process writes its shard of a checkpoint
-        logger = None
-        if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if self.step_idx > 0:
-                removed = trim_logs(self.run_dir, self.step_idx)  # rows of the attempt after the checkpoint
-                if any(removed.values()):
-                    print(
-                        f"resume at step {self.step_idx}: removed rows logged after it {removed}", flush=True
-                    )
-            save_config(cfg, self.run_dir / "config.yaml")
-            logger = MetricsLogger(
-                self.run_dir,
-                tensorboard=cfg.tensorboard,
-                wandb=cfg.wandb,
-                wandb_project=cfg.wandb_project,
-                config=to_dict(cfg),
-            )
-        progress = Progress(
-            cfg.steps, start=self.step_idx, enabled=cfg.progress and main, logging_steps=cfg.logging_steps
-        )
-        health_log = logger.log_health if logger is not None else None
-        self.health.log = (lambda finding: health_log(finding.row())) if health_log is not None else None
-        summary: dict[str, Any] = {"start_step": self.step_idx}
-        last_metrics: dict[str, Any] | None = None
-        t_start = time.perf_counter()
-        interrupted = False
-        # Several processes stop together at a step boundary (their checkpoint is a collective save): a signal
-        # is held until the step ends, then every process learns of it.
-        signals = StopSignals(defer=dist.is_distributed())
-        losses: list[float] = []  # this attempt's step losses: TRL's train_loss
-        try:
-            with signals:
-                self._signals = signals
-                self._sync_state()
-                control = self.callbacks.fire("on_train_begin")
-                if cfg.eval_at_ends and self.step_idx == 0 and self.eval_rows:
-                    before = self._evaluate_and_log(logger, progress)
-                    summary["accuracy_before"] = before.get("accuracy")
-                while self.step_idx < cfg.steps and not control.should_training_stop:
-                    snap = self.parts.snapshot()
-                    self.callbacks.fire("on_step_begin")
-                    try:
-                        result = self.step()
-                    except KeyboardInterrupt:
-                        if not signals.torn:
-                            self.parts.rewind(snap)  # interrupted while preparing: back to the step's start
-                        raise
-                    with signals.committing():
-                        self._sync_state()
-                        if logger:
-                            logger.log(result.metrics)
-                            logger.log_samples(self.step_idx, result.samples)
-                        progress.update(self.step_idx, result.metrics)
-                        last_metrics = result.metrics
-                        losses.append(float(result.metrics["loss"]))
-                        self.callbacks.window.add(result.metrics)
-                        step, control = self.step_idx, self.callbacks.control
-                        control.should_log |= step % cfg.logging_steps == 0
-                        control.should_evaluate |= (
-                            bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
-                        )
-                        control.should_save |= bool(cfg.save_every) and step % cfg.save_every == 0
-                        self.callbacks.fire("on_step_end")
-                        control = self._act(logger, progress, save=main or sharded)
-                        fired = self.health.take_pending()
-                        # every process aborts when one does (the save is collective)
-                        if cfg.health.abort and dist.all_max_int(int(bool(fired))):
-                            if (main or sharded) and self._saved_step != self.step_idx:
-                                self.save()
-                            what = (
-                                f"the check {fired[0].check!r} fired ({fired[0].message})"
-                                if fired
-                                else "a health check fired on another process"
-                            )
-                            raise HealthAbort(
-                                f"step {self.step_idx}: health.abort=true and {what}; checkpoint "
-                                f"{self.run_dir / 'checkpoints'}/step-{self.step_idx} is saved"
-                            )
-                    if dist.all_max_int(int(signals.pending is not None)):
-                        raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            self._signals = None
-            progress.close()
-        # The final save, evaluation and report: a signal now waits for them (a second one is obeyed).
-        with signals, signals.committing():
-            if self.strategy == "replicate":
-                dist.assert_in_sync(self.model)
-            if (main or sharded) and not signals.torn and self._saved_step != self.step_idx:
-                summary["checkpoint"] = str(self.save())
-            elif self._saved_step == self.step_idx:  # every process: each one's message names it
-                summary["checkpoint"] = str(self.run_dir / "checkpoints" / f"step-{self.step_idx}")
-            # A run resumed after its last step (killed before it could finish) may have logged this already.
-            finished_before = summary["start_step"] == self.step_idx and logged_eval(
-                self.run_dir, self.step_idx
-            )
-            if not interrupted and cfg.eval_at_ends and self.eval_rows and not finished_before:
-                after = self._evaluate_and_log(logger, progress)
-                summary["accuracy_after"] = after.get("accuracy")
-            seconds = time.perf_counter() - t_start
-            summary.update(
-                {
-                    "steps": self.step_idx,
-                    "total_steps": cfg.steps,
-                    "seconds_train": seconds,
-                    "interrupted": interrupted,
-                }
-            )
-            if self.step_idx > summary["start_step"]:
-                summary["seconds_per_step"] = seconds / (self.step_idx - summary["start_step"])
-            if main:
-                # This attempt's last step; a run resumed after its last step has the one metrics.jsonl holds.
-                last = last_metrics or next(iter(read_jsonl(self.run_dir / "metrics.jsonl")[-1:]), None)
-                if last is not None:
-                    summary["final_metrics"] = final_metrics(last)
-                write_summary(self.run_dir, summary)
-            if logger:
-                logger.close()
-                write_report(self.run_dir)
-            if not interrupted:
-                self._log_summary(summary, losses, seconds)
-                self.callbacks.fire("on_train_end")
-        if interrupted:
-            where = (
-                f"checkpoint saved in {summary.get('checkpoint')}"
-                if not signals.torn
-                else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
-            )
-            raise KeyboardInterrupt(f"training interrupted at step {self.step_idx}; {where}")
-        return summary
