@@ -167,13 +167,13 @@ def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
 
 
 def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
-    import cohort.trainer as trainer_mod
+    import cohort.train.build as build
 
     def no_load(*a, **k):
         raise AssertionError("the model must not be loaded for a bad config")
 
-    monkeypatch.setattr(trainer_mod, "load_model", no_load)
-    monkeypatch.setattr(trainer_mod, "load_tokenizer", no_load)
+    monkeypatch.setattr(build, "load_model", no_load)
+    monkeypatch.setattr(build, "load_tokenizer", no_load)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     nocol = tmp_path / "nocol.jsonl"
@@ -196,7 +196,7 @@ def test_bad_input_fails_before_the_model_loads(tmp_path, monkeypatch):
 
 
 def test_reward_weights_are_checked_against_the_functions_passed(tmp_path, monkeypatch):
-    import cohort.trainer as trainer_mod
+    import cohort.train.build as build
 
     class Loading(Exception):
         pass
@@ -204,7 +204,7 @@ def test_reward_weights_are_checked_against_the_functions_passed(tmp_path, monke
     def loading(*a, **k):
         raise Loading
 
-    monkeypatch.setattr(trainer_mod, "load_tokenizer", loading)
+    monkeypatch.setattr(build, "load_tokenizer", loading)
     cfg = _cfg("unused-model", tmp_path / "w", reward_weights=[1.0, 0.5])  # the config names one reward
     with pytest.raises(
         ConfigError, match=r"2 values but there are 1 reward functions \['.*digit_fraction'\]"

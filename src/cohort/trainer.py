@@ -35,7 +35,7 @@ from cohort.checkpoint import (
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
-from cohort.data import encode_prompts, load_rows, make_task, validate_rows
+from cohort.data import validate_rows
 from cohort.errors import (
     ConfigError,
     NonFiniteError,
@@ -50,11 +50,7 @@ from cohort.logprobs import warm_probes
 from cohort.models import (
     DTYPES,
     fix_adapter_base_path,
-    load_model,
-    load_tokenizer,
     stop_token_ids,
-    text_config,
-    wrap_lora,
 )
 from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
@@ -78,6 +74,14 @@ from cohort.sharding import (
     shard,
 )
 from cohort.train.advantages import Advantaged, advantage_batch, own_rows
+from cohort.train.build import (
+    check_context,
+    drop_long_prompts,
+    encode_rows,
+    load_policy,
+    load_prompt_rows,
+    resolve_device,
+)
 from cohort.train.checkpoints import RunCheckpoints, check_finite_weights, find_checkpoints
 from cohort.train.draw import Drawer, Drawn
 from cohort.train.generation import GenerationSource, LocalGeneration
@@ -88,39 +92,6 @@ from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
 from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, checkpointing_layers
-
-
-def resolve_device(name: str) -> torch.device:
-    """Return the torch device a config's device string means ("auto" = CUDA when available)."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device={name!r}: CUDA is not available in this torch build; use cpu or auto")
-    return device
-
-
-def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-    """Return (train rows, held-out rows) for the config's built-in task or dataset."""
-    d = cfg.data
-    if d.path:
-        train = load_rows(d.path, split=d.split, prompt_column=d.prompt_column, subset=d.subset)
-        eval_subset = (
-            d.eval_subset if d.eval_subset is not None else (d.subset if d.eval_path == d.path else None)
-        )
-        held = (
-            load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column, subset=eval_subset)
-            if d.eval_path
-            else []
-        )
-    else:
-        assert d.task is not None  # validate() requires data.path or data.task
-        train, held = make_task(
-            d.task, n_train=d.n_train, n_eval=d.n_eval, seed=d.task_seed, **d.task_options
-        )
-    return train, held[: cfg.eval_limit] if held else held
 
 
 @dataclass
@@ -287,39 +258,7 @@ class GRPOTrainer:
             unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib),
         )
         self.device = resolve_device(cfg.model.device)
-        self.tokenizer = tokenizer or load_tokenizer(
-            cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-        with quiet_hf_progress():  # no "Loading weights" bar
-            self.model = model or load_model(
-                cfg.model.name_or_path,
-                dtype=cfg.model.dtype,
-                device=str(self.device),
-                trust_remote_code=cfg.model.trust_remote_code,
-                attn_implementation=cfg.model.attn_implementation,
-                lora=cfg.model.lora if cfg.model.lora.enabled else None,
-                trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
-            )
-        if model is not None and cfg.model.lora.enabled and not hasattr(self.model, "disable_adapter"):
-            self.model = wrap_lora(self.model, cfg.model.lora)  # a model object given with a LoRA config
-        self.model.to(self.device)
-        self.model.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
-        if cfg.model.gradient_checkpointing:
-            # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
-            # recomputation sees the same masks; the layers train only during updates (cohort.update).
-            if callable(getattr(self.model, "activation_checkpointing_enable", None)):  # transformers >= 5
-                self.model.activation_checkpointing_enable(  # type: ignore[operator]
-                    activation_checkpointing_kwargs={"use_reentrant": False}
-                )
-            elif callable(getattr(self.model, "gradient_checkpointing_enable", None)):
-                self.model.gradient_checkpointing_enable(  # type: ignore[operator]
-                    gradient_checkpointing_kwargs={"use_reentrant": False}
-                )
-            else:
-                raise ConfigError(
-                    f"model.gradient_checkpointing=true, but {type(self.model).__name__} cannot checkpoint "
-                    "activations (not a transformers model); set it to false"
-                )
+        self.model, self.tokenizer = load_policy(cfg, model, tokenizer, self.device)
         check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
         # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.
@@ -339,10 +278,14 @@ class GRPOTrainer:
             with gathered(self.model), checkpointing_layers(self.model):
                 warm_probes(self.model, cfg.fast)
         # 3. Prompts as token ids, once.
-        self.train_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.train_rows])
-        self.eval_prompt_ids = self._encode([r[cfg.data.prompt_column] for r in self.eval_rows])
-        self._drop_long_prompts()
-        self._check_context()
+        self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows)
+        self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows)
+        self.train_rows, self.train_prompt_ids, self.dropped_prompts = drop_long_prompts(
+            self.train_rows, self.train_prompt_ids, cfg.data.max_prompt_length
+        )
+        check_context(
+            self.model, cfg.rollout.max_completion_length, self.train_prompt_ids, self.eval_prompt_ids
+        )
         if len(self.train_rows) < cfg.prompts_per_step:
             warnings.warn(
                 f"the training data has {len(self.train_rows)} prompts, fewer than the {cfg.prompts_per_step} a step "
@@ -476,52 +419,6 @@ class GRPOTrainer:
     def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
         """Returns the folder the model and tokenizer were saved to (TRL's name for save_final; default out_dir)."""
         return self.save_final(Path(output_dir) if output_dir is not None else self.run_dir)
-
-    def _encode(self, prompts: list[Any]) -> list[list[int]]:
-        d = self.cfg.data
-        return encode_prompts(
-            self.tokenizer,
-            prompts,
-            chat_template=d.chat_template,
-            chat_template_kwargs=d.chat_template_kwargs or None,
-        )
-
-    def _drop_long_prompts(self) -> None:
-        limit = self.cfg.data.max_prompt_length
-        self.dropped_prompts = 0
-        if not limit:
-            return
-        keep = [i for i, p in enumerate(self.train_prompt_ids) if len(p) <= limit]
-        if not keep:
-            raise ValueError(
-                f"every training prompt is longer than data.max_prompt_length={limit} tokens; raise it"
-            )
-        dropped = len(self.train_prompt_ids) - len(keep)
-        if dropped:
-            print(
-                f"data.max_prompt_length={limit}: {dropped} of {len(self.train_prompt_ids)} training prompts are "
-                "longer and are left out",
-                flush=True,
-            )
-        self.dropped_prompts = dropped
-        self.train_rows = [self.train_rows[i] for i in keep]
-        self.train_prompt_ids = [self.train_prompt_ids[i] for i in keep]
-
-    def _check_context(self) -> None:
-        """Raises TrainingError when a prompt + max_completion_length exceeds the model's context length."""
-        context = getattr(text_config(self.model), "max_position_embeddings", None)
-        if not isinstance(context, int) or context <= 0:
-            return
-        room = context - self.cfg.rollout.max_completion_length
-        for where, ids in (("training", self.train_prompt_ids), ("held-out", self.eval_prompt_ids)):
-            long = [len(p) for p in ids if len(p) > room]
-            if long:
-                raise TrainingError(
-                    f"{len(long)} {where} prompts (the longest {max(long)} tokens) do not leave room for "
-                    f"rollout.max_completion_length={self.cfg.rollout.max_completion_length} tokens within the "
-                    f"model's context of {context} (max_position_embeddings); set data.max_prompt_length="
-                    f"{max(room, 1)} to leave them out, or lower rollout.max_completion_length"
-                )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Returns the autocast context every forward pass runs under (bf16 on CUDA unless switched off)."""

@@ -360,8 +360,8 @@ def test_missing_column_is_reported_before_the_model_loads(tiny_model_dir, tmp_p
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the reward functions were checked")
 
-    monkeypatch.setattr("cohort.trainer.load_model", no_loading)
-    monkeypatch.setattr("cohort.trainer.load_tokenizer", no_loading)
+    monkeypatch.setattr("cohort.train.build.load_model", no_loading)
+    monkeypatch.setattr("cohort.train.build.load_tokenizer", no_loading)
     with pytest.raises(
         ValueError,
         match=r"'needs_difficulty' requires the argument 'difficulty', which is not a column of the training "
