@@ -1,10 +1,80 @@
 """Names that cohort.config checks but heavier modules implement, kept here free of heavy imports.
 
-Validating a config must not import transformers, so the config reads these names instead of the
-implementations; each registry that implements them checks at import time that its keys match.
+Validating a config must not import transformers (nor the model, sharding or health code), so the
+config reads these names instead of the implementations; each module that implements them either
+builds its table from these names or checks at import time that its keys match. This module imports
+nothing from cohort but :mod:`cohort.errors`, so both sides can import it.
 """
 
 from __future__ import annotations
 
+from cohort.errors import ConfigError
+
 ENGINES: tuple[str, ...] = ("builtin", "hf")
 """Rollout engines, in the order error messages list them; implemented by ``cohort.rollout.ENGINES``."""
+
+DTYPE_NAMES: dict[str, str] = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "auto": "auto",
+}
+"""model.dtype names, in the order error messages list them, and the torch dtype each stands for ("auto":
+the checkpoint's own); ``cohort.models.DTYPES`` maps them to torch dtypes."""
+
+SAMPLER_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""rollout.sampler_dtype names (a sampling copy of the policy in that dtype)."""
+
+ATTENTION_KINDS: tuple[str, ...] = (
+    "sdpa",
+    "eager",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+)
+"""transformers' attention implementations (a hub kernel 'org/name' is passed through as well)."""
+
+SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+"""Learning-rate shapes after the linear warm-up: constant, linear to 0, cosine to 0 (``cohort.optim``)."""
+
+HEALTH_CHECKS: tuple[str, ...] = (
+    "no_reward",
+    "rows_dropped",
+    "no_advantage",
+    "zero_gradient",
+    "zero_variance",
+    "truncation",
+    "clipping",
+    "kl_early",
+    "kl_drift",
+    "grad_spike",
+    "length_drift",
+    "collapse",
+    "surrogate_zero",
+    "logprob_gap",
+    "non_finite",
+)
+"""Every health check by name (``health.off`` lists the ones to skip); ``cohort.health.CHECKS``."""
+
+STRATEGIES: tuple[str, ...] = ("auto", "replicate", "fsdp")
+"""distributed.strategy: auto (replicate under torchrun, nothing on one process), replicate, fsdp."""
+
+MIXED_PRECISIONS: tuple[str, ...] = ("none", "bf16", "fp16")
+"""distributed.mixed_precision names; ``cohort.sharding.MIXED_PRECISION`` maps them to FSDP's compute dtype."""
+
+
+def resolve_strategy(strategy: str, world: int) -> str:
+    """Returns the strategy that runs with `world` processes: "none", "replicate" or "fsdp"."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"distributed.strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if world <= 1:
+        if strategy == "fsdp":
+            raise ConfigError(
+                "distributed.strategy=fsdp shards the model across processes, but this run has one process; "
+                "launch it with torchrun --nproc_per_node=N (N >= 2), or set distributed.strategy=auto"
+            )
+        return "none"
+    return "replicate" if strategy == "auto" else strategy

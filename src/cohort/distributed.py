@@ -158,12 +158,16 @@ def device() -> torch.device:
     )
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """Returns this process's part of a DTensor (a plain tensor itself)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def assert_in_sync(model: torch.nn.Module) -> None:
     """Raise RuntimeError if the processes' copies of the trainable parameters differ."""
     if not is_distributed():
         return
-    from cohort.sharding import local
-
     with torch.no_grad():  # a replicated FSDP model's parameters are DTensors: their local part is the whole
         total = sum(float(local(p).double().sum()) for p in model.parameters() if p.requires_grad)
     t = torch.tensor([total], dtype=torch.float64, device=device())

@@ -40,26 +40,12 @@ from typing import Any
 
 import torch
 
+from cohort.choices import HEALTH_CHECKS
 from cohort.errors import TrainingError
 
-CHECKS = (
-    "no_reward",
-    "rows_dropped",
-    "no_advantage",
-    "zero_gradient",
-    "zero_variance",
-    "truncation",
-    "clipping",
-    "kl_early",
-    "kl_drift",
-    "grad_spike",
-    "length_drift",
-    "collapse",
-    "surrogate_zero",
-    "logprob_gap",
-    "non_finite",
-)
-"""Every health check by name (``health.off`` lists the ones to skip)."""
+CHECKS = HEALTH_CHECKS
+"""Every health check by name (``health.off`` lists the ones to skip); defined in cohort.choices, where the
+config reads them without importing the checks."""
 
 
 class HealthAbort(TrainingError):

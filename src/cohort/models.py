@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cohort.choices import DTYPE_NAMES
 from cohort.errors import first_line
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ __all__ = [
     "resolve_dtype",
     "save_merged",
     "stop_token_ids",
+    "unwrap",
     "wrap_lora",
 ]
 
@@ -82,16 +84,10 @@ TINY_SIZES: dict[str, dict[str, int]] = {
 """Named size presets for :func:`build_tiny_model`: ``build_tiny_model(d, **TINY_SIZES["14m"])``."""
 
 DTYPES: dict[str, torch.dtype | str] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "auto": "auto",
+    name: "auto" if kind == "auto" else getattr(torch, kind) for name, kind in DTYPE_NAMES.items()
 }
 """Parameter dtypes by name (the values of ``model.dtype`` and ``load_model(dtype=...)``); "auto" keeps
-the checkpoint's own dtype."""
+the checkpoint's own dtype. The names are ``cohort.choices.DTYPE_NAMES`` (what the config checks)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +601,12 @@ def wrap_lora(model, lora: LoraConfig):
         fan_in_fan_out=set(lora.target_modules) <= conv_names,  # Conv1D stores its weight transposed
     )
     return peft.get_peft_model(model, config)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Returns the transformers model inside a peft PeftModel (LoRA layers stay injected), else model."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

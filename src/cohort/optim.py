@@ -7,10 +7,9 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["SCHEDULES", "make_adamw", "make_scheduler"]
+from cohort.choices import SCHEDULES
 
-SCHEDULES = ("constant", "linear", "cosine")
-"""Learning-rate shapes after the linear warm-up: constant, linear to 0, cosine to 0."""
+__all__ = ["SCHEDULES", "make_adamw", "make_scheduler"]
 
 
 def make_adamw(
@@ -37,7 +36,12 @@ def make_adamw(
 def make_scheduler(
     optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Returns a LambdaLR implementing linear warm-up then constant / linear / cosine decay over `total` steps."""
+    """Returns a LambdaLR implementing linear warm-up then constant / linear / cosine decay over `total` steps.
+
+    Not `transformers.get_scheduler` ("constant_with_warmup", "linear", "cosine"), which matches it after
+    the warm-up but not during it: there step k gets (k + 1) / warmup of the peak here and k / warmup there
+    (a first step at learning rate 0); and past `total` its cosine rises again where this one stays at 0.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not valid; choose one of: {', '.join(SCHEDULES)}")
 

@@ -38,35 +38,26 @@ from typing import Any
 
 import torch
 
+from cohort import choices
 from cohort import distributed as dist
-from cohort.errors import ConfigError, UnsafeCheckpointError
-from cohort.fastpath.lm_head import unwrap
-
-STRATEGIES = ("auto", "replicate", "fsdp")
-"""distributed.strategy: auto (replicate under torchrun, nothing on one process), replicate, fsdp."""
+from cohort.choices import STRATEGIES as STRATEGIES  # re-exported: the names live with the config's
+from cohort.choices import resolve_strategy as resolve_strategy  # re-exported (trainer, tests)
+from cohort.distributed import local as local  # re-exported (benchmarks/sharding)
+from cohort.errors import UnsafeCheckpointError
+from cohort.models import unwrap
 
 MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 """distributed.mixed_precision: the dtype FSDP casts parameters to for compute (gradients reduce in float32)."""
+if tuple(MIXED_PRECISION) != choices.MIXED_PRECISIONS:  # the config validates against the light list
+    raise ImportError(
+        f"cohort.choices.MIXED_PRECISIONS {choices.MIXED_PRECISIONS} must name the policies {tuple(MIXED_PRECISION)}"
+    )
 
 SHARDED_REASON = (
     "the model is wrapped by FSDP (distributed.strategy) and its LM head shares its weight with the input "
     "embeddings (tied): the decoder and the head, which this path calls separately, cannot be units of their own"
 )
 """Why the chunked LM head is off for a sharded model with tied embeddings (the switchboard says it)."""
-
-
-def resolve_strategy(strategy: str, world: int) -> str:
-    """Returns the strategy that runs with `world` processes: "none", "replicate" or "fsdp"."""
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"distributed.strategy={strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if world <= 1:
-        if strategy == "fsdp":
-            raise ConfigError(
-                "distributed.strategy=fsdp shards the model across processes, but this run has one process; "
-                "launch it with torchrun --nproc_per_node=N (N >= 2), or set distributed.strategy=auto"
-            )
-        return "none"
-    return "replicate" if strategy == "auto" else strategy
 
 
 def fsdp_modules(model: torch.nn.Module | None) -> list[torch.nn.Module]:
@@ -191,12 +182,6 @@ def idle_backward(model: torch.nn.Module, device: torch.device) -> None:
     """Runs a one-token forward and a zero-loss backward: a process's share of a gradient reduction it has no rows for."""
     out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
     (out.logits.float().sum() * 0.0).backward()
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """Returns this process's part of a DTensor (a plain tensor itself)."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def full_value(t: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cohort.fastpath import probes
-from cohort.models import input_device
+from cohort.models import input_device, unwrap  # unwrap: re-exported (checkpoint, logprobs)
+from cohort.sharding import SHARDED_REASON, is_sharded, is_split_sharded
 
 
 def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int) -> int:
@@ -78,12 +79,6 @@ def _logp_entropy_grad(head, h, target, temperature):
     logp = logp_all.gather(-1, target[:, None]).squeeze(-1)  # [m]
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # [m], differentiable (entropy regularisation)
     return logp, entropy
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """Returns the transformers model inside a peft PeftModel (LoRA layers stay injected), else model."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
 
 
 class _HeadThenTransform(torch.nn.Module):
@@ -165,8 +160,6 @@ def split_model(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
 
 def head_unavailable(model: torch.nn.Module) -> str | None:
     """Returns why the chunked LM head cannot run on `model` (None: it can)."""
-    from cohort.sharding import SHARDED_REASON, is_sharded, is_split_sharded
-
     if is_sharded(model) and not is_split_sharded(model):
         return SHARDED_REASON
     if split_model(model) is None:

@@ -1,0 +1,87 @@
+"""Typed run configuration: dataclasses, YAML files, dotted ``key=value`` overrides, validation.
+
+One tree of dataclasses is the single source of truth for a run. It is built in this order, each layer
+overriding the one before: field defaults, the named ``preset`` (see :mod:`cohort.presets`), the YAML
+file, then command-line overrides such as ``algo.beta=0.04``. Every check that can be done without
+loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds, not a model load.
+
+The package is a leaf of cohort: it imports only light modules that never import it back
+(:mod:`cohort.errors`, :mod:`cohort.choices`, :mod:`cohort.trl_fields`, :mod:`cohort.presets`, the name
+lists and pure functions of :mod:`cohort.algo`, :mod:`cohort.plugins`, :mod:`cohort.fastpath.switches`
+and the reward-weight check of :mod:`cohort.rewards`); tests/test_imports.py keeps it so.
+
+- :mod:`cohort.config.schema`: the dataclasses (every field with its default and docstring);
+- :mod:`cohort.config.validation`: the checks ``TrainConfig.validate`` runs;
+- :mod:`cohort.config.inert`: the options that are accepted yet change nothing, and why;
+- :mod:`cohort.config.loading`: YAML, overrides, type conversion, ``load_config`` / ``save_config``.
+"""
+
+from __future__ import annotations
+
+from cohort.choices import ATTENTION_KINDS, SAMPLER_DTYPES
+from cohort.config.inert import INERT_OPTIONS, Inert, inert_options
+from cohort.config.loading import (
+    MOVED_KEYS,
+    describe_keys,
+    field_docs,
+    from_dict,
+    load_config,
+    parse_overrides,
+    read_yaml,
+    read_yaml_file,
+    save_config,
+    to_dict,
+)
+from cohort.config.loading import _valid_keys as _valid_keys  # read by cohort.compat
+from cohort.config.schema import (
+    AlgoConfig,
+    CurriculumConfig,
+    DataConfig,
+    DistributedConfig,
+    HealthConfig,
+    IterativeConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    ProcessConfig,
+    RolloutConfig,
+    TrainConfig,
+)
+from cohort.config.validation import check_lora, validate_config
+from cohort.errors import ConfigError, ConfigWarning
+from cohort.fastpath.switches import FastConfig
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "INERT_OPTIONS",
+    "MOVED_KEYS",
+    "SAMPLER_DTYPES",
+    "AlgoConfig",
+    "ConfigError",
+    "ConfigWarning",
+    "CurriculumConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "FastConfig",
+    "HealthConfig",
+    "Inert",
+    "IterativeConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ProcessConfig",
+    "RolloutConfig",
+    "TrainConfig",
+    "check_lora",
+    "describe_keys",
+    "field_docs",
+    "from_dict",
+    "inert_options",
+    "load_config",
+    "parse_overrides",
+    "read_yaml",
+    "read_yaml_file",
+    "save_config",
+    "to_dict",
+    "validate_config",
+]

@@ -1,0 +1,179 @@
+"""Options that a config accepts yet that change nothing in it: each with why, and whether that is an error.
+
+`INERT_OPTIONS` is the one table of such rules; :func:`inert_options` lists the ones a config sets away
+from their defaults to no effect. ``TrainConfig.validate`` (:mod:`cohort.config.validation`) turns each
+into a ConfigWarning, or a ConfigError when the setting contradicts another. The schema is read only as
+a type here (a config's defaults are those of its own class).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cohort.config.schema import TrainConfig
+
+__all__ = ["INERT_OPTIONS", "Inert", "inert_options", "torchrun_world_size"]
+
+
+@dataclass(frozen=True)
+class Inert:
+    """An option that changes nothing in some configurations: `why(cfg)` says why (None: it has an effect here)."""
+
+    key: str
+    """Dotted config key."""
+    why: Callable[[TrainConfig], str | None]
+    """Returns the reason and the fix when the option is inert in `cfg`, else None."""
+    error: bool = False
+    """True: refusing is right (the setting contradicts another); False: a ConfigWarning."""
+
+
+def torchrun_world_size() -> int:
+    """Returns torchrun's process count (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _no_reference(cfg: TrainConfig) -> str | None:
+    """Returns why a reference-model option changes nothing at beta = 0 (None when beta > 0)."""
+    return (
+        "algo.beta=0 runs no reference model (no KL penalty); set algo.beta > 0 or drop this key"
+        if (cfg.algo.beta == 0)
+        else None
+    )
+
+
+def _estimator_ignores(name: str) -> Callable[[TrainConfig], str | None]:
+    """Returns the rule saying why algo.`name` changes nothing when the advantage estimator does not read it."""
+
+    def why(cfg: TrainConfig) -> str | None:
+        a = cfg.algo
+        if name in a.advantage_arguments() or (name == "adv_eps" and "eps" in a.advantage_arguments()):
+            return None
+        return (
+            f"algo.advantage={a.advantage!r} does not read algo.{name} (drop it, or pick grpo / reinforce_pp)"
+        )
+
+    return why
+
+
+INERT_OPTIONS: tuple[Inert, ...] = (
+    Inert("algo.kl_estimator", _no_reference),
+    Inert("algo.ref_update_every", _no_reference, error=True),
+    Inert("algo.ref_sync_kl", _no_reference, error=True),
+    Inert(
+        "algo.ref_mixup_alpha",
+        lambda c: (
+            None
+            if c.algo.ref_update_every or c.algo.ref_sync_kl is not None
+            else "the reference never syncs; set algo.ref_update_every or algo.ref_sync_kl too"
+        ),
+        error=True,
+    ),
+    Inert(
+        "algo.max_sampling_rounds",
+        lambda c: (
+            None
+            if c.algo.dynamic_sampling
+            else "only dynamic sampling draws more than one round; set algo.dynamic_sampling=true or drop this key"
+        ),
+    ),
+    Inert(
+        "algo.scale",
+        lambda c: (
+            "algo.reward_mode=decoupled (GDPO) normalises each reward in its group and the sum over the "
+            "batch itself; drop this key"
+            if c.algo.reward_mode == "decoupled"
+            else None
+        ),
+    ),
+    *(
+        Inert(
+            f"algo.{key}",
+            lambda c: (
+                None
+                if c.algo.adaptive_entropy
+                else "only the adaptive entropy coefficient reads it; set algo.adaptive_entropy=true or drop this key"
+            ),
+        )
+        for key in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta")
+    ),
+    Inert("algo.std", _estimator_ignores("std")),
+    Inert("algo.adv_eps", _estimator_ignores("adv_eps")),
+    Inert(
+        "algo.sampler_correction",
+        lambda c: (
+            None
+            if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype)) or c.rollout.engine == "vllm"
+            else "the completions are sampled by the weights being trained, in their precision, so the sampler and "
+            "the trainer differ only by rounding; set rollout.sampler_dtype (a low-precision sampling copy) or "
+            "rollout.engine=vllm, or drop this key"
+        ),
+    ),
+    Inert(
+        "algo.sampler_is_max",
+        lambda c: (
+            "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None
+        ),
+    ),
+    Inert(
+        "algo.sampler_is_min",
+        lambda c: (
+            None
+            if c.algo.sampler_correction.endswith("_mis")
+            else "only the masking corrections (token_mis, sequence_mis) have a lower bound"
+        ),
+    ),
+    Inert(
+        "algo.cov_ratio",
+        lambda c: (
+            "algo.cov_method=none selects no tokens; set algo.cov_method"
+            if c.algo.cov_method == "none"
+            else None
+        ),
+    ),
+    Inert(
+        "algo.clip_cov_bounds",
+        lambda c: (
+            None if c.algo.cov_method == "clip_cov" else "only algo.cov_method=clip_cov reads these bounds"
+        ),
+    ),
+    Inert(
+        "algo.kl_cov_coef",
+        lambda c: (
+            None if c.algo.cov_method == "kl_cov" else "only algo.cov_method=kl_cov reads this coefficient"
+        ),
+    ),
+    Inert(
+        "distributed.backend",
+        lambda c: (
+            "a one-process run opens no process group (launch with torchrun to use it)"
+            if torchrun_world_size() == 1
+            else None
+        ),
+    ),
+)
+"""Every option that can be accepted yet change nothing, with why: the one place such checks live."""
+
+
+def inert_options(cfg: TrainConfig) -> list[tuple[str, Any, str, bool]]:
+    """Returns (key, value, why, is_error) for each option set away from its default that changes nothing in `cfg`."""
+    default = type(cfg)()  # the field defaults
+    out = []
+    for rule in INERT_OPTIONS:
+        value, base = _dotted(cfg, rule.key), _dotted(default, rule.key)
+        if value == base:
+            continue
+        why = rule.why(cfg)
+        if why is not None:
+            out.append((rule.key, value, why, rule.error))
+    return out
+
+
+def _dotted(obj: Any, key: str) -> Any:
+    """Returns the value at a dotted key of a config tree."""
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj

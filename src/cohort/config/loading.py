@@ -1,0 +1,369 @@
+"""Building a config from YAML and dotted ``key=value`` overrides, and writing it back.
+
+A config is built in this order, each layer overriding the one before: field defaults (or a base config),
+the named ``preset`` (:mod:`cohort.presets`), the YAML file, then overrides such as ``algo.beta=0.04``.
+Every value is converted to its field's annotated type here (:func:`_coerce`), naming the key when it
+cannot be; an unknown key is refused with the nearest valid keys (or the cohort name of a TRL field).
+YAML is read as data only, and a key given twice in one mapping is an error.
+
+Why not OmegaConf's merge and dotted overrides over the same dataclasses (tried with OmegaConf 2.4, which
+takes every annotation of the schema and refuses duplicate YAML keys too): it does not convert what this
+module converts (``steps=1e3`` or ``2.0`` to an int, ``rewards=a,b`` to a list, a YAML ``off`` in a text
+field to "off" rather than "False"), refuses dotted keys inside a mapping (``algo.beta: 0.1``), resolves
+``${...}`` inside any text value, and words its errors its own way over several lines ("Key 'betta' not in
+'AlgoConfig'", "Value 'many' of type 'str' could not be converted to Integer", "Merge error: int is not a
+subclass of ModelConfig"), without the key=value form, the TRL names or the moved keys these messages
+give. Wrapped thinly, it failed 13 of the 146 tests of tests/test_config*.py and tests/test_bad_input.py;
+making them pass would keep most of this module besides the new dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cohort.config.schema import TrainConfig
+from cohort.errors import ConfigError
+from cohort.presets import apply_preset
+from cohort.trl_fields import TRL_FIELDS
+
+__all__ = [
+    "MOVED_KEYS",
+    "describe_keys",
+    "field_docs",
+    "from_dict",
+    "load_config",
+    "parse_overrides",
+    "read_yaml",
+    "read_yaml_file",
+    "save_config",
+    "to_dict",
+]
+
+
+MOVED_KEYS: dict[str, str] = {
+    "rollout.packed_weights": "fast.packed_weights",
+    "malloc_mmap_threshold_mib": "fast.heap_mmap_threshold_mib",
+}
+"""Keys that moved, and where to: an old config naming one gets an error pointing at the new key."""
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Return {field name: docstring} for a config dataclass, read from its source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+        ):
+            docs[prev.target.id] = str(node.value.value)
+    return docs
+
+
+def _valid_keys(cls: type, prefix: str = "") -> list[str]:
+    """Returns every dotted leaf key of a config dataclass, in declaration order."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            keys += _valid_keys(t, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return `value` converted to the annotated type `tp`, or raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
+    if origin is list:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r}: expected a list, e.g. {key}=[a,b]")
+        return [_coerce(v, args[0], key) for v in value] if args else list(value)
+    if origin is dict or tp is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping, e.g. {key}={{a: 1}}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={value!r}: expected a number") from None
+    if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads a bare on / off (yes / no) as a boolean
+            return "on" if value else "off"
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}={value!r}: expected a string")
+        return str(value)
+    return value
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    """Sets the fields of a config tree from nested `values`, converted to their types (ConfigError naming the key)."""
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for k, v in values.items():
+        key = prefix + k
+        if k not in names:
+            if key in MOVED_KEYS:
+                raise ConfigError(
+                    f"config key {key!r} moved to {MOVED_KEYS[key]!r} (the fast-path switchboard, "
+                    f"auto | on | off for switches); rename it"
+                )
+            raise ConfigError(_unknown_key_message(key, _valid_keys(type(obj), prefix)))
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(v, dict):
+                raise ConfigError(
+                    f"{key} is a section; give its keys, e.g. {key}.{dataclasses.fields(tp)[0].name}=..."
+                )
+            _apply(getattr(obj, k), v, key + ".")
+        else:
+            setattr(obj, k, _coerce(v, tp, key))
+
+
+def describe_keys(cls: type = TrainConfig, prefix: str = "", obj: Any = None) -> list[tuple[str, Any, str]]:
+    """Returns (dotted key, default, docstring) for every key of the config tree, in declaration order."""
+    obj = cls() if obj is None else obj
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            out += describe_keys(t, f"{prefix}{f.name}.", getattr(obj, f.name))
+        else:
+            out.append((prefix + f.name, getattr(obj, f.name), docs.get(f.name, "")))
+    return out
+
+
+def _unknown_key_message(key: str, valid: list[str]) -> str:
+    """Returns the error for an unknown key: the closest valid keys, or the cohort twin of a TRL field name."""
+    leaf = key.rsplit(".", 1)[-1]
+    trl = TRL_FIELDS.get(leaf)
+    if trl is not None and trl.cohort is not None and trl.cohort.startswith("state."):
+        return (
+            f"unknown config key {key!r}: TRL's {leaf!r} belongs to the Python API (GRPOConfig({leaf}=...), read "
+            f"by callbacks): {trl.note}"
+        )
+    if trl is not None and trl.cohort is not None and trl.cohort != leaf:
+        return f"unknown config key {key!r}: {leaf!r} is TRL's name; cohort's is {trl.cohort!r}"
+    if trl is not None and trl.cohort is None:
+        return f"unknown config key {key!r}: TRL's {leaf!r} is not implemented by cohort; nearest: {trl.note}"
+    everything = _valid_keys(TrainConfig)
+    leaves = {v.rsplit(".", 1)[-1]: v for v in valid}  # this section's keys, by their last part
+    close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=3, cutoff=0.6)]
+    close += [m for m in difflib.get_close_matches(key, everything, n=3, cutoff=0.85) if m not in close]
+    if close:
+        return f"unknown config key {key!r}; did you mean {', '.join(repr(c) for c in close[:3])}?"
+    section = f" in {key.rsplit('.', 1)[0]!r}" if "." in key else ""
+    return (
+        f"unknown config key {key!r}; the keys{section} are: {', '.join(valid)} (`cohort config` lists all)"
+    )
+
+
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    """Returns the nested dict of a {dotted key: value} dict."""
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {p} is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    """Returns `base` updated by `extra`, merging nested dicts key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Return the nested dict described by ``key=value`` strings (values parsed as YAML scalars)."""
+    flat: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. algo.beta=0.04)")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not key:
+            raise ConfigError(
+                f"override {item!r} has no key before '='; write key=value (e.g. algo.beta=0.04)"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+            value = raw  # `rewards=f.py:` or `x=a: b` is a text with a colon, not a YAML mapping
+        flat[key] = value
+    return _nest(flat)
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+    *,
+    base: TrainConfig | None = None,
+) -> TrainConfig:
+    """Return a TrainConfig from defaults (or `base`), preset, YAML file and overrides, in that order."""
+    layers: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if p.is_dir():
+            hint = f" (e.g. {str(p / 'config.yaml')!r})" if (p / "config.yaml").is_file() else ""
+            raise ConfigError(f"config file {str(p)!r} is a folder; pass the path of a YAML file{hint}")
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
+        loaded = read_yaml_file(p, "config file")
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
+        layers = _deep_merge(layers, _nest_top(loaded))
+    if overrides:
+        extra = parse_overrides(list(overrides)) if isinstance(overrides, list) else _nest_top(overrides)
+        layers = _deep_merge(layers, extra)
+    cfg = dataclasses.replace(base) if base is not None else TrainConfig()
+    cfg = from_dict(to_dict(cfg))  # deep copy
+    preset = layers.get("preset", cfg.preset)
+    if preset is not None:
+        apply_preset(cfg, preset)
+    _apply(cfg, layers)
+    return cfg
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not last-wins."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first on line {first.line + 1}); keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Returns a YAML error as one line: the problem and the line it was found on."""
+    problem = getattr(e, "problem", None)
+    mark = getattr(e, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(e).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"
+
+
+def read_yaml(text: str) -> Any:
+    """Returns the YAML document in text, refusing a mapping that gives a key twice."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_yaml_file(path: str | os.PathLike, what: str) -> Any:
+    """Returns the YAML document in a file ({} when empty); ConfigError in one line for any problem.
+
+    Parsed as data only (a SafeLoader: a ``!!python/...`` tag is an error, never a call), refusing a
+    key given twice. `what` names the file in messages ("config file", "pipeline file")."""
+    p = Path(path)
+    try:
+        return read_yaml(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _nest_top(d: dict[str, Any]) -> dict[str, Any]:
+    """Nest any dotted keys of a YAML mapping so `algo.beta: 0.1` and `algo: {beta: 0.1}` both work."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        v = _nest_top(v) if isinstance(v, dict) else v
+        out = _deep_merge(out, _nest({str(k): v}))
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Return the config as plain nested dicts (for YAML / JSON)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict[str, Any]) -> TrainConfig:
+    """Return a TrainConfig built from nested dicts (unknown keys raise ConfigError)."""
+    cfg = TrainConfig()
+    _apply(cfg, d)
+    return cfg
+
+
+def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML to `path` (returns None)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

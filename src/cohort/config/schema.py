@@ -1,0 +1,473 @@
+"""The config tree: one dataclass per section of a run, every field with its default and its docstring.
+
+This module holds the schema only. The checks live in :mod:`cohort.config.validation` (the methods here
+that check delegate to it), YAML files and ``key=value`` overrides in :mod:`cohort.config.loading`. The
+names a field may take are listed in :mod:`cohort.choices` and in the implementing packages' name lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cohort.config.validation import check_lora, validate_config
+from cohort.fastpath.switches import FastConfig
+
+__all__ = [
+    "AlgoConfig",
+    "CurriculumConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "HealthConfig",
+    "IterativeConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ProcessConfig",
+    "RolloutConfig",
+    "TrainConfig",
+]
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter settings (needs ``pip install cohort[peft]``)."""
+
+    enabled: bool = False
+    """Train a LoRA adapter instead of the full model; the reference is the base with the adapter off."""
+    r: int = 16
+    """Rank of the adapter matrices."""
+    alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names (last path component) of the Linear layers that get adapters."""
+
+    def check(self) -> LoraConfig:
+        """Return self after checking the adapter settings (raises ConfigError naming the bad key)."""
+        return check_lora(self)
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train and how to load it."""
+
+    name_or_path: str = ""
+    """Local folder or hub name of any AutoModelForCausalLM (its tokenizer is loaded from the same place)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16, float16 or auto."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained (sdpa, eager, flash_attention_2)."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (only for models you trust)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (CUDA when available)."""
+    bf16_autocast: bool = True
+    """On CUDA, run forward passes under bfloat16 autocast."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (transformers'
+    non-reentrant checkpointing): less memory per micro-batch for about one more forward. The grouped layout
+    and segment attention work with it (during an update the recomputed layers follow the same plan)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapter settings."""
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from."""
+
+    task: str | None = None
+    """Built-in synthetic task (addition, multistep); used when `path` is empty."""
+    path: str | None = None
+    """JSONL file, or a `datasets` name / folder, with a prompt column."""
+    split: str = "train"
+    """Split to read when `path` is a `datasets` dataset."""
+    eval_path: str | None = None
+    """Held-out JSONL / dataset for evaluation (a built-in task has its own held-out split)."""
+    eval_split: str = "test"
+    """Split of `eval_path` to read when it is a `datasets` dataset."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt (text, or a list of chat messages); other columns reach rewards."""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """Parameters of the built-in task, e.g. {digits_a: 2, digits_b: 2} for addition."""
+    n_train: int = 2000
+    """Number of training problems a built-in task generates."""
+    n_eval: int = 200
+    """Number of held-out problems a built-in task generates (or the cap on eval rows read)."""
+    task_seed: int = 1234
+    """Seed of the built-in task's problem generator (fixes the train / held-out split)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the tokenizer's apply_chat_template, e.g. {enable_thinking: false}."""
+    subset: str | None = None
+    """Subset (configuration) of a `datasets` hub dataset, e.g. main for openai/gsm8k."""
+    eval_subset: str | None = None
+    """Subset of eval_path (None: `subset` when eval_path is path)."""
+    chat_template: bool | None = None
+    """Apply the tokenizer's chat template: None = only for conversational prompts."""
+    max_prompt_length: int | None = None
+    """Drop prompts longer than this many tokens (None keeps all)."""
+
+
+@dataclass
+class RolloutConfig:
+    """How completions are sampled."""
+
+    engine: str = "builtin"
+    """builtin (KV-cache sampler, prompt prefilled once per group) or hf (transformers generate)."""
+    group_size: int = 8
+    """G: completions sampled per prompt."""
+    batch_size: int = 64
+    """Completions per training step (prompts per step = batch_size / group_size)."""
+    max_completion_length: int = 256
+    """Longest completion in tokens; longer ones are cut and flagged as truncated."""
+    temperature: float = 1.0
+    """Sampling temperature, 0 for greedy (log-probs in the loss use the same temperature, as TRL does)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 disables)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 disables)."""
+    sampler_dtype: str | None = None
+    """Sample from a copy of the policy in this dtype (bfloat16, float16, float32), synced before every rollout,
+    as an inference engine would; None samples with the training weights. See algo.sampler_correction."""
+
+    def logprob_temperature(self) -> float:
+        """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass
+class AlgoConfig:
+    """The GRPO-family objective (see docs/algorithms.md for every formula)."""
+
+    loss_type: str = "grpo"
+    """Policy loss: grpo, bnpo, dapo, dr_grpo (PPO's clip with that aggregation), cispo, sapo, gmpo, or your own
+    'my_pkg.module:function' / 'file.py:function' (see cohort.algo.LossInputs for the signature)."""
+    aggregation: str | None = None
+    """How per-token losses are averaged: grpo, bnpo, dapo or dr_grpo; None uses the loss type's own (dapo for
+    your own losses)."""
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword parameters of the loss: cispo {max_ratio: 5.0, min_ratio: null}, sapo {tau_pos: 1.0, tau_neg:
+    1.05}, gmpo {clip: 0.4}, or your own loss's."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo (group z-score, with scale / std / adv_eps), rloo, reinforce_pp,
+    reinforce_pp_baseline, or your own 'my_pkg.module:function'."""
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of your own advantage estimator."""
+    top_entropy_quantile: float = 1.0
+    """Keep only this top share of each micro-batch's tokens by entropy in the policy loss ("Beyond the 80/20
+    Rule" uses 0.2; 1.0 keeps every token)."""
+    entropy_coef: float = 0.0
+    """Entropy regularisation: subtract this times the mean per-token entropy from the loss (an exploration
+    bonus; 0 is off). With adaptive_entropy it is the controller's starting coefficient."""
+    adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive coefficient (TRL's use_adaptive_entropy): after each optimizer step it moves by
+    entropy_coef_delta, up when the step's entropy was at or below entropy_target and down otherwise, within
+    [entropy_coef_min, entropy_coef_max]; the bonus applies only while the last entropy is at or below the
+    target."""
+    entropy_target: float = 0.2
+    """With adaptive_entropy: the mean per-token entropy (nats) the controller defends (TRL's default 0.2 acts
+    only near collapse; a value near the early-training entropy acts sooner)."""
+    entropy_coef_min: float = 0.0
+    """With adaptive_entropy: the lowest coefficient."""
+    entropy_coef_max: float = 1.0
+    """With adaptive_entropy: the highest coefficient."""
+    entropy_coef_delta: float = 0.005
+    """With adaptive_entropy: the coefficient's change per optimizer step."""
+    cov_method: str = "none"
+    """Entropy control by covariance (Cui et al. 2025): none, clip_cov (detach the gradient of a few tokens of
+    high log-prob/advantage covariance) or kl_cov (penalise |log(pi/pi_old)| on the top-covariance tokens)."""
+    cov_ratio: float | None = None
+    """Share of tokens clip_cov / kl_cov act on (None: the paper's, 2e-4 for clip_cov and 2e-3 for kl_cov)."""
+    clip_cov_bounds: list[float] = field(default_factory=lambda: [1.0, 5.0])
+    """clip_cov draws its tokens among those whose covariance lies in [low, high] (the paper's 1 and 5)."""
+    kl_cov_coef: float = 1.0
+    """kl_cov's penalty coefficient (the paper's 1)."""
+    sampler_correction: str = "none"
+    """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype):
+    none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis, sequence_mis (drop
+    tokens / sequences whose ratio leaves [sampler_is_min, sampler_is_max])."""
+    sampler_is_max: float = 2.0
+    """Upper bound of the sampler importance ratio (TIS's C = 2)."""
+    sampler_is_min: float | None = None
+    """Lower bound of the sampler importance ratio (None: none)."""
+
+    def advantage_arguments(self) -> dict[str, Any]:
+        """Return the keyword arguments the chosen advantage estimator is called with."""
+        if self.advantage == "grpo":
+            return {"scale": self.scale, "std": self.std, "eps": self.adv_eps}
+        if self.advantage in ("reinforce_pp", "reinforce_pp_baseline"):
+            return {"std": self.std, "eps": self.adv_eps}
+        return dict(self.advantage_kwargs)  # rloo takes none; a user estimator its own
+
+    scale: str = "group"
+    """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""
+    std: str = "sample"
+    """Standard deviation: sample (unbiased, TRL) or population (DeepSeekMath)."""
+    adv_eps: float = 1e-4
+    """Added to the std before dividing."""
+    eps_low: float = 0.2
+    """Lower clip range: the ratio is clipped at 1 - eps_low."""
+    eps_high: float | None = None
+    """Upper clip range (None = eps_low); DAPO's clip-higher uses 0.28."""
+    delta: float | None = None
+    """Two-sided clipping: cap the ratio at delta for negative advantages too (None disables)."""
+    beta: float = 0.0
+    """KL coefficient; 0 loads no reference model."""
+    importance: str = "token"
+    """Importance ratio: token (GRPO) or sequence (GSPO)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each generated batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per pass (each over batch_size / num_minibatches completions)."""
+    reward_mode: str = "sum"
+    """How several rewards combine: sum (weighted) or decoupled (GDPO, per-reward normalisation)."""
+    filter_zero_std: bool = False
+    """Drop groups whose rewards are all equal from the loss (the batch shrinks; dynamic_sampling refills it)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling with refill: groups whose rewards are all equal are dropped and groups for new
+    prompts are generated (batched, in rounds) until the step holds rollout.batch_size / group_size groups
+    with unequal rewards, or max_sampling_rounds is reached (then it trains on the groups it has)."""
+    max_sampling_rounds: int = 4
+    """With dynamic_sampling: generation rounds per step at most (the first included)."""
+    mask_truncated: bool = False
+    """Leave completions cut at max_completion_length out of the loss (DAPO overlong filtering)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator of the beta term: k3 (DeepSeekMath's, unbiased, low variance), k2 (its gradient
+    is that of the reverse KL it estimates) or k1 (log-ratio; regularises only through the reward)."""
+    ref_update_every: int = 0
+    """Sync the reference to the policy every this many steps (0 never); see cohort.reference."""
+    ref_sync_kl: float | None = None
+    """Sync the reference after a step whose mean per-token KL exceeds this (None never; seed 002 suggests 0.5)."""
+    ref_mixup_alpha: float = 1.0
+    """Each sync sets ref = alpha * policy + (1 - alpha) * ref (TRL's ref_model_mixup_alpha; 1 copies). Under
+    LoRA the adapter parameters are mixed."""
+
+
+@dataclass
+class CurriculumConfig:
+    """Setting aside prompts that are always or never solved (off by default; see cohort.curriculum)."""
+
+    enabled: bool = False
+    """Track each training prompt's pass rate and set aside those that every or no completion passed."""
+    pass_threshold: float = 1.0
+    """A completion passes when the first reward function scores it at least this (1.0: a correct answer)."""
+    min_samplings: int = 1
+    """Times a prompt must have been sampled (G completions each) before it can be set aside."""
+    retry_after: int = 50
+    """Steps a set-aside prompt waits before it returns to the pool and is judged afresh."""
+
+
+@dataclass
+class HealthConfig:
+    """Live health checks (cohort.health): seed 002's failure modes, each with a threshold."""
+
+    enabled: bool = True
+    """Evaluate the checks every step (they reuse what the step computed: no extra forward pass)."""
+    abort: bool = False
+    """Stop the run, after saving a checkpoint, the first time a check fires (exit code 1)."""
+    off: list[str] = field(default_factory=list)
+    """Checks to skip, by name (see cohort.health.CHECKS)."""
+    window: int = 20
+    """Steps the rate checks average over (zero_variance, truncation, length_drift, surrogate_zero, grad_spike)."""
+    zero_variance_max: float = 0.9
+    """zero_variance fires when more than this share of groups had all-equal rewards over the window."""
+    truncation_max: float = 0.5
+    """truncation fires when more than this share of completions hit max_completion_length over the window."""
+    clip_max: float = 0.3
+    """clipping fires when more than this share of tokens had a clipped ratio (seed 002's pilot threshold)."""
+    kl_early_max: float = 1.0
+    """kl_early fires when the mean per-token KL exceeds this before step kl_early_steps (seed 002's pilot)."""
+    kl_early_steps: int = 1000
+    """See kl_early_max."""
+    kl_drift_ratio: float = 1.0
+    """kl_drift fires when beta * KL exceeds this many times the surrogate loss's magnitude."""
+    grad_spike: float = 50.0
+    """grad_spike fires when the gradient norm exceeds this many times the window's median (the demo's largest
+    ratio is about 30: steps with few informative groups have tiny gradients)."""
+    length_ratio: float = 3.0
+    """length_drift fires when the window's mean completion length leaves [1/r, r] times the first window's."""
+    collapse_max: float = 0.5
+    """collapse fires when more than this share of groups have G identical completions below the best reward."""
+    logprob_gap_max: float = 1e-3
+    """logprob_gap fires when, at num_iterations = 1, the trainer's and the sampler's log-prob of a sampled
+    token differ by more than this (float32 on a CPU: at most 3e-4 over the demo's 3000 steps, where fast paths
+    sum in another order)."""
+
+
+@dataclass
+class ProcessConfig:
+    """Process supervision: reward functions that score each reasoning step (see cohort.rewards.process)."""
+
+    step_separator: str = "\n"
+    """Where a step ends in the completion's text when a reward gives step rewards without explicit ends
+    (also where a process reward model reads each step's score)."""
+
+
+@dataclass
+class IterativeConfig:
+    """Iterative GRPO: reset the reference and retrain the reward model on fresh policy samples (cohort.iterative)."""
+
+    every: int = 0
+    """Steps between iterations (0: off)."""
+    reward: str | None = None
+    """The reward function (by name) that is the reward model to retrain; None: the run's only reward model."""
+    labeler: str = "accuracy"
+    """Reward spec that labels fresh completions (a verifier; it sees the dataset's columns)."""
+    label_threshold: float = 1.0
+    """A completion is correct when the labeler scores it at least this."""
+    prompts: int = 16
+    """Training prompts sampled afresh per iteration (G completions each)."""
+    max_pairs_per_prompt: int = 8
+    """(correct, incorrect) pairs kept per prompt."""
+    replay: float = 0.1
+    """Share of each retraining's examples drawn from earlier pairs (the replay buffer)."""
+    initial_data: str | None = None
+    """The reward model's earlier training pairs (prompt/chosen/rejected JSONL): the replay buffer's start."""
+    rm_steps: int = 50
+    """Reward-model optimizer steps per iteration."""
+    rm_batch_size: int = 16
+    """Pairs per reward-model step."""
+    rm_lr: float = 1e-4
+    """Reward-model learning rate (AdamW)."""
+
+
+@dataclass
+class DistributedConfig:
+    """Multi-process training under torchrun (cohort.sharding; docs/usage.md, "Several processes")."""
+
+    strategy: str = "auto"
+    """auto (replicate under torchrun, nothing on one process), replicate (every process holds the whole model;
+    FSDP all-reduces gradients), or fsdp (parameters, gradients and AdamW state sharded across processes)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl with GPUs, gloo without), nccl, or gloo."""
+    mixed_precision: str = "none"
+    """FSDP's mixed-precision policy: none, bf16 or fp16 compute (gradients reduce in float32); meant for GPUs."""
+    global_batch_size: int | None = None
+    """Completions per step over all processes (each samples global_batch_size / processes); None: rollout.batch_size
+    is each process's share. Keeps a run's batch when it is resumed on another number of processes."""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    schedule: str = "constant"
+    """After warm-up: constant, linear (to 0) or cosine (to 0)."""
+
+
+@dataclass
+class TrainConfig:
+    """A whole GRPO run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Prompt selection by pass rate (off by default)."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Live health checks and their thresholds."""
+    process: ProcessConfig = field(default_factory=ProcessConfig)
+    """Process supervision (rewards per reasoning step)."""
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    """Iterative GRPO with a learned reward model (off by default)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Multi-process training (strategy, backend, mixed precision, global batch)."""
+    rewards: list[str] = field(default_factory=lambda: ["accuracy"])
+    """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (None = all 1.0)."""
+    steps: int = 100
+    """Training steps (one generation batch each)."""
+    micro_batch_tokens: int = 8192
+    """Token budget of one forward/backward (gradient accumulation splits larger minibatches)."""
+    seed: int = 0
+    """Seed for sampling, shuffling and initialisation."""
+    out_dir: str = "runs/cohort"
+    """Run directory: config, metrics, report, checkpoints."""
+    save_every: int = 50
+    """Checkpoint every this many steps (and always at the end)."""
+    keep_checkpoints: int = 2
+    """How many step checkpoints to keep on disk."""
+    resume: str | None = None
+    """Resume from a checkpoint folder, or "auto" for the latest one in out_dir that loads (without one,
+    an out_dir that already holds a run is refused)."""
+    allow_config_change: bool = False
+    """On resume, continue even though the config differs from the checkpoint's (beyond steps, logging,
+    saving and fast-path keys, which may always change); without it the differences are listed and refused."""
+    eval_every: int = 0
+    """Greedy held-out accuracy every this many steps (0: only at the start and end when eval_at_ends)."""
+    eval_at_ends: bool = True
+    """Evaluate held-out accuracy before the first and after the last step."""
+    eval_limit: int = 200
+    """Evaluate on at most this many held-out rows."""
+    eval_batch_size: int = 64
+    """Completions generated at once when evaluating (TRL's per_device_eval_batch_size; memory, not results)."""
+    num_samples_logged: int = 4
+    """Completions logged per step to samples.jsonl (and TensorBoard / W&B), as whole groups: the G completions
+    of ceil(num_samples_logged / G) prompts, each with every reward function's score and its advantage."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (out_dir/tb)."""
+    wandb: bool = False
+    """Also log to Weights & Biases."""
+    wandb_project: str = "cohort"
+    """W&B project name."""
+    progress: bool = True
+    """Show progress: a live bar in a terminal, plain log lines (every logging_steps steps) when stdout is not
+    one (nohup, SLURM, CI), and a line per held-out evaluation; false prints none of them."""
+    logging_steps: int = 10
+    """When stdout is not a terminal, print a plain progress line (step, reward, KL, length, s/step, ETA) every
+    this many steps and at the last step; metrics.jsonl still gets every step."""
+    threads: int | None = None
+    """torch.set_num_threads (None leaves torch's default)."""
+    fast: FastConfig = field(default_factory=FastConfig)
+    """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
+    preset: str | None = None
+    """Named recipe applied before the file and overrides (cohort.presets): r1, dapo, dr_grpo, gspo, cispo,
+    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, ppo_classic."""
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Return the number of distinct prompts sampled per step."""
+        return self.rollout.batch_size // self.rollout.group_size
+
+    def validate(
+        self,
+        *,
+        need_model: bool = True,
+        need_data: bool = True,
+        reward_funcs: Sequence[str | Callable] | None = None,
+    ) -> TrainConfig:
+        """Return self after checking every value that can be checked before a model is loaded.
+
+        `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
+        that name); `reward_weights` must then give one weight per one of them. The checks are
+        :func:`cohort.config.validation.validate_config`'s.
+        """
+        return validate_config(
+            self, need_model=need_model, need_data=need_data, reward_funcs=reward_funcs, stacklevel=3
+        )

@@ -1,0 +1,549 @@
+"""The checks of a config: every value that can be checked before a model is loaded.
+
+:func:`validate_config` (what ``TrainConfig.validate`` runs) checks each section in turn; every failure
+is a ConfigError naming the key, the value and the fix, and an option that is accepted but changes
+nothing warns (or is refused) through :mod:`cohort.config.inert`. The names a value is checked against
+come from light modules (:mod:`cohort.choices`, the name lists of :mod:`cohort.algo`); a user loss or
+advantage estimator named by spec is imported and its signature checked (:mod:`cohort.plugins`).
+This module reads the schema's classes only as types, so the schema can delegate its checks here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cohort.algo import (
+    ADVANTAGE_TYPES,
+    AGGREGATIONS,
+    COMBINE_MODES,
+    IMPORTANCE_LEVELS,
+    KL_KINDS,
+    POLICY_LOSSES,
+    SCALES,
+    STD_KINDS,
+    clip_loss,
+)
+from cohort.algo.controls import COV_METHODS, SAMPLER_CORRECTIONS
+from cohort.choices import (
+    ATTENTION_KINDS,
+    DTYPE_NAMES,
+    ENGINES,
+    HEALTH_CHECKS,
+    MIXED_PRECISIONS,
+    SAMPLER_DTYPES,
+    SCHEDULES,
+    resolve_strategy,
+)
+from cohort.config.inert import inert_options, torchrun_world_size
+from cohort.errors import ConfigError, ConfigWarning
+from cohort.plugins import resolve_advantage, resolve_loss
+from cohort.presets import PRESETS
+from cohort.rewards import reward_weights
+
+if TYPE_CHECKING:
+    from cohort.config.schema import AlgoConfig, LoraConfig, TrainConfig
+
+__all__ = ["check_lora", "validate_config"]
+
+
+def validate_config(
+    cfg: TrainConfig,
+    *,
+    need_model: bool = True,
+    need_data: bool = True,
+    reward_funcs: Sequence[str | Callable] | None = None,
+    stacklevel: int = 2,
+) -> TrainConfig:
+    """Return `cfg` after checking every value that can be checked before a model is loaded.
+
+    `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
+    that name); `reward_weights` must then give one weight per one of them. `stacklevel`: as
+    ``warnings.warn``'s, for the warnings about inert options (2: the caller of this function).
+    """
+    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    _check_distributed(cfg)  # first: a global batch sets rollout.batch_size
+    if need_model and not cfg.model.name_or_path:
+        raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
+    if r.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size={r.group_size}: GRPO needs at least 2 completions per prompt "
+            "to compare them; set rollout.group_size to 2 or more (8 or 16 are usual)"
+        )
+    if r.batch_size <= 0 or r.batch_size % r.group_size:
+        lo = max(r.group_size, r.batch_size - r.batch_size % r.group_size)
+        raise ConfigError(
+            f"rollout.batch_size={r.batch_size} is not a positive multiple of "
+            f"rollout.group_size={r.group_size}: each prompt needs a whole group; "
+            f"set rollout.batch_size to e.g. {lo} or {lo + r.group_size}"
+        )
+    if r.max_completion_length <= 0:
+        raise ConfigError(
+            f"rollout.max_completion_length={r.max_completion_length} must be a positive number of tokens"
+        )
+    if r.temperature < 0:
+        raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    _check_choice("rollout.engine", r.engine, ENGINES)
+    _check_choice("algo.scale", a.scale, SCALES)
+    _check_choice("algo.std", a.std, STD_KINDS)
+    _check_choice("algo.importance", a.importance, IMPORTANCE_LEVELS)
+    _check_choice("algo.kl_estimator", a.kl_estimator, KL_KINDS)
+    _check_choice("algo.reward_mode", a.reward_mode, COMBINE_MODES)
+    _check_choice("optim.schedule", o.schedule, SCHEDULES)
+    _check_choice("model.dtype", str(cfg.model.dtype).lower(), tuple(DTYPE_NAMES))
+    _check_device(cfg.model.device)
+    if cfg.model.lora.enabled:
+        check_lora(cfg.model.lora)
+    attn = cfg.model.attn_implementation
+    if attn is not None and attn not in ATTENTION_KINDS and "/" not in str(attn):
+        raise ConfigError(
+            f"model.attn_implementation={attn!r} is not one of {', '.join(ATTENTION_KINDS)} (or a hub kernel "
+            "'org/name'); sdpa is the default"
+        )
+    if a.beta < 0:
+        raise ConfigError(f"algo.beta={a.beta} must be >= 0 (0 disables the KL penalty)")
+    if a.num_iterations < 1 or a.num_minibatches < 1:
+        raise ConfigError("algo.num_iterations and algo.num_minibatches must be >= 1")
+    if r.batch_size % (a.num_minibatches * r.group_size):
+        raise ConfigError(
+            f"rollout.batch_size={r.batch_size} must split into algo.num_minibatches={a.num_minibatches} "
+            f"minibatches of whole groups of {r.group_size}: change either value"
+        )
+    if cfg.steps < 1:
+        raise ConfigError(f"steps={cfg.steps} must be >= 1")
+    if cfg.micro_batch_tokens < 1:
+        raise ConfigError(f"micro_batch_tokens={cfg.micro_batch_tokens} must be >= 1")
+    if o.lr <= 0:
+        raise ConfigError(f"optim.lr={o.lr} must be > 0")
+    if not cfg.rewards and not reward_funcs:
+        raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
+    try:
+        reward_weights(cfg.reward_weights, reward_funcs or cfg.rewards)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if need_data and not cfg.data.task and not cfg.data.path:
+        raise ConfigError(
+            "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
+            "task (addition, multistep)"
+        )
+    _check_ranges(cfg)
+    _check_objective(cfg)
+    _check_fast(cfg)
+    for key, value, why, error in inert_options(cfg):
+        message = f"{key}={value!r} changes nothing in this configuration: {why}"
+        if error:
+            raise ConfigError(message)
+        warnings.warn(message, ConfigWarning, stacklevel=stacklevel)
+    if cfg.preset is not None:
+        _check_choice("preset", cfg.preset, tuple(PRESETS))
+    return cfg
+
+
+def check_lora(lora: LoraConfig) -> LoraConfig:
+    """Return `lora` after checking the adapter settings (raises ConfigError naming the bad key)."""
+    if isinstance(lora.r, bool) or not isinstance(lora.r, int) or lora.r <= 0:
+        raise ConfigError(f"model.lora.r={lora.r!r} must be a positive integer (typical: 8, 16, 64)")
+    if not lora.alpha > 0:
+        raise ConfigError(f"model.lora.alpha={lora.alpha!r} must be > 0 (typical: 2 * r)")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"model.lora.dropout={lora.dropout!r} must be in [0, 1)")
+    if isinstance(lora.target_modules, str) or not lora.target_modules:
+        raise ConfigError(
+            f"model.lora.target_modules={lora.target_modules!r} must be a non-empty list of module "
+            "names, e.g. ['q_proj', 'v_proj']"
+        )
+    return lora
+
+
+def _check_distributed(cfg: TrainConfig) -> None:
+    """Raises ConfigError for a multi-process setting that cannot run with torchrun's process count here;
+    sets rollout.batch_size from distributed.global_batch_size."""
+    d, r = cfg.distributed, cfg.rollout
+    world = torchrun_world_size()
+    strategy = resolve_strategy(d.strategy, world)
+    _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
+    _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
+    if d.backend == "nccl" and world > 1 and not torch.cuda.is_available():
+        raise ConfigError(
+            "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "
+            "distributed.backend=gloo (or auto) to train on CPUs"
+        )
+    if d.mixed_precision != "none" and strategy == "none":
+        raise ConfigError(
+            f"distributed.mixed_precision={d.mixed_precision} is FSDP's policy and this run has one process; "
+            "use model.dtype / model.bf16_autocast instead, or launch with torchrun"
+        )
+    if d.global_batch_size is not None:
+        per = world * r.group_size
+        if d.global_batch_size <= 0 or d.global_batch_size % per:
+            raise ConfigError(
+                f"distributed.global_batch_size={d.global_batch_size} does not split into {world} processes x "
+                f"whole groups of rollout.group_size={r.group_size}; use a multiple of {per}, or another "
+                "number of processes"
+            )
+        r.batch_size = d.global_batch_size // world
+    if strategy != "none":
+        if r.sampler_dtype is not None and str(r.sampler_dtype).lower() not in (
+            "none",
+            str(cfg.model.dtype).lower(),
+        ):
+            raise ConfigError(
+                f"rollout.sampler_dtype cannot run under distributed.strategy={strategy}: the sampling copy "
+                "would hold the whole model on every process; leave it unset, or train on one process"
+            )
+        if cfg.model.lora.enabled and (cfg.algo.ref_update_every or cfg.algo.ref_sync_kl is not None):
+            raise ConfigError(
+                "a LoRA reference that follows the policy adds a second adapter during the run, which a model "
+                "already wrapped by FSDP cannot take; set algo.ref_update_every=0 and algo.ref_sync_kl=null "
+                "under torchrun, or train the full model"
+            )
+        if cfg.iterative.every:
+            raise ConfigError(
+                "iterative GRPO retrains its reward model on one process; set iterative.every=0 under torchrun"
+            )
+
+
+def _check_objective(cfg: TrainConfig) -> None:
+    """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
+    run as configured (user code named by spec is imported and its signature checked here)."""
+    a, r = cfg.algo, cfg.rollout
+    for key in ("loss_kwargs", "advantage_kwargs"):
+        if not isinstance(getattr(a, key), dict):
+            raise ConfigError(f"algo.{key}={getattr(a, key)!r} must be a mapping of keyword arguments")
+    if a.advantage in ADVANTAGE_TYPES and a.advantage_kwargs:
+        raise ConfigError(
+            f"algo.advantage_kwargs={a.advantage_kwargs!r} is for your own estimator; the built-in "
+            f"{a.advantage!r} reads algo.std and algo.adv_eps (grpo also algo.scale)"
+        )
+    try:
+        resolve_loss(a.loss_type, a.loss_kwargs)
+        resolve_advantage(a.advantage, a.advantage_arguments())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if a.aggregation is not None:
+        _check_choice("algo.aggregation", a.aggregation, AGGREGATIONS)
+    spec = POLICY_LOSSES[a.loss_type]
+    if spec.fn is not clip_loss:
+        for key, value in (("delta", a.delta), ("eps_high", a.eps_high)):
+            if value is not None:
+                raise ConfigError(
+                    f"algo.{key}={value} belongs to PPO's clip loss, which loss_type={a.loss_type!r} does not use; "
+                    f"set algo.{key}=null (its own parameters go in algo.loss_kwargs)"
+                )
+    if spec.token_importance and a.importance != "token":
+        raise ConfigError(
+            f"loss_type={a.loss_type!r} is built on token-level ratios; set algo.importance=token"
+        )
+    if a.advantage != "grpo":
+        if a.scale != "group":
+            raise ConfigError(
+                f"algo.scale={a.scale!r} applies to the grpo estimator; algo.advantage={a.advantage!r} "
+                "has its own normalisation: set algo.scale=group"
+            )
+        if a.reward_mode != "sum":
+            raise ConfigError(
+                f"algo.reward_mode={a.reward_mode!r} computes GDPO's own advantages; it needs "
+                f"algo.advantage=grpo, not {a.advantage!r}"
+            )
+    if not 0 < a.top_entropy_quantile <= 1:
+        raise ConfigError(
+            f"algo.top_entropy_quantile={a.top_entropy_quantile} must be in (0, 1] (the share of highest-"
+            "entropy tokens kept; the paper uses 0.2, 1.0 keeps all)"
+        )
+    _check_entropy_regularisation(a)
+    _check_choice("algo.cov_method", a.cov_method, COV_METHODS)
+    if a.cov_ratio is not None and not 0 < a.cov_ratio <= 1:
+        raise ConfigError(f"algo.cov_ratio={a.cov_ratio} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)")
+    bounds = a.clip_cov_bounds
+    if (
+        not isinstance(bounds, (list, tuple))
+        or len(bounds) != 2
+        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+        or not bounds[0] < bounds[1]
+    ):
+        raise ConfigError(
+            f"algo.clip_cov_bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
+        )
+    if a.kl_cov_coef < 0:
+        raise ConfigError(f"algo.kl_cov_coef={a.kl_cov_coef} must be >= 0 (the paper uses 1)")
+    if a.cov_method == "kl_cov" and a.num_iterations * a.num_minibatches == 1:
+        raise ConfigError(
+            "algo.cov_method=kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
+            "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
+        )
+    _check_choice("algo.sampler_correction", a.sampler_correction, tuple(SAMPLER_CORRECTIONS))
+    if not a.sampler_is_max > 1:
+        raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
+    if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
+        raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
+    if r.sampler_dtype is not None:
+        _check_choice("rollout.sampler_dtype", str(r.sampler_dtype).lower(), SAMPLER_DTYPES)
+    it = cfg.iterative
+    if it.every < 0:
+        raise ConfigError(f"iterative.every={it.every} must be >= 0 (0 turns iterative GRPO off)")
+    if it.every:
+        if not isinstance(it.labeler, str) or not it.labeler.strip():
+            raise ConfigError(
+                "iterative.every is set but iterative.labeler is empty: the fresh samples need a source of labels "
+                "(a verifier reward such as accuracy, or your own 'module:function')"
+            )
+        for name in ("prompts", "max_pairs_per_prompt", "rm_steps", "rm_batch_size"):
+            if getattr(it, name) < 1:
+                raise ConfigError(f"iterative.{name}={getattr(it, name)} must be >= 1")
+        if not 0 <= it.replay < 1:
+            raise ConfigError(f"iterative.replay={it.replay} must be in [0, 1) (the seed's 10 %: 0.1)")
+        if not it.rm_lr > 0:
+            raise ConfigError(f"iterative.rm_lr={it.rm_lr} must be > 0")
+        if (
+            it.initial_data
+            and Path(it.initial_data).suffix in (".jsonl", ".json")
+            and not Path(it.initial_data).is_file()
+        ):
+            raise ConfigError(f"iterative.initial_data={it.initial_data!r} does not exist")
+    if not isinstance(cfg.process.step_separator, str) or not cfg.process.step_separator:
+        raise ConfigError(
+            f"process.step_separator={cfg.process.step_separator!r} must be a non-empty string (e.g. '\\n')"
+        )
+
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""
+    for key, value in _leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: must be a finite number")
+    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    if r.temperature == 0 and r.group_size > 1:
+        raise ConfigError(
+            f"rollout.temperature=0 decodes greedily: the {r.group_size} completions of a prompt would be "
+            "identical, every advantage 0 and nothing learned; set rollout.temperature > 0 (1.0 is usual)"
+        )
+    if not 0 <= a.eps_low < 1:
+        raise ConfigError(
+            f"algo.eps_low={a.eps_low} must be in [0, 1) (the ratio is clipped at 1 - eps_low; 0.2 is usual)"
+        )
+    if a.eps_high is not None and a.eps_high < 0:
+        raise ConfigError(f"algo.eps_high={a.eps_high} must be >= 0 (DAPO's clip-higher uses 0.28)")
+    high = a.eps_low if a.eps_high is None else a.eps_high
+    if a.delta is not None and not a.delta > 1 + high:
+        raise ConfigError(
+            f"algo.delta={a.delta} must be > 1 + eps_high = {1 + high} (e.g. 4.0), or null to disable it"
+        )
+    if not a.adv_eps > 0:
+        raise ConfigError(
+            f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)"
+        )
+    if a.ref_update_every < 0:
+        raise ConfigError(
+            f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
+        )
+    if a.ref_sync_kl is not None and not a.ref_sync_kl > 0:
+        raise ConfigError(
+            f"algo.ref_sync_kl={a.ref_sync_kl} must be > 0 (the mean per-token KL above which the reference "
+            "syncs; seed 002 suggests 0.5), or null"
+        )
+    if not 0 < a.ref_mixup_alpha <= 1:
+        raise ConfigError(
+            f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
+        )
+    if a.max_sampling_rounds < 1:
+        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
+    _check_health(cfg)
+    cur = cfg.curriculum
+    if cur.enabled:
+        if cur.min_samplings < 1:
+            raise ConfigError(f"curriculum.min_samplings={cur.min_samplings} must be >= 1")
+        if cur.retry_after < 1:
+            raise ConfigError(
+                f"curriculum.retry_after={cur.retry_after} must be >= 1 (steps before a set-aside prompt returns)"
+            )
+    checks = [
+        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+        ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
+        ("optim.adam_beta2", o.adam_beta2, 0 <= o.adam_beta2 < 1, "in [0, 1)"),
+        ("optim.adam_eps", o.adam_eps, o.adam_eps > 0, "> 0"),
+        ("optim.max_grad_norm", o.max_grad_norm, o.max_grad_norm >= 0, ">= 0 (0 disables clipping)"),
+        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+        ("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 disables it)"),
+        ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 saves only at the end)"),
+        ("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 1, ">= 1"),
+        ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
+        ("eval_limit", cfg.eval_limit, cfg.eval_limit >= 1, ">= 1"),
+        ("num_samples_logged", cfg.num_samples_logged, cfg.num_samples_logged >= 0, ">= 0"),
+        ("logging_steps", cfg.logging_steps, cfg.logging_steps >= 1, ">= 1"),
+        ("eval_batch_size", cfg.eval_batch_size, cfg.eval_batch_size >= 1, ">= 1"),
+        (
+            "threads",
+            cfg.threads,
+            cfg.threads is None or cfg.threads >= 1,
+            ">= 1, or null for torch's default",
+        ),
+        ("data.n_train", cfg.data.n_train, cfg.data.n_train >= 1, ">= 1"),
+        ("data.n_eval", cfg.data.n_eval, cfg.data.n_eval >= 0, ">= 0"),
+        (
+            "data.max_prompt_length",
+            cfg.data.max_prompt_length,
+            cfg.data.max_prompt_length is None or cfg.data.max_prompt_length >= 1,
+            ">= 1, or null to keep every prompt",
+        ),
+    ]
+    for key, value, ok, rule in checks:
+        if not ok:
+            raise ConfigError(f"{key}={value} must be {rule}")
+    for key, seed in (("seed", cfg.seed), ("data.task_seed", cfg.data.task_seed)):
+        if not 0 <= seed < 2**32:
+            raise ConfigError(f"{key}={seed} must be in 0 .. 2**32 - 1 (torch and numpy seeds are 32-bit)")
+    _check_out_dir(cfg.out_dir)
+    if cfg.resume not in (None, "auto") and not str(cfg.resume).strip():
+        raise ConfigError(
+            "resume is an empty string: use resume=auto, a checkpoint folder, or leave it unset"
+        )
+
+
+def _check_health(cfg: TrainConfig) -> None:
+    """Raises ConfigError for an unknown health check name or a threshold outside its range."""
+    h = cfg.health
+    unknown = [name for name in h.off if name not in HEALTH_CHECKS]
+    if unknown:
+        raise ConfigError(
+            f"health.off names unknown check(s) {unknown}; the checks are: {', '.join(HEALTH_CHECKS)}"
+        )
+    rules = [
+        ("health.window", h.window, h.window >= 1, ">= 1"),
+        ("health.zero_variance_max", h.zero_variance_max, 0 <= h.zero_variance_max <= 1, "in [0, 1]"),
+        ("health.truncation_max", h.truncation_max, 0 <= h.truncation_max <= 1, "in [0, 1]"),
+        ("health.clip_max", h.clip_max, 0 <= h.clip_max <= 1, "in [0, 1]"),
+        ("health.collapse_max", h.collapse_max, 0 <= h.collapse_max <= 1, "in [0, 1]"),
+        ("health.kl_early_max", h.kl_early_max, h.kl_early_max > 0, "> 0"),
+        ("health.kl_early_steps", h.kl_early_steps, h.kl_early_steps >= 0, ">= 0"),
+        ("health.kl_drift_ratio", h.kl_drift_ratio, h.kl_drift_ratio > 0, "> 0"),
+        ("health.grad_spike", h.grad_spike, h.grad_spike > 1, "> 1"),
+        ("health.length_ratio", h.length_ratio, h.length_ratio > 1, "> 1"),
+        ("health.logprob_gap_max", h.logprob_gap_max, h.logprob_gap_max > 0, "> 0"),
+    ]
+    for key, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{key}={value} must be {rule}")
+
+
+def _check_fast(cfg: TrainConfig) -> None:
+    """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
+    f, m = cfg.fast, cfg.model
+    try:
+        f.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if f.skip_zero_advantage == "on" and cfg.algo.beta > 0:
+        raise ConfigError(
+            f"fast.skip_zero_advantage=on with algo.beta={cfg.algo.beta}: at beta > 0 a zero-advantage row "
+            "still has a KL gradient, so skipping it would change the update; set fast.skip_zero_advantage=auto"
+        )
+    if f.segments == "on" and m.attn_implementation != "sdpa":
+        raise ConfigError(
+            f"fast.segments=on needs model.attn_implementation=sdpa, got {m.attn_implementation!r}; "
+            "set one of them differently"
+        )
+    if f.grouped == "on" and m.attn_implementation not in ("sdpa", "eager"):
+        raise ConfigError(
+            f"fast.grouped=on needs a custom attention mask (model.attn_implementation sdpa or eager), got "
+            f"{m.attn_implementation!r}; set fast.grouped=auto"
+        )
+    float32 = DTYPE_NAMES.get(str(m.dtype).lower()) in ("float32", "auto")
+    if f.packed_weights == "on" and (
+        cfg.rollout.engine != "builtin" or not float32 or m.device.startswith("cuda")
+    ):
+        raise ConfigError(
+            "fast.packed_weights=on needs the builtin engine decoding float32 weights on a CPU "
+            f"(rollout.engine={cfg.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
+            "set fast.packed_weights=auto"
+        )
+
+
+def _check_device(name: str) -> None:
+    """Raises ConfigError when model.device is not auto or a device string torch can parse."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"model.device={name!r} is not a device; use auto, cpu, cuda, cuda:N (e.g. cuda:0) or mps"
+        ) from None
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Raises ConfigError when out_dir is a file, sits under a file, or cannot be created or written."""
+    if not str(out_dir).strip():
+        raise ConfigError(
+            "out_dir is empty: set it to the folder the run writes to, e.g. out_dir=runs/my-run"
+        )
+    path = Path(out_dir).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"sits under {str(existing)!r}, which is a file"
+        raise ConfigError(f"out_dir={out_dir!r} {where}; choose a folder path for the run")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"out_dir={out_dir!r} cannot be written ({str(existing)!r} is not writable by this user); "
+            "choose another out_dir"
+        )
+
+
+def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Returns (dotted key, value) of every non-section field of a config dataclass, list items included."""
+    out: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _leaves(value, f"{prefix}{f.name}.")
+        elif isinstance(value, list):
+            out += [(f"{prefix}{f.name}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            out.append((prefix + f.name, value))
+    return out
+
+
+def _check_entropy_regularisation(a: AlgoConfig) -> None:
+    """Raises ConfigError for entropy-regularisation settings that cannot work."""
+    for key in (
+        "entropy_coef",
+        "entropy_target",
+        "entropy_coef_min",
+        "entropy_coef_max",
+        "entropy_coef_delta",
+    ):
+        value = getattr(a, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"algo.{key}={value!r} must be a finite number")
+    if not a.adaptive_entropy:
+        return
+    if a.entropy_coef_delta <= 0:
+        raise ConfigError(
+            f"algo.entropy_coef_delta={a.entropy_coef_delta} must be > 0 (the adaptive coefficient's step; "
+            "TRL's default is 0.005)"
+        )
+    if a.entropy_coef_min > a.entropy_coef_max:
+        raise ConfigError(
+            f"algo.entropy_coef_min={a.entropy_coef_min} is above algo.entropy_coef_max={a.entropy_coef_max}; "
+            "the adaptive coefficient stays within [min, max]"
+        )
+    if a.entropy_target < 0:
+        raise ConfigError(
+            f"algo.entropy_target={a.entropy_target} must be >= 0 (a mean per-token entropy in nats)"
+        )
+
+
+def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
+    """Raises ConfigError when `value` is not one of `valid`, listing them."""
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
