@@ -344,6 +344,7 @@ class GRPOTrainer:
             else None
         )
         # The step's parts: rewards of a rollout, where rollouts come from, drawing and refilling groups.
+        params = self.sampling_params()
         self.scorer = Scorer(
             self.reward_funcs,
             self.reward_names,
@@ -364,7 +365,7 @@ class GRPOTrainer:
             rows=self.train_rows,
             prompt_ids=self.train_prompt_ids,
             group_size=cfg.rollout.group_size,
-            params=self.sampling_params(),
+            params=params,
             generator=self.generator,
             curriculum=self.curriculum,
             decoupled=cfg.algo.reward_mode == "decoupled",
@@ -380,7 +381,7 @@ class GRPOTrainer:
             scorer=self.scorer,
             updater=self.updater,
             cfg=cfg,
-            params=self.sampling_params(),
+            params=params,
             device=self.device,
             autocast=self.autocast,
             trainer_state=self.state,
@@ -547,19 +548,7 @@ class GRPOTrainer:
             }
         )
         samples = sample_rows(
-            self.cfg.num_samples_logged,
-            drawn.rows,
-            self.cfg.data.prompt_column,
-            drawn.rollout,
-            drawn.completions,
-            drawn.per_func,
-            drawn.reward,
-            self.reward_names,
-            adv.advantages,
-            adv.in_loss,
-            drawn.logs,
-            adv.token_advantages,
-            drawn.steps,
+            drawn, adv, self.reward_names, self.cfg.data.prompt_column, self.cfg.num_samples_logged
         )
         return StepResult(metrics, samples)
 
@@ -579,9 +568,8 @@ class GRPOTrainer:
         self.reward_logs = drawn.logs
         return drawn, collapse
 
-    def _advantage(self, drawn: Drawn, *, gather: bool = True) -> Advantaged:
-        """Returns the drawn batch's advantages and loss filters, over every process's rewards (this process's
-        alone with gather=False: the same on every process, as a held-out evaluation needs)."""
+    def _advantage(self, drawn: Drawn) -> Advantaged:
+        """Returns the drawn batch's advantages and loss filters, over every process's rewards."""
         return advantage_batch(
             drawn.per_func,
             drawn.reward,
@@ -591,7 +579,7 @@ class GRPOTrainer:
             self.reward_weights,
             steps=drawn.steps,
             process_column=self.scorer.process_column,
-            gather=dist.all_gather_rows if gather else own_rows,
+            gather=dist.all_gather_rows,
         )
 
     def _policy_batch(self, drawn: Drawn, adv: Advantaged) -> PolicyBatch:

@@ -89,7 +89,10 @@ class Drawer:
         training stream unless `generator` is given)."""
         try:
             return self.source.generate(
-                [self.prompt_ids[i] for i in idx], self.G, self.params, generator or self.generator
+                [self.prompt_ids[i] for i in idx],
+                self.G,
+                self.params,
+                self.generator if generator is None else generator,
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None

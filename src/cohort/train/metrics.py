@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from cohort.rewards import RewardLogs
 from cohort.rollout import RolloutBatch
-from cohort.train.advantages import GatherRows, own_rows
-from cohort.train.scoring import StepSpans, as_text
+from cohort.train.advantages import Advantaged, GatherRows, own_rows
+from cohort.train.draw import Drawn
+from cohort.train.scoring import as_text
 from cohort.update import UpdateStats
 
 
@@ -94,28 +94,18 @@ def rollout_tokens(rollout: RolloutBatch) -> int:
 
 
 def sample_rows(
-    wanted: int,
-    rows: list[dict],
-    prompt_column: str,
-    rollout: RolloutBatch,
-    completions: list[Any],
-    per_func: torch.Tensor,
-    reward: torch.Tensor,
-    names: list[str],
-    adv: torch.Tensor,
-    in_loss: torch.Tensor,
-    logs: RewardLogs,
-    token_adv: list[torch.Tensor] | None = None,
-    steps: StepSpans | None = None,
+    drawn: Drawn, adv: Advantaged, names: list[str], prompt_column: str, wanted: int
 ) -> list[dict[str, Any]]:
     """Returns the completions logged this step: whole groups (at least `wanted` completions), each completion
     with every reward function's score, the combined reward, its advantage and whether it was in the loss
     (with a process reward also the step rewards, their end tokens and every token's advantage)."""
+    rows, rollout, per_func = drawn.rows, drawn.rollout, drawn.per_func
     G = rollout.group_size
     n_groups = min(len(rows), -(-wanted // G))
     if n_groups == 0:
         return []
     lengths, truncated = rollout.completion_lengths.tolist(), rollout.truncated.tolist()
+    token_adv, steps = adv.token_advantages, drawn.steps
     out = []
     for g in range(0, len(rows), max(1, len(rows) // n_groups))[:n_groups]:
         prompt = as_text(rows[g][prompt_column])
@@ -125,14 +115,14 @@ def sample_rows(
                 {
                     "group": g,
                     "prompt": prompt,
-                    "completion": as_text(completions[i]),
-                    "reward": float(reward[i]),
+                    "completion": as_text(drawn.completions[i]),
+                    "reward": float(drawn.reward[i]),
                     **scores,
-                    "advantage": float(adv[i]),
-                    "in_loss": bool(in_loss[i]),
+                    "advantage": float(adv.advantages[i]),
+                    "in_loss": bool(adv.in_loss[i]),
                     "length": int(lengths[i]),
                     "truncated": bool(truncated[i]),
-                    **logs.extras_at(i),  # columns from log_extra
+                    **drawn.logs.extras_at(i),  # columns from log_extra
                 }
             )
             if token_adv is not None and steps is not None:
