@@ -108,7 +108,7 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         rep.say(
             f"  {k} groups: {100 * zero:.0f}% with all-equal rewards, {100 * truncated:.0f}% of completions "
             f"truncated at {r.max_completion_length} tokens, mean length "
-            f"{drawn.rollout.completion_lengths.float().mean().item():.1f}"
+            f"{drawn.rollout.loss_lengths.float().mean().item():.1f}"
         )
         if zero == 1.0 and not a.dynamic_sampling:
             rep.warn(

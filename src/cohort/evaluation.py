@@ -112,7 +112,7 @@ def _generate_and_score(
             columns=columns,
         )[:, 0]  # [n·k]
         rewards = torch.nan_to_num(scores, nan=0.0).tolist()
-        lengths = rollout.completion_lengths.tolist()
+        lengths = rollout.loss_lengths.tolist()
         for i in range(len(chunk)):
             sl = slice(i * k, (i + 1) * k)
             results.append((rewards[sl], texts[sl], lengths[sl]))

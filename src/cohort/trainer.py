@@ -596,6 +596,7 @@ class GRPOTrainer:
             token_advantages=adv.token_advantages,
             group_offset=int(counts[: dist.rank()].sum()),
             total_groups=int(counts.sum()),
+            loss_masks=rollout.loss_masks,
         )
 
     def _update(self, batch: PolicyBatch, step: int) -> UpdateStats:

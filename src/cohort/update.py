@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -28,12 +28,13 @@ from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entrop
 from cohort.config import AlgoConfig
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
-from cohort.fastpath.attention import plan_attention
+from cohort.fastpath.attention import hold_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
-from cohort.logprobs import HELD_ATTR, completion_logprobs
+from cohort.logprobs import completion_logprobs
 from cohort.models import input_device, text_config
 from cohort.sharding import full_value, gathered, idle_backward, is_sharded
+from cohort.train.accumulate import UpdateMeter, UpdateStats, WeightedMeans
 
 
 @dataclass
@@ -54,11 +55,23 @@ class PolicyBatch:
     total_groups: int | None = None
     """Groups in the whole batch over every process (None: this process's own), so minibatches are drawn from
     the global batch the same way whatever the number of processes."""
+    loss_masks: list[torch.Tensor] | None = None
+    """Per row a bool [T_row]: True where the policy sampled the token, False where a tool or a template
+    inserted it (RolloutBatch.loss_masks). None: every token is the policy's. Inserted tokens stay in the
+    forward pass (the policy reads them) but not in the loss, its normalisers, the KL, entropy, clip and
+    sampler-gap metrics."""
 
     @property
     def lengths(self) -> list[int]:
-        """Return each completion's length in tokens."""
+        """Return each completion's length in tokens (every token the forward pass reads)."""
         return [len(c) for c in self.completion_ids]
+
+    @property
+    def loss_lengths(self) -> list[int]:
+        """Return each completion's tokens in the loss: its length, less the tokens inserted by tools."""
+        if self.loss_masks is None:
+            return self.lengths
+        return [int(m.sum()) for m in self.loss_masks]
 
 
 @contextlib.contextmanager
@@ -78,11 +91,9 @@ def checkpointing_layers(model: torch.nn.Module) -> Iterator[None]:
     for m in layers:
         m.training = True
     try:
-        with plan_attention(model) if hold else contextlib.nullcontext():
-            setattr(model, HELD_ATTR, hold)  # noqa: B010
+        with hold_attention(model) if hold else contextlib.nullcontext():
             yield
     finally:
-        setattr(model, HELD_ATTR, False)  # noqa: B010
         for m, flag in zip(layers, before):
             m.training = flag
 
@@ -129,90 +140,6 @@ def plan_micro_batches(
     if current:
         micro.append(current)
     return micro
-
-
-@dataclass
-class UpdateStats:
-    """What one call of PolicyUpdater.update measured (token-weighted means over its micro-batches)."""
-
-    loss: float = 0.0
-    """The loss summed over micro-batches and processes, averaged over optimizer steps."""
-    grad_norm: float = 0.0
-    """Global gradient norm before clipping, averaged over optimizer steps."""
-    lr: float = 0.0
-    """Learning rate after the update's scheduler steps."""
-    kl: float | None = None
-    """Mean per-token KL to the reference (None when beta = 0 or no reference)."""
-    entropy: float | None = None
-    """Mean per-token entropy of the policy on the first pass."""
-    clip_ratio: dict[str, float] = field(default_factory=dict)
-    """TRL's clip metrics: low_mean, high_mean, region_mean (token-weighted means), low_min and high_max (the
-    smallest low / largest high clip ratio of one micro-batch)."""
-    ratio_mean: float | None = None
-    """Mean importance ratio pi_theta / pi_old."""
-    rows_computed_frac: float = 1.0
-    """Share of the batch's completions that needed a forward/backward (the rest were left out of the loss
-    or skipped: zero advantage)."""
-    logprob_gap: float | None = None
-    """Largest |trainer log-prob - sampler log-prob| over the sampled tokens of the first pass (None when the
-    batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
-    paths: dict[str, float] = field(default_factory=dict)
-    """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded) and with
-    the chunked head, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
-
-    controls: dict[str, float] = field(default_factory=dict)
-    """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
-    entropy_coef: float | None = None
-    """The entropy-regularisation coefficient after the update (None when algo.entropy_coef is 0 and the
-    adaptive controller is off)."""
-
-    def metrics(self) -> dict[str, float | None]:
-        """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
-        out: dict[str, float | None] = {
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-            "lr": self.lr,
-            "kl": self.kl,
-            "entropy": self.entropy,
-        }
-        for name in ("region_mean", "low_mean", "high_mean", "low_min", "high_max"):
-            out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
-        out["ratio/mean"] = self.ratio_mean
-        out["rows_computed_frac"] = self.rows_computed_frac
-        if self.logprob_gap is not None:
-            out["sampler/logprob_gap"] = self.logprob_gap
-        out.update({f"fast/{k}": v for k, v in self.paths.items()})
-        out.update(self.controls)
-        if self.entropy_coef is not None:
-            out["entropy_coef"] = self.entropy_coef
-        return out
-
-
-class WeightedMeans:
-    """Weighted running means by name."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-
-    def add(self, name: str, value: float, weight: float) -> None:
-        self.sums[name] = self.sums.get(name, 0.0) + value * weight
-        self.weights[name] = self.weights.get(name, 0.0) + weight
-
-    def get(self, name: str, default=None):
-        w = self.weights.get(name, 0.0)
-        return self.sums[name] / w if w > 0 else default
-
-    def means(self) -> dict[str, float]:
-        """Returns every name's weighted mean (names of weight 0 left out)."""
-        return {k: v / self.weights[k] for k, v in self.sums.items() if self.weights[k] > 0}
-
-    def merge(self, other: WeightedMeans, skip: tuple[str, ...] = ()) -> None:
-        """Adds another process's sums and weights (except the names in `skip`, already global)."""
-        for name, value in other.sums.items():
-            if name not in skip:
-                self.sums[name] = self.sums.get(name, 0.0) + value
-                self.weights[name] = self.weights.get(name, 0.0) + other.weights[name]
 
 
 class PolicyUpdater:
@@ -304,7 +231,7 @@ class PolicyUpdater:
         model,
         batch: PolicyBatch,
         rows: list[int],
-        paths: WeightedMeans | None = None,
+        meter: UpdateMeter | None = None,
         *,
         with_entropy=False,
     ):
@@ -319,11 +246,16 @@ class PolicyUpdater:
                 with_entropy=with_entropy,
                 fast=self.fast,
             )
-        if paths is not None:
-            for name in ("segments", "dense_mask", "padded"):
-                paths.add(name, float(lp.path == name), 1.0)
-            paths.add("chunked_head", float(lp.chunked_head), 1.0)
+        if meter is not None:
+            meter.path(lp.path, lp.chunked_head)
         return lp
+
+    def _loss_mask(self, lp, batch: PolicyBatch, rows: list[int]) -> torch.Tensor:
+        """Returns the micro-batch's [n, T] tokens in the loss: the completions' tokens less those inserted."""
+        if batch.loss_masks is None:
+            return lp.mask
+        inserted = {r: batch.loss_masks[r].to(lp.mask.device) for r in rows}
+        return lp.mask & self._stack(inserted, rows, lp.mask.shape[1])
 
     def _micro_batches(self, batch: PolicyBatch, rows: Sequence[int]) -> list[list[int]]:
         return plan_micro_batches(
@@ -368,13 +300,19 @@ class PolicyUpdater:
             yield [g * batch.group_size + i for g in sorted(chosen) for i in range(batch.group_size)]
 
     def _token_controls(
-        self, lp, old: torch.Tensor | None, sampled: torch.Tensor | None, adv: torch.Tensor, generator
+        self,
+        lp,
+        mask: torch.Tensor,
+        old: torch.Tensor | None,
+        sampled: torch.Tensor | None,
+        adv: torch.Tensor,
+        generator,
     ) -> TokenControls:
         """Returns one micro-batch's token controls (cohort.algo.controls), a missing input as TrainingError."""
         try:
             return token_controls(
                 lp.logp,
-                lp.mask,
+                mask,
                 adv,
                 self.controls,
                 entropy=lp.entropy,
@@ -395,7 +333,7 @@ class PolicyUpdater:
         a = self.algo
         n = len(batch.completion_ids)
         in_loss = batch.in_loss.tolist()
-        lengths = batch.lengths
+        lengths = batch.loss_lengths  # tokens in the loss: inserted ones count in no normaliser
         loss_rows = [r for r in range(n) if in_loss[r]]
         multi_step = a.num_iterations * a.num_minibatches > 1
         old = self._frozen_logprobs(self.model, batch, loss_rows) if multi_step else None
@@ -417,11 +355,7 @@ class PolicyUpdater:
         if a.cov_method == "clip_cov":
             seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
             cov_gen = seeds.generator(seeds.clip_cov_draws(seed, dist.rank()))
-        means, paths = WeightedMeans(), WeightedMeans()
-        low_min, high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
-        extremes: dict[str, float] = {}
-        control_names: set[str] = set()
-        gap = 0.0
+        meter = UpdateMeter()
 
         for it in range(a.num_iterations):
             for mb_index, mb_rows in enumerate(self._minibatches(batch, generator)):
@@ -461,7 +395,8 @@ class PolicyUpdater:
                     with_entropy: bool | str = it == 0 or a.top_entropy_quantile < 1 or self.entropy_on
                     if self.entropy_on and apply_coef != 0:
                         with_entropy = "grad"
-                    lp = self._logprobs(self.model, batch, micro, paths, with_entropy=with_entropy)
+                    lp = self._logprobs(self.model, batch, micro, meter, with_entropy=with_entropy)
+                    mask = self._loss_mask(lp, batch, micro)
                     width = lp.logp.shape[1]
                     old_mb = self._stack(old, micro, width) if old is not None else None
                     # Only before the first optimizer step does the policy still equal the sampler's: the gap is
@@ -472,8 +407,7 @@ class PolicyUpdater:
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
                         sampled_mb = self._stack(sampled, micro, width)
                     if gap_here and sampled_mb is not None:
-                        diff = (lp.logp.detach().float() - sampled_mb.float()).abs() * lp.mask
-                        gap = max(gap, float(diff.max())) if diff.numel() else gap
+                        meter.sampler_gap(lp.logp, sampled_mb, mask)
                     if token_adv is None:
                         adv_mb = adv[micro].to(lp.logp.device)
                     else:
@@ -481,24 +415,18 @@ class PolicyUpdater:
                         adv_mb = self._stack(tok, micro, width)
                     # Most runs have no control: the micro-batch loop then skips them entirely.
                     ctl = (
-                        self._token_controls(lp, old_mb, sampled_mb, adv_mb, cov_gen)
+                        self._token_controls(lp, mask, old_mb, sampled_mb, adv_mb, cov_gen)
                         if self.controls.active
                         else None
                     )
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
-                    extra = ctl.metrics if ctl else {}
-                    control_names.update(extra)
-                    for k, val in extra.items():
-                        if k.endswith(("_min", "_max")):  # extremes over the update, not means
-                            pick = min if k.endswith("_min") else max
-                            extremes[k] = pick(extremes.get(k, val), val)
-                        else:
-                            means.add(k, val, float(lp.mask.sum()))
+                    if ctl:
+                        meter.controls(ctl.metrics, float(mask.sum()))
                     loss, metrics = policy_loss(
                         lp.logp,
                         old_mb,
                         adv_mb,
-                        lp.mask,
+                        mask,
                         token_weights=weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
@@ -509,7 +437,7 @@ class PolicyUpdater:
                     )
                     if self.entropy_on:  # on the tokens the policy term trains (top-entropy's when set)
                         ent = cast(torch.Tensor, lp.entropy)
-                        active = lp.mask if kept is None else lp.mask & kept.bool()
+                        active = mask if kept is None else mask & kept.bool()
                         if apply_coef != 0:
                             loss = loss + entropy_bonus(ent, active, apply_coef, max(step_tokens, 1))
                         if a.adaptive_entropy:  # the controller's measurement (a host sync: only when read)
@@ -517,16 +445,7 @@ class PolicyUpdater:
                             entropy_count += float(active.sum())
                     loss.backward()
                     total_loss += float(loss.detach())
-                    ntok = float(lp.mask.sum())
-                    for k, v in metrics.items():
-                        means.add(k, float(v), ntok)
-                    if "clip_ratio/low_mean" in metrics and ntok > 0:
-                        low_min = min(low_min, float(metrics["clip_ratio/low_mean"]))
-                        high_max = max(high_max, float(metrics["clip_ratio/high_mean"]))
-                    if lp.entropy is not None:
-                        means.add(
-                            "entropy", float((lp.entropy.detach() * lp.mask).sum() / max(ntok, 1.0)), ntok
-                        )
+                    meter.micro_batch(metrics, float(mask.sum()), lp.entropy, mask)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
                     gn = full_value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
@@ -548,39 +467,18 @@ class PolicyUpdater:
                     self.scheduler.step()
                 if self.entropy_on:
                     self._adapt_entropy(entropy_sum, entropy_count)
-                    means.add("entropy_coef", self.entropy_coef, 1.0)
-                means.add("loss", dist.all_sum_float(total_loss), 1.0)
-                means.add("grad_norm", float(gn), 1.0)
-                means.add("rows_computed_frac", len(work) / max(len(mb_rows), 1), 1.0)
+                meter.optimizer_step(
+                    loss=dist.all_sum_float(total_loss),
+                    grad_norm=float(gn),
+                    rows_computed_frac=len(work) / max(len(mb_rows), 1),
+                    entropy_coef=self.entropy_coef if self.entropy_on else None,
+                )
         if dist.is_distributed():  # token-weighted means, extremes and the gap over every process's tokens
-            mine = (means, extremes, low_min, high_max, gap, control_names)
-            theirs = [x for r, x in enumerate(dist.all_gather_object(mine)) if r != dist.rank()]
-            for m, ext, lo, hi, g, names in theirs:
-                means.merge(m, skip=("loss", "grad_norm"))  # already the same on every process
-                for k, val in ext.items():
-                    pick = min if k.endswith("_min") else max
-                    extremes[k] = pick(extremes.get(k, val), val)
-                low_min, high_max, gap = min(low_min, lo), max(high_max, hi), max(gap, g)
-                control_names.update(names)
-        taken = {name: paths.get(name) for name in ("segments", "dense_mask", "padded", "chunked_head")}
-        taken = {k: v for k, v in taken.items() if v is not None}
-        taken["skip_zero_advantage"] = float(self.skip_zero)
-        return UpdateStats(
-            loss=means.get("loss", 0.0),
-            grad_norm=means.get("grad_norm", 0.0),
+            meter.merge_processes(dist.all_gather_object, dist.rank())
+        return meter.stats(
             lr=self.optimizer.param_groups[0]["lr"],
-            kl=means.get("kl"),
-            entropy=means.get("entropy"),
-            clip_ratio={
-                **{k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")},
-                "low_min": low_min if math.isfinite(low_min) else 0.0,
-                "high_max": high_max if math.isfinite(high_max) else 0.0,
-            },
-            ratio_mean=means.get("ratio/mean"),
-            rows_computed_frac=means.get("rows_computed_frac", 1.0),
-            logprob_gap=gap if batch.sampling_logprobs is not None else None,
-            paths=taken,
-            controls={k: extremes[k] if k in extremes else means.get(k, 0.0) for k in sorted(control_names)},
+            skip_zero=self.skip_zero,
+            measured_gap=batch.sampling_logprobs is not None,
             entropy_coef=self.entropy_coef if self.entropy_on else None,
         )
 
@@ -593,7 +491,7 @@ class PolicyUpdater:
         rows = [r for r in range(len(batch.completion_ids)) if bool(batch.in_loss[r])]
         if not rows:
             return {}
-        lengths = batch.lengths
+        lengths = batch.loss_lengths
         num_items, num_seq = loss_normalisers(
             a.loss_type, [lengths[r] for r in rows], int, 1, aggregation=a.aggregation
         )
@@ -609,25 +507,26 @@ class PolicyUpdater:
         with gathered(self.model):
             for micro in self._micro_batches(batch, rows):
                 lp = self._logprobs(self.model, batch, micro, with_entropy=True)
+                mask = self._loss_mask(lp, batch, micro)
                 entropy = cast(torch.Tensor, lp.entropy)
                 width = lp.logp.shape[1]
                 loss, metrics = policy_loss(
                     lp.logp,
                     None,
                     batch.advantages[micro].to(lp.logp.device),
-                    lp.mask,
+                    mask,
                     ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                     num_items=num_items,
                     num_sequences=num_seq,
                     **self._loss_options,
                 )
                 if self.entropy_on and apply_coef != 0:
-                    loss = loss + entropy_bonus(entropy, lp.mask, apply_coef, tokens)
+                    loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)
                 total += float(loss)
-                ntok = float(lp.mask.sum())
+                ntok = float(mask.sum())
                 if "kl" in metrics:
                     means.add("kl", float(metrics["kl"]), ntok)
-                means.add("entropy", float((entropy * lp.mask).sum() / max(ntok, 1.0)), ntok)
+                means.add("entropy", float((entropy * mask).sum() / max(ntok, 1.0)), ntok)
         out = {"loss": total, "entropy": means.get("entropy", 0.0)}
         if means.get("kl") is not None:
             out["kl"] = means.get("kl")

@@ -63,6 +63,26 @@ class RolloutBatch:
     paths: dict[str, bool] = field(default_factory=dict)
     """Which fast paths the engine took for this batch ({shared_prefix, preallocated_kv, packed_weights}:
     True/False for the builtin engine; empty for engines without any)."""
+    loss_masks: list[torch.Tensor] | None = None
+    """Per row a bool [T_i] CPU tensor: True where the policy sampled the token (it is trained on), False where
+    something else inserted it (a tool's output, the chat template's turn markers of a multi-turn episode).
+    None: every token is the policy's, as in a single completion; the update and the length metrics read
+    `loss_lengths` and `token_mask`, never the field itself, so both forms flow the same way."""
+
+    def __post_init__(self) -> None:
+        if self.loss_masks is None:
+            return
+        if len(self.loss_masks) != len(self.completion_ids):
+            raise ValueError(
+                f"loss_masks has {len(self.loss_masks)} rows for {len(self.completion_ids)} completions; "
+                "an engine that returns loss masks returns one per completion"
+            )
+        for i, (m, c) in enumerate(zip(self.loss_masks, self.completion_ids)):
+            if m.dtype != torch.bool or m.dim() != 1 or m.numel() != len(c):
+                raise ValueError(
+                    f"loss_masks[{i}] must be a bool tensor of shape [{len(c)}] (one flag per completion token), "
+                    f"got {m.dtype} of shape {tuple(m.shape)}"
+                )
 
     @property
     def num_prompts(self) -> int:
@@ -79,6 +99,20 @@ class RolloutBatch:
         """Returns the length of each completion, LongTensor [N] (EOS counted)."""
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.long)
 
+    @property
+    def loss_lengths(self) -> torch.Tensor:
+        """Returns each completion's tokens the policy generated, LongTensor [N]: its length, less the tokens
+        inserted by tools or templates (what TRL's length metrics and num_tokens count)."""
+        if self.loss_masks is None:
+            return self.completion_lengths
+        return torch.tensor([int(m.sum()) for m in self.loss_masks], dtype=torch.long)
+
+    def token_mask(self, row: int) -> torch.Tensor:
+        """Returns row's loss mask, bool [T_row]: all True for a completion with no inserted tokens."""
+        if self.loss_masks is None:
+            return torch.ones(len(self.completion_ids[row]), dtype=torch.bool)
+        return self.loss_masks[row]
+
 
 def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> RolloutBatch:
     """Returns one RolloutBatch of the chosen groups (prompt indices) of several batches, in order.
@@ -91,6 +125,8 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
     completions: list[list[int]] = []
     truncated: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] | None = []
+    masks: list[torch.Tensor] = []
+    episodes = any(batch.loss_masks is not None for batch, _ in parts)
     for batch, groups in parts:
         if batch.group_size != G:
             raise ValueError(f"cannot join batches of group size {G} and {batch.group_size}")
@@ -102,6 +138,8 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
             logprobs += [batch.sampling_logprobs[r] for r in rows]
         else:
             logprobs = None
+        if episodes:  # a round without inserted tokens joins one with them as all-True masks
+            masks += [batch.token_mask(r) for r in rows]
     return RolloutBatch(
         prompt_ids=prompts,
         completion_ids=completions,
@@ -109,6 +147,7 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
         group_size=G,
         sampling_logprobs=logprobs,
         paths=dict(parts[0][0].paths),
+        loss_masks=masks if episodes else None,
     )
 
 

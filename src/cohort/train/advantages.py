@@ -42,7 +42,7 @@ def estimate(
 ) -> torch.Tensor:
     """Returns this process's rows of the chosen estimator's advantages [N], computed over the rows `gather`
     collects (every process's, so batch statistics do not depend on the process count)."""
-    lengths = rollout.completion_lengths.cpu().to(torch.float64)
+    lengths = rollout.loss_lengths.cpu().to(torch.float64)  # tokens the policy generated
     rows, start = gather(reward)
     if gather is not own_rows:
         lengths, _ = gather(lengths)

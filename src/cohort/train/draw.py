@@ -196,5 +196,5 @@ def _assemble(
         rounds=len(parts),
         groups_generated=generated,
         groups_kept=kept,
-        completion_tokens=sum(int(d.rollout.completion_lengths.sum()) for d, _ in parts),
+        completion_tokens=sum(int(d.rollout.loss_lengths.sum()) for d, _ in parts),
     )

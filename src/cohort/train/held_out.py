@@ -17,11 +17,12 @@ from cohort.rewards import score
 from cohort.rollout import SamplingParams
 from cohort.rollout.base import RolloutEngine
 from cohort.sharding import gathered
+from cohort.train.accumulate import WeightedMeans
 from cohort.train.advantages import outcome_advantages
 from cohort.train.generation import LocalGeneration
 from cohort.train.metrics import rollout_stats
 from cohort.train.scoring import Scorer
-from cohort.update import PolicyBatch, PolicyUpdater, WeightedMeans
+from cohort.update import PolicyBatch, PolicyUpdater
 
 
 class HeldOut:
@@ -95,14 +96,19 @@ class HeldOut:
             # this process's rows alone: every process evaluates alike
             adv = outcome_advantages(per_func, reward, rollout, cfg.algo, self.scorer.weights)
             batch = PolicyBatch(
-                rollout.prompt_ids, rollout.completion_ids, G, adv, torch.ones_like(adv, dtype=torch.bool)
+                rollout.prompt_ids,
+                rollout.completion_ids,
+                G,
+                adv,
+                torch.ones_like(adv, dtype=torch.bool),
+                loss_masks=rollout.loss_masks,
             )
             with self.autocast():
                 for key, value in self.updater.evaluate_loss(batch).items():
                     loss.add(key, value, len(adv))
             zero_std = zero_std_group_mask(reward, G)
             parts.append(
-                (reward, per_func, rollout.completion_lengths.cpu(), rollout.truncated.cpu(), zero_std.cpu())
+                (reward, per_func, rollout.loss_lengths.cpu(), rollout.truncated.cpu(), zero_std.cpu())
             )
         reward, per_func, lengths, truncated, zero_std = (torch.cat(p) for p in zip(*parts))
         stats = rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.scorer.names)

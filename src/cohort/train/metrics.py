@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from cohort.rollout import RolloutBatch
+from cohort.train.accumulate import UpdateStats
 from cohort.train.advantages import Advantaged, GatherRows, own_rows
 from cohort.train.draw import Drawn
 from cohort.train.scoring import as_text
-from cohort.update import UpdateStats
 
 
 def rollout_stats(
@@ -66,9 +66,10 @@ def step_metrics(
     gather: GatherRows = own_rows,
 ) -> dict[str, Any]:
     """Returns a step's metrics row: the rollout statistics over the rows `gather` collects (every process's
-    completions), the update's statistics, the tokens seen so far and the fast paths the rollout took."""
+    completions), the update's statistics, the tokens seen so far and the fast paths the rollout took.
+    Lengths count the tokens the policy generated (a tool's output inserted into an episode is left out)."""
     G = rollout.group_size
-    lengths = rollout.completion_lengths.float()
+    lengths = rollout.loss_lengths.float()
     truncated = rollout.truncated.cpu()
     if gather is not own_rows:  # the step's statistics are over every process's completions
         columns = torch.cat(
@@ -88,9 +89,10 @@ def step_metrics(
 
 
 def rollout_tokens(rollout: RolloutBatch) -> int:
-    """Returns the tokens a rollout processed: every prompt once per completion, plus the completions."""
+    """Returns the tokens a rollout processed, as TRL counts them: every prompt once per completion, plus the
+    tokens the policy generated (not those a tool inserted into an episode)."""
     prompt_tokens = sum(len(p) for p in rollout.prompt_ids) * rollout.group_size
-    return int(prompt_tokens + rollout.completion_lengths.float().sum())
+    return int(prompt_tokens + rollout.loss_lengths.float().sum())
 
 
 def sample_rows(
@@ -104,7 +106,7 @@ def sample_rows(
     n_groups = min(len(rows), -(-wanted // G))
     if n_groups == 0:
         return []
-    lengths, truncated = rollout.completion_lengths.tolist(), rollout.truncated.tolist()
+    lengths, truncated = rollout.loss_lengths.tolist(), rollout.truncated.tolist()
     token_adv, steps = adv.token_advantages, drawn.steps
     out = []
     for g in range(0, len(rows), max(1, len(rows) // n_groups))[:n_groups]:

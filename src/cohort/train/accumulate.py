@@ -1,0 +1,207 @@
+"""What a policy update measures: token-weighted means over its micro-batches, the extremes some metrics keep,
+their merge over every process, and the UpdateStats they end as."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cohort.logprobs import PATHS as LOGPROB_PATHS
+
+
+@dataclass
+class UpdateStats:
+    """What one call of PolicyUpdater.update measured (token-weighted means over its micro-batches)."""
+
+    loss: float = 0.0
+    """The loss summed over micro-batches and processes, averaged over optimizer steps."""
+    grad_norm: float = 0.0
+    """Global gradient norm before clipping, averaged over optimizer steps."""
+    lr: float = 0.0
+    """Learning rate after the update's scheduler steps."""
+    kl: float | None = None
+    """Mean per-token KL to the reference (None when beta = 0 or no reference)."""
+    entropy: float | None = None
+    """Mean per-token entropy of the policy on the first pass."""
+    clip_ratio: dict[str, float] = field(default_factory=dict)
+    """TRL's clip metrics: low_mean, high_mean, region_mean (token-weighted means), low_min and high_max (the
+    smallest low / largest high clip ratio of one micro-batch)."""
+    ratio_mean: float | None = None
+    """Mean importance ratio pi_theta / pi_old."""
+    rows_computed_frac: float = 1.0
+    """Share of the batch's completions that needed a forward/backward (the rest were left out of the loss
+    or skipped: zero advantage)."""
+    logprob_gap: float | None = None
+    """Largest |trainer log-prob - sampler log-prob| over the sampled tokens of the first pass (None when the
+    batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
+    paths: dict[str, float] = field(default_factory=dict)
+    """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded) and with
+    the chunked head, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
+
+    controls: dict[str, float] = field(default_factory=dict)
+    """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
+    entropy_coef: float | None = None
+    """The entropy-regularisation coefficient after the update (None when algo.entropy_coef is 0 and the
+    adaptive controller is off)."""
+
+    def metrics(self) -> dict[str, float | None]:
+        """Returns the stats under the names metrics.jsonl uses (TRL's where TRL has one)."""
+        out: dict[str, float | None] = {
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "kl": self.kl,
+            "entropy": self.entropy,
+        }
+        for name in ("region_mean", "low_mean", "high_mean", "low_min", "high_max"):
+            out[f"clip_ratio/{name}"] = self.clip_ratio.get(name, 0.0)
+        out["ratio/mean"] = self.ratio_mean
+        out["rows_computed_frac"] = self.rows_computed_frac
+        if self.logprob_gap is not None:
+            out["sampler/logprob_gap"] = self.logprob_gap
+        out.update({f"fast/{k}": v for k, v in self.paths.items()})
+        out.update(self.controls)
+        if self.entropy_coef is not None:
+            out["entropy_coef"] = self.entropy_coef
+        return out
+
+
+class WeightedMeans:
+    """Weighted running means by name."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float) -> None:
+        """Adds `value` with `weight` to the running mean of `name`."""
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def get(self, name: str, default=None):
+        """Returns the weighted mean of `name`, or `default` when nothing of weight > 0 was added."""
+        w = self.weights.get(name, 0.0)
+        return self.sums[name] / w if w > 0 else default
+
+    def means(self) -> dict[str, float]:
+        """Returns every name's weighted mean (names of weight 0 left out)."""
+        return {k: v / self.weights[k] for k, v in self.sums.items() if self.weights[k] > 0}
+
+    def merge(self, other: WeightedMeans, skip: tuple[str, ...] = ()) -> None:
+        """Adds another process's sums and weights (except the names in `skip`, already global)."""
+        for name, value in other.sums.items():
+            if name not in skip:
+                self.sums[name] = self.sums.get(name, 0.0) + value
+                self.weights[name] = self.weights.get(name, 0.0) + other.weights[name]
+
+
+def _extreme(name: str) -> Callable[[float, float], float]:
+    return min if name.endswith("_min") else max
+
+
+class UpdateMeter:
+    """Accumulates one update's measurements, micro-batch by micro-batch; `merge_processes` then `stats`."""
+
+    GLOBAL = ("loss", "grad_norm")
+    """Names already the same on every process (summed or reduced before they were added)."""
+
+    def __init__(self) -> None:
+        self.means = WeightedMeans()
+        self.paths = WeightedMeans()
+        self.extremes: dict[str, float] = {}
+        self.low_min, self.high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
+        self.gap = 0.0
+        self.control_names: set[str] = set()
+
+    def path(self, name: str, chunked_head: bool) -> None:
+        """Counts one log-prob computation by the layout that ran it and whether the chunked head did."""
+        for p in LOGPROB_PATHS:
+            self.paths.add(p, float(name == p), 1.0)
+        self.paths.add("chunked_head", float(chunked_head), 1.0)
+
+    def sampler_gap(self, logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> None:
+        """Keeps the largest |trainer - sampler| log-prob over the masked-in tokens."""
+        diff = (logp.detach().float() - sampled.float()).abs() * mask
+        if diff.numel():
+            self.gap = max(self.gap, float(diff.max()))
+
+    def controls(self, metrics: dict[str, float], tokens: float) -> None:
+        """Adds a micro-batch's token-control metrics: names ending _min / _max as extremes, the rest as means."""
+        self.control_names.update(metrics)
+        for k, val in metrics.items():
+            if k.endswith(("_min", "_max")):
+                self.extremes[k] = _extreme(k)(self.extremes.get(k, val), val)
+            else:
+                self.means.add(k, val, tokens)
+
+    def micro_batch(
+        self, metrics: dict[str, Any], tokens: float, entropy: torch.Tensor | None, mask: torch.Tensor
+    ) -> None:
+        """Adds a micro-batch's loss metrics and mean entropy, weighted by its `tokens` masked-in tokens."""
+        for k, v in metrics.items():
+            self.means.add(k, float(v), tokens)
+        if "clip_ratio/low_mean" in metrics and tokens > 0:
+            self.low_min = min(self.low_min, float(metrics["clip_ratio/low_mean"]))
+            self.high_max = max(self.high_max, float(metrics["clip_ratio/high_mean"]))
+        if entropy is not None:
+            self.means.add("entropy", float((entropy.detach() * mask).sum() / max(tokens, 1.0)), tokens)
+
+    def optimizer_step(
+        self, *, loss: float, grad_norm: float, rows_computed_frac: float, entropy_coef: float | None
+    ) -> None:
+        """Adds one optimizer step's loss (over every process), gradient norm and share of rows computed."""
+        if entropy_coef is not None:
+            self.means.add("entropy_coef", entropy_coef, 1.0)
+        self.means.add("loss", loss, 1.0)
+        self.means.add("grad_norm", grad_norm, 1.0)
+        self.means.add("rows_computed_frac", rows_computed_frac, 1.0)
+
+    def merge_processes(self, all_gather_object: Callable[[Any], list[Any]], rank: int) -> None:
+        """Merges every other process's token-weighted means, extremes and gap into this one (a collective)."""
+        mine = (self.means, self.extremes, self.low_min, self.high_max, self.gap, self.control_names)
+        for r, (means, extremes, low, high, gap, names) in enumerate(all_gather_object(mine)):
+            if r == rank:
+                continue
+            self.means.merge(means, skip=self.GLOBAL)
+            for k, val in extremes.items():
+                self.extremes[k] = _extreme(k)(self.extremes.get(k, val), val)
+            self.low_min, self.high_max, self.gap = (
+                min(self.low_min, low),
+                max(self.high_max, high),
+                max(self.gap, gap),
+            )
+            self.control_names.update(names)
+
+    def stats(
+        self, *, lr: float, skip_zero: bool, measured_gap: bool, entropy_coef: float | None
+    ) -> UpdateStats:
+        """Returns the UpdateStats of what was accumulated (measured_gap: the batch carried sampler log-probs)."""
+        means = self.means
+        taken = {name: self.paths.get(name) for name in (*LOGPROB_PATHS, "chunked_head")}
+        taken = {k: v for k, v in taken.items() if v is not None}
+        taken["skip_zero_advantage"] = float(skip_zero)
+        return UpdateStats(
+            loss=means.get("loss", 0.0),
+            grad_norm=means.get("grad_norm", 0.0),
+            lr=lr,
+            kl=means.get("kl"),
+            entropy=means.get("entropy"),
+            clip_ratio={
+                **{k: means.get(f"clip_ratio/{k}", 0.0) for k in ("low_mean", "high_mean", "region_mean")},
+                "low_min": self.low_min if math.isfinite(self.low_min) else 0.0,
+                "high_max": self.high_max if math.isfinite(self.high_max) else 0.0,
+            },
+            ratio_mean=means.get("ratio/mean"),
+            rows_computed_frac=means.get("rows_computed_frac", 1.0),
+            logprob_gap=self.gap if measured_gap else None,
+            paths=taken,
+            controls={
+                k: self.extremes[k] if k in self.extremes else means.get(k, 0.0)
+                for k in sorted(self.control_names)
+            },
+            entropy_coef=entropy_coef,
+        )
