@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cohort.config import TrainConfig, _valid_keys, load_config
+from cohort.config import TrainConfig, _valid_keys, load_config, torchrun_world_size
 from cohort.errors import ConfigError
 from cohort.models import load_tokenizer
 from cohort.trl_fields import TRL_FIELDS as TRL_FIELDS  # re-exported: the table lives in a leaf module
@@ -77,7 +77,7 @@ class GRPOConfig:
         out["seed"] = g.get("seed", 42)
         # cohort's rollout.batch_size is per process (each process samples whole groups of its own prompts),
         # TRL's generation batch is per_device x steps_per_generation on each device: the same count.
-        world = int(os.environ.get("WORLD_SIZE", "1"))  # every process samples its own prompts
+        world = torchrun_world_size()  # every process samples its own prompts
         per_generation = self.steps_per_generation_resolved(world)
         out["rollout.batch_size"] = self.per_device_train_batch_size * per_generation
         out["rollout.group_size"] = self.num_generations

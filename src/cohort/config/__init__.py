@@ -3,7 +3,9 @@
 One tree of dataclasses is the single source of truth for a run. It is built in this order, each layer
 overriding the one before: field defaults, the named ``preset`` (see :mod:`cohort.presets`), the YAML
 file, then command-line overrides such as ``algo.beta=0.04``. Every check that can be done without
-loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds, not a model load.
+loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds, not a model load; it
+first derives the fields that follow from others (:func:`derive`, for the :class:`RunEnvironment` the run
+starts in), then checks the result without changing it.
 
 The package is a leaf of cohort: it imports only light modules that never import it back
 (:mod:`cohort.errors`, :mod:`cohort.choices`, :mod:`cohort.trl_fields`, :mod:`cohort.presets`, the name
@@ -11,7 +13,8 @@ lists and pure functions of :mod:`cohort.algo`, :mod:`cohort.plugins`, :mod:`coh
 and the reward-weight check of :mod:`cohort.rewards`); tests/test_imports.py keeps it so.
 
 - :mod:`cohort.config.schema`: the dataclasses (every field with its default and docstring);
-- :mod:`cohort.config.validation`: the checks ``TrainConfig.validate`` runs;
+- :mod:`cohort.config.derive`: the one step that sets derived fields, and the environment it reads;
+- :mod:`cohort.config.validation`: the checks ``TrainConfig.validate`` runs (pure: nothing changed or read);
 - :mod:`cohort.config.inert`: the options that are accepted yet change nothing, and why;
 - :mod:`cohort.config.loading`: YAML, overrides, type conversion, ``load_config`` / ``save_config``.
 """
@@ -19,6 +22,7 @@ and the reward-weight check of :mod:`cohort.rewards`); tests/test_imports.py kee
 from __future__ import annotations
 
 from cohort.choices import ATTENTION_KINDS, SAMPLER_DTYPES
+from cohort.config.derive import RunEnvironment, derive, torchrun_world_size
 from cohort.config.inert import INERT_OPTIONS, Inert, inert_options
 from cohort.config.loading import (
     MOVED_KEYS,
@@ -71,8 +75,10 @@ __all__ = [
     "OptimConfig",
     "ProcessConfig",
     "RolloutConfig",
+    "RunEnvironment",
     "TrainConfig",
     "check_lora",
+    "derive",
     "describe_keys",
     "field_docs",
     "from_dict",
@@ -83,5 +89,6 @@ __all__ = [
     "read_yaml_file",
     "save_config",
     "to_dict",
+    "torchrun_world_size",
     "validate_config",
 ]

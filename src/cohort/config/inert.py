@@ -2,13 +2,13 @@
 
 `INERT_OPTIONS` is the one table of such rules; :func:`inert_options` lists the ones a config sets away
 from their defaults to no effect. ``TrainConfig.validate`` (:mod:`cohort.config.validation`) turns each
-into a ConfigWarning, or a ConfigError when the setting contradicts another. The schema is read only as
-a type here (a config's defaults are those of its own class).
+into a ConfigWarning, or a ConfigError when the setting contradicts another. A rule reads the config and
+the number of processes the run is launched on, both passed in (nothing here reads the environment). The
+schema is read only as a type here (a config's defaults are those of its own class).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,27 +16,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cohort.config.schema import TrainConfig
 
-__all__ = ["INERT_OPTIONS", "Inert", "inert_options", "torchrun_world_size"]
+__all__ = ["INERT_OPTIONS", "Inert", "inert_options"]
 
 
 @dataclass(frozen=True)
 class Inert:
-    """An option that changes nothing in some configurations: `why(cfg)` says why (None: it has an effect here)."""
+    """An option that changes nothing in some configurations: `why(cfg, world_size)` says why (None: it has an
+    effect here)."""
 
     key: str
     """Dotted config key."""
-    why: Callable[[TrainConfig], str | None]
-    """Returns the reason and the fix when the option is inert in `cfg`, else None."""
+    why: Callable[[TrainConfig, int], str | None]
+    """Returns the reason and the fix when the option is inert in `cfg` run on `world_size` processes, else None."""
     error: bool = False
     """True: refusing is right (the setting contradicts another); False: a ConfigWarning."""
 
 
-def torchrun_world_size() -> int:
-    """Returns torchrun's process count (1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-def _no_reference(cfg: TrainConfig) -> str | None:
+def _no_reference(cfg: TrainConfig, world_size: int) -> str | None:
     """Returns why a reference-model option changes nothing at beta = 0 (None when beta > 0)."""
     return (
         "algo.beta=0 runs no reference model (no KL penalty); set algo.beta > 0 or drop this key"
@@ -45,10 +41,10 @@ def _no_reference(cfg: TrainConfig) -> str | None:
     )
 
 
-def _estimator_ignores(name: str) -> Callable[[TrainConfig], str | None]:
+def _estimator_ignores(name: str) -> Callable[[TrainConfig, int], str | None]:
     """Returns the rule saying why algo.`name` changes nothing when the advantage estimator does not read it."""
 
-    def why(cfg: TrainConfig) -> str | None:
+    def why(cfg: TrainConfig, world_size: int) -> str | None:
         a = cfg.algo
         if name in a.advantage_arguments() or (name == "adv_eps" and "eps" in a.advantage_arguments()):
             return None
@@ -65,7 +61,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     Inert("algo.ref_sync_kl", _no_reference, error=True),
     Inert(
         "algo.ref_mixup_alpha",
-        lambda c: (
+        lambda c, _: (
             None
             if c.algo.ref_update_every or c.algo.ref_sync_kl is not None
             else "the reference never syncs; set algo.ref_update_every or algo.ref_sync_kl too"
@@ -74,7 +70,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     ),
     Inert(
         "algo.max_sampling_rounds",
-        lambda c: (
+        lambda c, _: (
             None
             if c.algo.dynamic_sampling
             else "only dynamic sampling draws more than one round; set algo.dynamic_sampling=true or drop this key"
@@ -82,7 +78,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     ),
     Inert(
         "algo.scale",
-        lambda c: (
+        lambda c, _: (
             "algo.reward_mode=decoupled (GDPO) normalises each reward in its group and the sum over the "
             "batch itself; drop this key"
             if c.algo.reward_mode == "decoupled"
@@ -92,7 +88,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     *(
         Inert(
             f"algo.{key}",
-            lambda c: (
+            lambda c, _: (
                 None
                 if c.algo.adaptive_entropy
                 else "only the adaptive entropy coefficient reads it; set algo.adaptive_entropy=true or drop this key"
@@ -104,7 +100,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     Inert("algo.adv_eps", _estimator_ignores("adv_eps")),
     Inert(
         "algo.sampler_correction",
-        lambda c: (
+        lambda c, _: (
             None
             if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype)) or c.rollout.engine == "vllm"
             else "the completions are sampled by the weights being trained, in their precision, so the sampler and "
@@ -114,13 +110,13 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     ),
     Inert(
         "algo.sampler_is_max",
-        lambda c: (
+        lambda c, _: (
             "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None
         ),
     ),
     Inert(
         "algo.sampler_is_min",
-        lambda c: (
+        lambda c, _: (
             None
             if c.algo.sampler_correction.endswith("_mis")
             else "only the masking corrections (token_mis, sequence_mis) have a lower bound"
@@ -128,7 +124,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     ),
     Inert(
         "algo.cov_ratio",
-        lambda c: (
+        lambda c, _: (
             "algo.cov_method=none selects no tokens; set algo.cov_method"
             if c.algo.cov_method == "none"
             else None
@@ -136,21 +132,21 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     ),
     Inert(
         "algo.clip_cov_bounds",
-        lambda c: (
+        lambda c, _: (
             None if c.algo.cov_method == "clip_cov" else "only algo.cov_method=clip_cov reads these bounds"
         ),
     ),
     Inert(
         "algo.kl_cov_coef",
-        lambda c: (
+        lambda c, _: (
             None if c.algo.cov_method == "kl_cov" else "only algo.cov_method=kl_cov reads this coefficient"
         ),
     ),
     Inert(
         "distributed.backend",
-        lambda c: (
+        lambda c, world_size: (
             "a one-process run opens no process group (launch with torchrun to use it)"
-            if torchrun_world_size() == 1
+            if world_size == 1
             else None
         ),
     ),
@@ -158,15 +154,16 @@ INERT_OPTIONS: tuple[Inert, ...] = (
 """Every option that can be accepted yet change nothing, with why: the one place such checks live."""
 
 
-def inert_options(cfg: TrainConfig) -> list[tuple[str, Any, str, bool]]:
-    """Returns (key, value, why, is_error) for each option set away from its default that changes nothing in `cfg`."""
+def inert_options(cfg: TrainConfig, *, world_size: int) -> list[tuple[str, Any, str, bool]]:
+    """Returns (key, value, why, is_error) for each option set away from its default that changes nothing in `cfg`
+    run on `world_size` processes."""
     default = type(cfg)()  # the field defaults
     out = []
     for rule in INERT_OPTIONS:
         value, base = _dotted(cfg, rule.key), _dotted(default, rule.key)
         if value == base:
             continue
-        why = rule.why(cfg)
+        why = rule.why(cfg, world_size)
         if why is not None:
             out.append((rule.key, value, why, rule.error))
     return out

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cohort.config.derive import RunEnvironment, derive
 from cohort.config.validation import check_lora, validate_config
 from cohort.fastpath.switches import FastConfig
 
@@ -461,13 +462,25 @@ class TrainConfig:
         need_model: bool = True,
         need_data: bool = True,
         reward_funcs: Sequence[str | Callable] | None = None,
+        environment: RunEnvironment | None = None,
     ) -> TrainConfig:
-        """Return self after checking every value that can be checked before a model is loaded.
+        """Return self, derived for the run's environment and then checked: every value that can be checked
+        before a model is loaded.
 
+        Three explicit steps: the environment (`environment`, else this process's:
+        :meth:`RunEnvironment.detect` reads torchrun's WORLD_SIZE and whether CUDA is visible), then
+        :func:`cohort.config.derive.derive` sets the fields that follow from others (in place), then
+        :func:`cohort.config.validation.validate_config` checks the result and changes nothing.
         `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
-        that name); `reward_weights` must then give one weight per one of them. The checks are
-        :func:`cohort.config.validation.validate_config`'s.
+        that name); `reward_weights` must then give one weight per one of them.
         """
+        env = RunEnvironment.detect() if environment is None else environment
         return validate_config(
-            self, need_model=need_model, need_data=need_data, reward_funcs=reward_funcs, stacklevel=3
+            derive(self, world_size=env.world_size),
+            world_size=env.world_size,
+            cuda_available=env.cuda_available,
+            need_model=need_model,
+            need_data=need_data,
+            reward_funcs=reward_funcs,
+            stacklevel=3,
         )

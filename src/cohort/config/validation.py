@@ -1,8 +1,10 @@
 """The checks of a config: every value that can be checked before a model is loaded.
 
-:func:`validate_config` (what ``TrainConfig.validate`` runs) checks each section in turn; every failure
-is a ConfigError naming the key, the value and the fix, and an option that is accepted but changes
-nothing warns (or is refused) through :mod:`cohort.config.inert`. The names a value is checked against
+:func:`validate_config` (what ``TrainConfig.validate`` runs after deriving) checks each section in turn;
+every failure is a ConfigError naming the key, the value and the fix, and an option that is accepted but
+changes nothing warns (or is refused) through :mod:`cohort.config.inert`. The checks change nothing and
+read nothing from the environment: they see the config as given (derived by :mod:`cohort.config.derive`)
+and the facts about the machine passed in (the process count, whether CUDA is visible). The names a value is checked against
 come from light modules (:mod:`cohort.choices`, the name lists of :mod:`cohort.algo`); a user loss or
 advantage estimator named by spec is imported and its signature checked (:mod:`cohort.plugins`).
 This module reads the schema's classes only as types, so the schema can delegate its checks here.
@@ -42,7 +44,8 @@ from cohort.choices import (
     SCHEDULES,
     resolve_strategy,
 )
-from cohort.config.inert import inert_options, torchrun_world_size
+from cohort.config.derive import per_process_batch
+from cohort.config.inert import inert_options
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.plugins import resolve_advantage, resolve_loss
 from cohort.presets import PRESETS
@@ -57,19 +60,24 @@ __all__ = ["check_lora", "validate_config"]
 def validate_config(
     cfg: TrainConfig,
     *,
+    world_size: int,
+    cuda_available: bool,
     need_model: bool = True,
     need_data: bool = True,
     reward_funcs: Sequence[str | Callable] | None = None,
     stacklevel: int = 2,
 ) -> TrainConfig:
-    """Return `cfg` after checking every value that can be checked before a model is loaded.
+    """Return `cfg`, unchanged, after checking every value that can be checked before a model is loaded.
 
-    `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
-    that name); `reward_weights` must then give one weight per one of them. `stacklevel`: as
-    ``warnings.warn``'s, for the warnings about inert options (2: the caller of this function).
+    `cfg` is checked as given: derive it first (:func:`cohort.config.derive.derive`). `world_size`: the
+    processes the run is launched on; `cuda_available`: whether a CUDA GPU is visible (see
+    :class:`cohort.config.derive.RunEnvironment`). `reward_funcs`: the reward functions the run uses
+    instead of `rewards` (GRPOTrainer's argument of that name); `reward_weights` must then give one weight
+    per one of them. `stacklevel`: as ``warnings.warn``'s, for the warnings about inert options (2: the
+    caller of this function).
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
-    _check_distributed(cfg)  # first: a global batch sets rollout.batch_size
+    _check_distributed(cfg, world_size, cuda_available)
     if need_model and not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
     if r.group_size < 2:
@@ -138,7 +146,7 @@ def validate_config(
     _check_ranges(cfg)
     _check_objective(cfg)
     _check_fast(cfg)
-    for key, value, why, error in inert_options(cfg):
+    for key, value, why, error in inert_options(cfg, world_size=world_size):
         message = f"{key}={value!r} changes nothing in this configuration: {why}"
         if error:
             raise ConfigError(message)
@@ -164,15 +172,14 @@ def check_lora(lora: LoraConfig) -> LoraConfig:
     return lora
 
 
-def _check_distributed(cfg: TrainConfig) -> None:
-    """Raises ConfigError for a multi-process setting that cannot run with torchrun's process count here;
-    sets rollout.batch_size from distributed.global_batch_size."""
+def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> None:
+    """Raises ConfigError for a multi-process setting that cannot run on `world` processes here, or a
+    rollout.batch_size that is not the derived share of distributed.global_batch_size."""
     d, r = cfg.distributed, cfg.rollout
-    world = torchrun_world_size()
     strategy = resolve_strategy(d.strategy, world)
     _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
     _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
-    if d.backend == "nccl" and world > 1 and not torch.cuda.is_available():
+    if d.backend == "nccl" and world > 1 and not cuda_available:
         raise ConfigError(
             "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "
             "distributed.backend=gloo (or auto) to train on CPUs"
@@ -190,7 +197,11 @@ def _check_distributed(cfg: TrainConfig) -> None:
                 f"whole groups of rollout.group_size={r.group_size}; use a multiple of {per}, or another "
                 "number of processes"
             )
-        r.batch_size = d.global_batch_size // world
+        if r.batch_size != per_process_batch(cfg, world):
+            raise ConfigError(
+                f"rollout.batch_size={r.batch_size} is not distributed.global_batch_size={d.global_batch_size} / "
+                f"{world} processes: derive the config before checking it (cohort.config.derive)"
+            )
     if strategy != "none":
         if r.sampler_dtype is not None and str(r.sampler_dtype).lower() not in (
             "none",
@@ -438,7 +449,7 @@ def _check_fast(cfg: TrainConfig) -> None:
     """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
     f, m = cfg.fast, cfg.model
     try:
-        f.validate()
+        f.check()
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if f.skip_zero_advantage == "on" and cfg.algo.beta > 0:

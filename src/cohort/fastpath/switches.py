@@ -92,15 +92,25 @@ class FastConfig:
     """heap_bound: tensors of this many MiB or more are always mmapped (1 MiB doubled a 14 M model's step time)."""
 
     def validate(self, prefix: str = "fast.") -> FastConfig:
-        """Returns self after checking every switch and threshold (ValueError naming the key and the fix)."""
+        """Returns self after writing boolean switches as on / off and checking every switch and threshold
+        (ValueError naming the key and the fix)."""
+        return self.normalise_switches().check(prefix)
+
+    def normalise_switches(self) -> FastConfig:
+        """Returns self with each switch given as a boolean (or its text) written as on / off, in place."""
         for name in SWITCHES:
             value = getattr(self, name)
             # YAML reads a bare on / off as a boolean (and the config layer may have made it a string).
             if value in (True, "True", "true"):
-                value = "on"
+                setattr(self, name, "on")
             elif value in (False, "False", "false"):
-                value = "off"
-            setattr(self, name, value)
+                setattr(self, name, "off")
+        return self
+
+    def check(self, prefix: str = "fast.") -> FastConfig:
+        """Returns self after checking every switch and threshold as given (ValueError naming the key and the fix)."""
+        for name in SWITCHES:
+            value = getattr(self, name)
             if value not in SWITCH_VALUES:
                 raise ValueError(f"{prefix}{name}={value!r} is not valid; choose one of: auto, on, off")
         for name in (
