@@ -282,6 +282,7 @@ def print_operator_tables(trainer, G: int, rows: int) -> None:
 
     from benchmarks.bench_tasks import token_parity
     from cohort.algo import group_advantages
+    from cohort.train.build import sampling_params
     from cohort.update import PolicyBatch
 
     cfg = trainer.cfg
@@ -297,7 +298,7 @@ def print_operator_tables(trainer, G: int, rows: int) -> None:
     rollout = profiled(
         "one rollout",
         lambda: trainer.engine.generate(
-            trainer.model, prompts, G, trainer.sampling_params(), trainer.generator
+            trainer.model, prompts, G, sampling_params(trainer.cfg), trainer.generator
         ),
     )
     reward = torch.tensor(token_parity(None, rollout.completion_ids), dtype=torch.float32)

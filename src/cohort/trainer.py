@@ -22,9 +22,6 @@ from transformers import TrainerState
 
 from cohort import distributed as dist
 from cohort import seeds
-from cohort.algo import (
-    POLICY_LOSSES,
-)
 from cohort.callbacks import Callbacks
 from cohort.checkpoint import (
     list_checkpoints,
@@ -34,53 +31,43 @@ from cohort.checkpoint import (
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
-from cohort.curriculum import Curriculum
-from cohort.data import validate_rows
 from cohort.errors import (
     ConfigError,
     NonFiniteError,
     RunExistsError,
     TrainingError,
 )
-from cohort.fastpath.memory import heap_bound_unavailable
-from cohort.fastpath.switches import choose
 from cohort.health import HealthMonitor, collapsed_share
-from cohort.iterative import IterativeRM, load_initial_pairs
-from cohort.logprobs import warm_probes
 from cohort.models import (
-    DTYPES,
     fix_adapter_base_path,
-    stop_token_ids,
 )
-from cohort.optim import make_adamw, make_scheduler
-from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
 from cohort.rewards import (
-    check_reward_columns,
-    resolve_reward_funcs,
-    reward_name,
-    reward_weights,
     score,
 )
-from cohort.rewards.models import RewardModel
-from cohort.rewards.process import ProcessRewardModel, process_metrics
-from cohort.rollout import SamplingParams, make_engine
-from cohort.rollout.sampler_copy import SamplerCopy
+from cohort.rewards.process import process_metrics
 from cohort.rundir import RunLock, StopSignals
 from cohort.sharding import (
     full_state_dict,
     gathered,
     resolve_strategy,
-    shard,
 )
 from cohort.train.advantages import Advantaged, advantage_batch, own_rows
 from cohort.train.build import (
+    build_curriculum,
+    build_engine,
+    build_iterative,
+    build_optimizer,
+    build_reference,
+    build_rewards,
+    build_rows,
     check_context,
     drop_long_prompts,
     encode_rows,
     load_policy,
-    load_prompt_rows,
     resolve_device,
+    sampling_params,
+    set_threads,
 )
 from cohort.train.checkpoints import RunCheckpoints, check_finite_weights, find_checkpoints
 from cohort.train.draw import Drawer, Drawn
@@ -91,7 +78,7 @@ from cohort.train.metrics import rollout_tokens, sample_rows, step_metrics
 from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, checkpointing_layers
+from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
 @dataclass
@@ -181,56 +168,15 @@ class GRPOTrainer:
         )
         self.callbacks = Callbacks(callbacks, args=args if self.trl_form else trl_view(cfg), state=self.state)
         self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
-        # 1. Everything checkable without a model: rewards, data.
-        self.reward_funcs = resolve_reward_funcs(
-            reward_funcs if reward_funcs else cfg.rewards,
-            max_completion_length=cfg.rollout.max_completion_length,
-            reward_processing_classes=self.reward_processing_classes,
-            step_separator=cfg.process.step_separator,
+        # 1. Everything checkable without a model: rewards, data, iterative GRPO's reward model, checkpoints.
+        rewards = build_rewards(cfg, reward_funcs, reward_processing_classes)
+        self.reward_funcs, self.reward_names, self.reward_weights = (
+            rewards.funcs,
+            rewards.names,
+            rewards.weights,
         )
-        for func in self.reward_funcs:  # reward models score on the policy's device
-            if callable(getattr(func, "to", None)):
-                func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
-        self.reward_names = [reward_name(f) for f in self.reward_funcs]
-        if isinstance(self.reward_funcs[0], ProcessRewardModel) and (cfg.eval_every or cfg.eval_at_ends):
-            raise ConfigError(
-                f"the first reward, {self.reward_names[0]!r}, is a process reward model, but evaluation scores "
-                "held-out completions with the first reward and needs one number per completion: put an outcome "
-                "reward (e.g. accuracy) first, or set eval_every=0 and eval_at_ends=false"
-            )
-        loss_spec = POLICY_LOSSES.get(cfg.algo.loss_type)
-        sequence_advantages = loss_spec is not None and loss_spec.sequence_advantages
-        step_models = [
-            n for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, ProcessRewardModel)
-        ]
-        if sequence_advantages and step_models:
-            raise ConfigError(
-                f"algo.loss_type={cfg.algo.loss_type!r} needs one advantage per completion, but the reward "
-                f"{step_models[0]!r} is a process reward model (its step rewards give per-token advantages); use "
-                "another loss type (e.g. grpo) or an outcome reward"
-            )
-        self.reward_weights = reward_weights(cfg.reward_weights, self.reward_funcs)  # [R] float32
-        if train_rows is None:
-            train_rows, loaded_eval = load_prompt_rows(cfg)
-            eval_rows = loaded_eval if eval_rows is None else eval_rows
-        validate_rows(train_rows, cfg.data.prompt_column, where="the training data")
-        check_reward_columns(self.reward_funcs, [c for c in train_rows[0] if c != cfg.data.prompt_column])
-        if eval_rows:
-            validate_rows(eval_rows, cfg.data.prompt_column, where="the held-out data")
-            held_out = [c for c in eval_rows[0] if c != cfg.data.prompt_column]
-            check_reward_columns(self.reward_funcs[:1], held_out, where="the held-out data")  # evaluate()'s
-        self.train_rows, self.eval_rows = train_rows, eval_rows or []
-        # Iterative GRPO's reward model and labeler are checked now, before the policy loads.
-        self.iterative: IterativeRM | None = None
-        self.labeler: Any = None
-        if cfg.iterative.every:
-            self.iterative, self.labeler = self._make_iterative()
-        if cfg.eval_every and not self.eval_rows:
-            raise ConfigError(
-                f"eval_every={cfg.eval_every} asks for held-out evaluations, but there are no held-out rows "
-                f"(data.n_eval={cfg.data.n_eval} for a built-in task, data.eval_path={cfg.data.eval_path!r} for a "
-                "dataset, or eval_rows=); give held-out rows or set eval_every=0"
-            )
+        self.train_rows, self.eval_rows = build_rows(cfg, rewards, train_rows, eval_rows)
+        self.iterative, self.labeler = build_iterative(cfg, rewards, self.train_rows)
         self.run_dir = Path(cfg.out_dir)
         # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
         self._existing_run: RunExistsError | None = None
@@ -242,41 +188,12 @@ class GRPOTrainer:
             self._candidates, self._existing_run = [], e
         # 2. Model, tokenizer, reference.
         seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
-        if cfg.threads:
-            if cfg.threads > (os.cpu_count() or cfg.threads):
-                warnings.warn(
-                    f"threads={cfg.threads} is more than this machine's {os.cpu_count()} cores: the threads compete "
-                    "and every step is slower; set threads to at most the number of cores",
-                    stacklevel=2,
-                )
-            torch.set_num_threads(cfg.threads)
-        f = cfg.fast
-        choose(
-            f.heap_bound,
-            "heap_bound",
-            None,
-            unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib),
-        )
+        set_threads(cfg)
         self.device = resolve_device(cfg.model.device)
         self.model, self.tokenizer = load_policy(cfg, model, tokenizer, self.device)
         check_finite_weights(self.model, "the model to train")
         dist.broadcast_model(self.model)
-        # With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off.
-        a = cfg.algo
-        self.reference = (
-            Reference(
-                self.model, every=a.ref_update_every, kl_threshold=a.ref_sync_kl, alpha=a.ref_mixup_alpha
-            )
-            if a.beta > 0
-            else None
-        )
-        if self.strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
-            shard(self.model, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
-            if self.reference is not None and self.reference.copy is not None:
-                shard(self.reference.copy, self.strategy, mixed_precision=cfg.distributed.mixed_precision)
-            # every process runs the fast paths' once-per-model checks together (as an update would see the model)
-            with gathered(self.model), checkpointing_layers(self.model):
-                warm_probes(self.model, cfg.fast)
+        self.reference = build_reference(cfg, self.model, self.strategy)
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows)
         self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows)
@@ -293,31 +210,13 @@ class GRPOTrainer:
                 "add rows or lower rollout.batch_size",
                 stacklevel=2,
             )
-        # 4. Engine, optimizer, updater, run directory.
-        eos_ids, pad = stop_token_ids(self.model, self.tokenizer)
-        options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
-        self.engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
-        # rollout.sampler_dtype: sample from a low-precision copy, as an inference engine would.
-        sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
-        self.sampler_copy = (
-            SamplerCopy(self.model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
-        )
+        # 4. Engine, optimizer, updater, the step's parts.
+        self.engine, self.sampler_copy = build_engine(cfg, self.model, self.tokenizer)
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = seeds.generator(seeds.sampling(cfg.seed, dist.rank()), self.device)
         # The same on every process: minibatches are drawn from the global batch (cohort.update).
         self.shuffle_generator = seeds.generator(seeds.minibatch_shuffle(cfg.seed))
-        o = cfg.optim
-        self.optimizer = make_adamw(
-            (p for p in self.model.parameters() if p.requires_grad),
-            lr=o.lr,
-            betas=(o.adam_beta1, o.adam_beta2),
-            eps=o.adam_eps,
-            weight_decay=o.weight_decay,
-        )
-        updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
-        self.scheduler = make_scheduler(
-            self.optimizer, o.schedule, o.warmup_steps, cfg.steps * updates_per_step
-        )
+        self.optimizer, self.scheduler = build_optimizer(cfg, self.model)
         self.updater = PolicyUpdater(
             self.model,
             self.optimizer,
@@ -326,25 +225,14 @@ class GRPOTrainer:
             temperature=cfg.rollout.logprob_temperature(),
             max_completion_length=cfg.rollout.max_completion_length,
             micro_batch_tokens=cfg.micro_batch_tokens,
-            max_grad_norm=o.max_grad_norm,
+            max_grad_norm=cfg.optim.max_grad_norm,
             reference=self.reference,
             autocast=self.autocast,
             fast=cfg.fast,
         )
         self.sampler = PromptSampler(len(self.train_rows), seeds.prompt_order(cfg.seed, dist.rank()))
-        c = cfg.curriculum
-        self.curriculum = (
-            Curriculum(
-                len(self.train_rows),
-                pass_threshold=c.pass_threshold,
-                min_samplings=c.min_samplings,
-                retry_after=c.retry_after,
-            )
-            if c.enabled
-            else None
-        )
-        # The step's parts: rewards of a rollout, where rollouts come from, drawing and refilling groups.
-        params = self.sampling_params()
+        self.curriculum = build_curriculum(cfg, len(self.train_rows))
+        params = sampling_params(cfg)
         self.scorer = Scorer(
             self.reward_funcs,
             self.reward_names,
@@ -353,7 +241,7 @@ class GRPOTrainer:
             prompt_column=cfg.data.prompt_column,
             step_separator=cfg.process.step_separator,
             loss_type=cfg.algo.loss_type,
-            sequence_advantages=sequence_advantages,
+            sequence_advantages=rewards.sequence_advantages,
         )
         self.source: GenerationSource = LocalGeneration(
             self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
@@ -505,17 +393,6 @@ class GRPOTrainer:
             warnings.warn(f"step {self.step_idx + 1}: {message}", stacklevel=3)
 
     # ------------------------------------------------------------------ one step
-    def sampling_params(self) -> SamplingParams:
-        """Return the rollout's sampling parameters (greedy when rollout.temperature is 0)."""
-        r = self.cfg.rollout
-        return SamplingParams(
-            max_completion_length=r.max_completion_length,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            greedy=r.temperature == 0,
-        )
-
     def step(self) -> StepResult:
         """Return the metrics of one training step (generation batch → μ updates)."""
         t0 = time.perf_counter()
@@ -645,28 +522,6 @@ class GRPOTrainer:
         self.health.observe(self.step_idx, metrics, collapse)
         metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
         return metrics
-
-    def _make_iterative(self) -> tuple[IterativeRM, Any]:
-        """Returns the iterative-GRPO state (the reward model to retrain, its replay buffer) and the labeler."""
-        it = self.cfg.iterative
-        models = [(n, f) for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, RewardModel)]
-        if it.reward is not None:
-            models = [(n, f) for n, f in models if n == it.reward]
-        if len(models) != 1:
-            names = [n for n, f in zip(self.reward_names, self.reward_funcs) if isinstance(f, RewardModel)]
-            raise ConfigError(
-                f"iterative GRPO retrains one reward model, but the rewards hold {len(names)} ({names}); "
-                + ("set iterative.reward to one of them" if names else "add a reward model folder to rewards")
-            )
-        labeler = resolve_reward_funcs(
-            [it.labeler], max_completion_length=self.cfg.rollout.max_completion_length
-        )[0]
-        check_reward_columns([labeler], [c for c in self.train_rows[0] if c != self.cfg.data.prompt_column])
-        try:
-            initial = load_initial_pairs(it.initial_data)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        return IterativeRM(models[0][1], it, initial), labeler
 
     def _iterate(self) -> dict[str, float]:
         """Returns the metrics of one iterative-GRPO iteration: reference reset, fresh labelled samples, the

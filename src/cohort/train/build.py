@@ -1,17 +1,220 @@
-"""Building a run's inputs from its config: the device, the prompt rows and their token ids, the policy model."""
+"""Building a run's parts from its config, in the order the trainer needs them: what can be checked without a
+model (rewards, prompt rows, iterative GRPO's reward model), then the device, the policy and its reference,
+the prompts' token ids, the rollout engine, the optimizer and schedule, the curriculum."""
 
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from cohort.algo import POLICY_LOSSES
 from cohort.config import TrainConfig
-from cohort.data import encode_prompts, load_rows, make_task
+from cohort.curriculum import Curriculum
+from cohort.data import encode_prompts, load_rows, make_task, validate_rows
 from cohort.errors import ConfigError, TrainingError
-from cohort.models import load_model, load_tokenizer, text_config, wrap_lora
+from cohort.fastpath.memory import heap_bound_unavailable
+from cohort.fastpath.switches import choose
+from cohort.iterative import IterativeRM, load_initial_pairs
+from cohort.logprobs import warm_probes
+from cohort.models import DTYPES, load_model, load_tokenizer, stop_token_ids, text_config, wrap_lora
+from cohort.optim import make_adamw, make_scheduler
+from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
+from cohort.rewards import check_reward_columns, resolve_reward_funcs, reward_name, reward_weights
+from cohort.rewards.models import RewardModel
+from cohort.rewards.process import ProcessRewardModel
+from cohort.rollout import SamplingParams, make_engine
+from cohort.rollout.base import RolloutEngine
+from cohort.rollout.sampler_copy import SamplerCopy
+from cohort.sharding import gathered, shard
+from cohort.update import checkpointing_layers
+
+
+@dataclass
+class Rewards:
+    """The run's reward functions (resolved and checked before any model loads), their names and weights."""
+
+    funcs: list[Any]
+    names: list[str]
+    weights: torch.Tensor
+    """[R] float32."""
+    sequence_advantages: bool
+    """The loss type takes one advantage per completion (so no process reward may give per-token ones)."""
+
+
+def build_rewards(cfg: TrainConfig, reward_funcs: Any, processing_classes: Any = None) -> Rewards:
+    """Returns the run's rewards: the given functions or the config's, on the policy's device, checked against
+    evaluation (the first reward scores held-out completions) and the loss type."""
+    funcs = resolve_reward_funcs(
+        reward_funcs if reward_funcs else cfg.rewards,
+        max_completion_length=cfg.rollout.max_completion_length,
+        reward_processing_classes=processing_classes,
+        step_separator=cfg.process.step_separator,
+    )
+    for func in funcs:  # reward models score on the policy's device
+        if callable(getattr(func, "to", None)):
+            func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
+    names = [reward_name(f) for f in funcs]
+    if isinstance(funcs[0], ProcessRewardModel) and (cfg.eval_every or cfg.eval_at_ends):
+        raise ConfigError(
+            f"the first reward, {names[0]!r}, is a process reward model, but evaluation scores "
+            "held-out completions with the first reward and needs one number per completion: put an outcome "
+            "reward (e.g. accuracy) first, or set eval_every=0 and eval_at_ends=false"
+        )
+    loss_spec = POLICY_LOSSES.get(cfg.algo.loss_type)
+    sequence_advantages = loss_spec is not None and loss_spec.sequence_advantages
+    step_models = [n for n, f in zip(names, funcs) if isinstance(f, ProcessRewardModel)]
+    if sequence_advantages and step_models:
+        raise ConfigError(
+            f"algo.loss_type={cfg.algo.loss_type!r} needs one advantage per completion, but the reward "
+            f"{step_models[0]!r} is a process reward model (its step rewards give per-token advantages); use "
+            "another loss type (e.g. grpo) or an outcome reward"
+        )
+    return Rewards(funcs, names, reward_weights(cfg.reward_weights, funcs), sequence_advantages)
+
+
+def build_rows(
+    cfg: TrainConfig, rewards: Rewards, train_rows: list[dict] | None, eval_rows: list[dict] | None
+) -> tuple[list[dict], list[dict]]:
+    """Returns (training rows, held-out rows): the given ones or the config's, checked for the prompt column
+    and the columns the rewards read."""
+    if train_rows is None:
+        train_rows, loaded_eval = load_prompt_rows(cfg)
+        eval_rows = loaded_eval if eval_rows is None else eval_rows
+    column = cfg.data.prompt_column
+    validate_rows(train_rows, column, where="the training data")
+    check_reward_columns(rewards.funcs, [c for c in train_rows[0] if c != column])
+    if eval_rows:
+        validate_rows(eval_rows, column, where="the held-out data")
+        held_out = [c for c in eval_rows[0] if c != column]
+        check_reward_columns(rewards.funcs[:1], held_out, where="the held-out data")  # evaluate()'s
+    if cfg.eval_every and not eval_rows:
+        raise ConfigError(
+            f"eval_every={cfg.eval_every} asks for held-out evaluations, but there are no held-out rows "
+            f"(data.n_eval={cfg.data.n_eval} for a built-in task, data.eval_path={cfg.data.eval_path!r} for a "
+            "dataset, or eval_rows=); give held-out rows or set eval_every=0"
+        )
+    return train_rows, eval_rows or []
+
+
+def build_iterative(
+    cfg: TrainConfig, rewards: Rewards, train_rows: list[dict]
+) -> tuple[IterativeRM | None, Any]:
+    """Returns iterative GRPO's state (the reward model to retrain, its replay buffer) and labeler, checked
+    before the policy loads; (None, None) when iterative GRPO is off."""
+    it = cfg.iterative
+    if not it.every:
+        return None, None
+    pairs = list(zip(rewards.names, rewards.funcs))
+    models = [(n, f) for n, f in pairs if isinstance(f, RewardModel)]
+    if it.reward is not None:
+        models = [(n, f) for n, f in models if n == it.reward]
+    if len(models) != 1:
+        names = [n for n, f in pairs if isinstance(f, RewardModel)]
+        raise ConfigError(
+            f"iterative GRPO retrains one reward model, but the rewards hold {len(names)} ({names}); "
+            + ("set iterative.reward to one of them" if names else "add a reward model folder to rewards")
+        )
+    labeler = resolve_reward_funcs([it.labeler], max_completion_length=cfg.rollout.max_completion_length)[0]
+    check_reward_columns([labeler], [c for c in train_rows[0] if c != cfg.data.prompt_column])
+    try:
+        initial = load_initial_pairs(it.initial_data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return IterativeRM(models[0][1], it, initial), labeler
+
+
+def set_threads(cfg: TrainConfig) -> None:
+    """Returns None; applies `threads` (warning when above the core count) and the heap-bound switch."""
+    if cfg.threads:
+        if cfg.threads > (os.cpu_count() or cfg.threads):
+            warnings.warn(
+                f"threads={cfg.threads} is more than this machine's {os.cpu_count()} cores: the threads compete "
+                "and every step is slower; set threads to at most the number of cores",
+                stacklevel=3,
+            )
+        torch.set_num_threads(cfg.threads)
+    f = cfg.fast
+    choose(
+        f.heap_bound,
+        "heap_bound",
+        None,
+        unavailable=lambda: heap_bound_unavailable(f.heap_mmap_threshold_mib),
+    )
+
+
+def build_reference(cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> Reference | None:
+    """Returns the KL anchor (None at beta = 0), with the policy (and a reference copy) sharded under FSDP.
+
+    With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off."""
+    a = cfg.algo
+    reference = (
+        Reference(model, every=a.ref_update_every, kl_threshold=a.ref_sync_kl, alpha=a.ref_mixup_alpha)
+        if a.beta > 0
+        else None
+    )
+    if strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
+        shard(model, strategy, mixed_precision=cfg.distributed.mixed_precision)
+        if reference is not None and reference.copy is not None:
+            shard(reference.copy, strategy, mixed_precision=cfg.distributed.mixed_precision)
+        # every process runs the fast paths' once-per-model checks together (as an update would see the model)
+        with gathered(model), checkpointing_layers(model):
+            warm_probes(model, cfg.fast)
+    return reference
+
+
+def build_engine(
+    cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any
+) -> tuple[RolloutEngine, SamplerCopy | None]:
+    """Returns (the rollout engine, the low-precision copy it samples from when rollout.sampler_dtype asks)."""
+    eos_ids, pad = stop_token_ids(model, tokenizer)
+    options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
+    engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
+    sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
+    copy = SamplerCopy(model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
+    return engine, copy
+
+
+def build_optimizer(
+    cfg: TrainConfig, model: torch.nn.Module
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+    """Returns (AdamW over the trainable parameters, the learning-rate schedule over every optimizer step)."""
+    o = cfg.optim
+    optimizer = make_adamw(
+        (p for p in model.parameters() if p.requires_grad),
+        lr=o.lr,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        weight_decay=o.weight_decay,
+    )
+    updates = cfg.steps * cfg.algo.num_iterations * cfg.algo.num_minibatches
+    return optimizer, make_scheduler(optimizer, o.schedule, o.warmup_steps, updates)
+
+
+def build_curriculum(cfg: TrainConfig, n_rows: int) -> Curriculum | None:
+    """Returns the curriculum over `n_rows` prompts (None when curriculum.enabled is false)."""
+    c = cfg.curriculum
+    if not c.enabled:
+        return None
+    return Curriculum(
+        n_rows, pass_threshold=c.pass_threshold, min_samplings=c.min_samplings, retry_after=c.retry_after
+    )
+
+
+def sampling_params(cfg: TrainConfig) -> SamplingParams:
+    """Returns the rollout's sampling parameters (greedy when rollout.temperature is 0)."""
+    r = cfg.rollout
+    return SamplingParams(
+        max_completion_length=r.max_completion_length,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        greedy=r.temperature == 0,
+    )
 
 
 def resolve_device(name: str) -> torch.device:
