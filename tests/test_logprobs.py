@@ -9,7 +9,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from cohort import logprobs as lp_module
 from cohort.fastpath import FastConfig, FastPathError, layouts, probes
-from cohort.fastpath.attention import SegmentPlan
+from cohort.fastpath.attention import SegmentPlan, plan_of
 from cohort.logprobs import LogProbs
 
 G = 3
@@ -430,6 +430,6 @@ def test_segments_only_for_groups_long_enough_to_gain(data):
         long = completion_logprobs(model, prompts, long_comps, G, fast=auto)
     finally:
         hook.remove()
-    assert seen[0].dim() == 4 and not hasattr(seen[0], "cohort_plan")  # the dense block mask
-    assert isinstance(getattr(seen[-1], "cohort_plan", None), SegmentPlan)  # a segment plan on its carrier
+    assert seen[0].dim() == 4 and plan_of(seen[0]) is None  # the dense block mask
+    assert isinstance(plan_of(seen[-1]), SegmentPlan)  # a segment plan on its carrier
     assert (short.path, long.path) == ("dense_mask", "segments")

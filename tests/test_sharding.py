@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cohort import sharding
 from cohort.config import TrainConfig
 from cohort.errors import ConfigError
 from cohort.sharding import decoder_layers, resolve_strategy
@@ -117,3 +118,34 @@ def test_the_decoder_and_head_are_units_only_when_untied(tmp_path):
     decoder, head = split_units(untied)
     assert decoder is untied.model and head is untied.lm_head
     assert split_units(tied) is None  # one parameter cannot belong to two FSDP units
+
+
+class _Unit(torch.nn.Module):
+    """Records the FSDP calls gathered() makes on a unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def set_reshard_after_forward(self, value: bool, recurse: bool) -> None:
+        self.calls.append(f"reshard_after_forward={value}")
+
+    def unshard(self) -> None:
+        self.calls.append("unshard")
+
+    def reshard(self) -> None:
+        self.calls.append("reshard")
+
+
+def test_nested_gathered_blocks_leave_the_model_to_the_outermost(monkeypatch):
+    model = _Unit()
+    monkeypatch.setattr(sharding, "fsdp_modules", lambda m: [m])
+    with sharding.gathered(model):
+        with sharding.gathered(model, None):  # a sampling round inside a step's gathered block
+            assert model.calls == ["reshard_after_forward=False", "unshard"]
+        assert model.calls == ["reshard_after_forward=False", "unshard"]
+    # resharded once, by the outer block; a root is not resharded after its forward
+    assert model.calls[2:] == ["reshard", "reshard_after_forward=False"]
+    assert vars(model).keys() == _Unit().__dict__.keys()  # nothing was set on the model
+    with sharding.gathered(model):  # gathered again once the outer block ended
+        assert model.calls[-1] == "unshard"

@@ -24,7 +24,7 @@ import torch
 
 from cohort.fastpath import FastConfig, probes
 from cohort.fastpath.attention import NAME as ATTENTION_NAME
-from cohort.fastpath.attention import build_plan, plan_attention, plan_carrier
+from cohort.fastpath.attention import attention_held, build_plan, plan_attention, plan_carrier
 from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
 from cohort.fastpath.switches import choose
@@ -195,10 +195,6 @@ def compute_logprobs(
     return LogProbs(logp_out, mask, ent_out, path, parts is not None)
 
 
-HELD_ATTR = "_cohort_attention_held"
-"""Set on a model while cohort's attention stays selected through forward and backward (cohort.update)."""
-
-
 def _impl(model: torch.nn.Module) -> str | None:
     """Returns the model's attention implementation; cohort's own counts as sdpa (it is sdpa for plain masks)."""
     impl = getattr(text_config(model), "_attn_implementation", None)
@@ -250,7 +246,7 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
         if hasattr(type(inner), "is_activation_checkpointing")
         else "is_gradient_checkpointing"
     )
-    if getattr(inner, flag, False) and torch.is_grad_enabled() and not getattr(model, HELD_ATTR, False):
+    if getattr(inner, flag, False) and torch.is_grad_enabled() and not attention_held(model):
         # Outside cohort's update, the backward would recompute layers after the attention switch is undone
         # (without gradients nothing is recomputed: a reference copy or π_old pass may take segments).
         return "gradient checkpointing is on (its recomputation would run plain attention)"

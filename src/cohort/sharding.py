@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,10 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     return model
 
 
+_GATHERED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""The models an enclosing `gathered` block holds unsharded now."""
+
+
 @contextlib.contextmanager
 def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
     """Yields with every FSDP module of `models` unsharded, so forward calls need no collective; reshards after.
@@ -157,7 +162,7 @@ def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
     A model that is not sharded passes through untouched.
     """
     # A model already gathered by an enclosing block (a step's sampling rounds) is left to that block.
-    todo = [m for m in models if m is not None and not getattr(m, "_cohort_gathered", False)]
+    todo = [m for m in models if m is not None and m not in _GATHERED]
     mods = [m for model in todo for m in fsdp_modules(model)]
     if not mods:
         yield
@@ -166,13 +171,12 @@ def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
     for m in mods:
         m.set_reshard_after_forward(False, recurse=False)  # type: ignore[operator]
         m.unshard()  # type: ignore[operator]
-    for model in todo:
-        setattr(model, "_cohort_gathered", True)  # noqa: B010  (nn.Module types attributes as Tensor | Module)
+    _GATHERED.update(todo)
     try:
         yield
     finally:
         for model in todo:
-            setattr(model, "_cohort_gathered", False)  # noqa: B010
+            _GATHERED.discard(model)
         for m in mods:
             m.reshard()  # type: ignore[operator]
             m.set_reshard_after_forward(id(m) not in roots, recurse=False)  # type: ignore[operator]

@@ -17,9 +17,11 @@ sequence of exactly the real tokens for every projection and MLP, and only atten
 The gathers are differentiable (their backward sums into the packed row), so a prompt's keys and
 values receive the gradients of all its completions. transformers hands a 4-D tensor given as
 `attention_mask` unchanged to every layer (in every model family, unlike a dict of masks, which
-only models with `layer_types` accept); the plan rides on such a tensor (:func:`plan_carrier`). The
-function is selected by switching the model's `_attn_implementation` for the duration of a call
-(:func:`plan_attention`).
+only models with `layer_types` accept), and a gradient-checkpointed layer keeps it for its
+recomputation: a 1-element mask stands for the plan (:func:`plan_carrier`), which this module's
+attention function looks up by that mask (:func:`plan_of`). The function is selected by switching the
+model's `_attn_implementation` for the duration of a call (:func:`plan_attention`), or of a whole
+update whose backward recomputes layers (:func:`hold_attention`).
 
 **Shared-prefix decoding**: the G samples of a prompt decode against one copy of its prompt's keys and
 values instead of G copies. Each step's query of every live row scores its group's prompt keys (rows of
@@ -31,11 +33,13 @@ prompt's cache G times was most of attention's time and memory traffic.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -265,7 +269,7 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
 
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Returns (attention output [B, L, H, D], None) following a SegmentPlan or PrefixPlan; plain sdpa otherwise."""
-    plan = getattr(attention_mask, _PLAN_ATTR, None)
+    plan = plan_of(attention_mask)
     if isinstance(plan, PrefixPlan):
         return _prefix_decode(module, query, key, value, plan, scaling), None
     if not isinstance(plan, SegmentPlan):
@@ -322,16 +326,47 @@ def plan_attention(model: torch.nn.Module) -> Iterator[None]:
             c._attn_implementation_internal = impl
 
 
-_PLAN_ATTR = "cohort_plan"
+_HELD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""Models whose cohort attention stays selected through forward and backward passes (hold_attention)."""
+
+
+@contextlib.contextmanager
+def hold_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Yields with cohort's attention selected on `model` for every forward and backward pass inside.
+
+    A gradient-checkpointed layer recomputes its forward during the backward pass, after a forward's own
+    plan_attention has ended: held, the recomputation follows the plan its forward was given."""
+    with plan_attention(model):
+        _HELD.add(model)
+        try:
+            yield
+        finally:
+            _HELD.discard(model)
+
+
+def attention_held(model: torch.nn.Module) -> bool:
+    """Returns whether `model` is inside hold_attention (recomputed layers keep cohort's attention)."""
+    return model in _HELD
+
+
+_PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Each plan under the mask that stands for it (plan_carrier); an entry goes when its mask is freed."""
 
 
 def plan_carrier(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.Tensor:
-    """Returns the `attention_mask` that hands `plan` to every attention layer: a 1-element 4-D tensor carrying it.
+    """Returns the `attention_mask` that hands `plan` to every attention layer: a 1-element 4-D tensor standing for it.
 
-    Mask builders return a 4-D mask as it is, so the same object reaches every layer. A model that
-    reshapes or slices masks loses the plan and gets plain sdpa over this dummy mask, which the
-    once-per-model checks of both plans catch.
+    Mask builders return a 4-D mask as it is, so the same object reaches every layer (and a checkpointed
+    layer's recomputation, which keeps it). The plan is not a forward keyword: some models' heads do not
+    hand extra keywords on (GPT-2's in transformers 5.0), and a recomputation without it would be plain
+    attention. A model that reshapes or slices masks loses the plan and gets plain sdpa over this dummy
+    mask, which the once-per-model checks of both plans catch.
     """
     carrier = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
-    setattr(carrier, _PLAN_ATTR, plan)
+    _PLANS[carrier] = plan
     return carrier
+
+
+def plan_of(attention_mask: object) -> SegmentPlan | PrefixPlan | None:
+    """Returns the plan `attention_mask` stands for (plan_carrier), or None for any other mask."""
+    return _PLANS.get(attention_mask) if isinstance(attention_mask, torch.Tensor) else None
