@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ from cohort import distributed as dist
 from cohort import seeds
 from cohort.callbacks import Callbacks
 from cohort.checkpoint import (
-    list_checkpoints,
     rng_state,
     set_aside_newer,
     set_rng_state,
@@ -38,17 +36,12 @@ from cohort.errors import (
     TrainingError,
 )
 from cohort.health import HealthMonitor, collapsed_share
-from cohort.models import (
-    fix_adapter_base_path,
-)
-from cohort.report import quiet_hf_progress
 from cohort.rewards import (
     score,
 )
 from cohort.rewards.process import process_metrics
 from cohort.rundir import RunLock, StopSignals
 from cohort.sharding import (
-    full_state_dict,
     gathered,
     resolve_strategy,
 )
@@ -69,7 +62,13 @@ from cohort.train.build import (
     sampling_params,
     set_threads,
 )
-from cohort.train.checkpoints import RunCheckpoints, check_finite_weights, find_checkpoints
+from cohort.train.checkpoints import (
+    RunCheckpoints,
+    check_finite_weights,
+    find_checkpoints,
+    save_final_model,
+    trl_resume_target,
+)
 from cohort.train.draw import Drawer, Drawn
 from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.held_out import HeldOut
@@ -575,22 +574,7 @@ class GRPOTrainer:
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
         out = Path(folder) if folder else self.run_dir / "final"
-        if self.strategy != "none":  # gathered from every process's shard; the main process writes it
-            full = full_state_dict(self.model)
-            if dist.is_main():
-                out.mkdir(parents=True, exist_ok=True)
-                with quiet_hf_progress():
-                    self.model.save_pretrained(out, state_dict=full, safe_serialization=True)  # type: ignore[operator]
-                fix_adapter_base_path(out)
-                self.tokenizer.save_pretrained(out)
-            dist.barrier()
-            return out
-        out.mkdir(parents=True, exist_ok=True)
-        with quiet_hf_progress():
-            self.model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]  # transformers' method
-        fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
-        self.tokenizer.save_pretrained(out)
-        return out
+        return save_final_model(self.model, self.tokenizer, out, sharded=self.strategy != "none")
 
     # ------------------------------------------------------------------ the loop
     def train(
@@ -632,25 +616,7 @@ class GRPOTrainer:
         """Loads the checkpoint TRL's train(resume_from_checkpoint=...) names (True: out_dir's newest)."""
         if self._candidates:  # the config's resume already loaded one
             return
-        if where is True:
-            if not list_checkpoints(self.run_dir):
-                raise ConfigError(
-                    f"resume_from_checkpoint=True: no checkpoint in {self.run_dir / 'checkpoints'} to resume from; "
-                    "call trainer.train() to start the run"
-                )
-            self.cfg.resume = "auto"
-        else:
-            path = Path(str(where))
-            trl_name = re.fullmatch(r"checkpoint-(\d+)", path.name)
-            if not path.exists() and trl_name:  # TRL's output_dir/checkpoint-N is cohort's checkpoints/step-N
-                path = path.parent / "checkpoints" / f"step-{trl_name.group(1)}"
-            if not (path / "trainer_state.pt").is_file():
-                found = ", ".join(p.name for p in list_checkpoints(self.run_dir)) or "none"
-                raise ConfigError(
-                    f"resume_from_checkpoint={str(where)!r} is not a cohort checkpoint (no trainer_state.pt); "
-                    f"the checkpoints of {self.run_dir} are: {found} (in {self.run_dir / 'checkpoints'}), or pass True"
-                )
-            self.cfg.resume = str(path)
+        self.cfg.resume = trl_resume_target(where, self.run_dir)
         self._existing_run = None
         self._candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self.trl_form)
         self._resume()

@@ -3,6 +3,8 @@ current state, and loading one back into the run's parts (whole or sharded, on a
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +23,7 @@ from cohort.checkpoint import (
     readable_checkpoints,
     save_checkpoint,
 )
-from cohort.config import TrainConfig, to_dict
+from cohort.config import TrainConfig, current_keys, to_dict
 from cohort.errors import (
     ConfigError,
     NonFiniteError,
@@ -30,11 +32,13 @@ from cohort.errors import (
     UnsafeCheckpointError,
     first_line,
 )
+from cohort.models import fix_adapter_base_path
 from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
 from cohort.rundir import config_changes, logged_steps
 from cohort.sharding import (
     SHARDED_DIR,
+    full_state_dict,
     load_full_weights,
     load_plain_optimizer,
     load_sharded,
@@ -101,7 +105,7 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
         )
     saved = candidates[0][1].get("extra", {}).get("config")
     if saved is not None and not cfg.allow_config_change:
-        changed = config_changes(saved, to_dict(cfg))
+        changed = config_changes(current_keys(saved), to_dict(cfg))  # an older cohort's keys, renamed
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
             raise ConfigError(
@@ -282,3 +286,42 @@ def check_finite_weights(model: torch.nn.Module, what: str) -> None:
             f"{what} has non-finite weights: {sum(c for _, c in bad)} NaN/inf values in {len(bad)} tensors (first: "
             f"{bad[0][0]}); training it would only produce garbage. Load a healthy model or checkpoint"
         )
+
+
+def save_final_model(model: torch.nn.Module, tokenizer: Any, out: Path, *, sharded: bool) -> Path:
+    """Returns `out` after writing the model (save_pretrained, safetensors) and its tokenizer there; a sharded
+    model is gathered from every process's shard (a collective) and written by the main process."""
+    full = full_state_dict(model) if sharded else None
+    if dist.is_main() or not sharded:
+        out.mkdir(parents=True, exist_ok=True)
+        with quiet_hf_progress():
+            options = {"state_dict": full} if full is not None else {}
+            model.save_pretrained(out, safe_serialization=True, **options)  # type: ignore[operator]
+        fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
+        tokenizer.save_pretrained(out)
+    if sharded:
+        dist.barrier()
+    return out
+
+
+def trl_resume_target(where: bool | str | os.PathLike, run_dir: Path) -> str:
+    """Returns the `resume` setting TRL's train(resume_from_checkpoint=where) means: "auto" for True (the
+    newest checkpoint of run_dir), else the checkpoint folder (TRL's name checkpoint-N is cohort's step-N)."""
+    if where is True:
+        if not list_checkpoints(run_dir):
+            raise ConfigError(
+                f"resume_from_checkpoint=True: no checkpoint in {run_dir / 'checkpoints'} to resume from; "
+                "call trainer.train() to start the run"
+            )
+        return "auto"
+    path = Path(str(where))
+    trl_name = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    if not path.exists() and trl_name:  # TRL's output_dir/checkpoint-N is cohort's checkpoints/step-N
+        path = path.parent / "checkpoints" / f"step-{trl_name.group(1)}"
+    if not (path / "trainer_state.pt").is_file():
+        found = ", ".join(p.name for p in list_checkpoints(run_dir)) or "none"
+        raise ConfigError(
+            f"resume_from_checkpoint={str(where)!r} is not a cohort checkpoint (no trainer_state.pt); "
+            f"the checkpoints of {run_dir} are: {found} (in {run_dir / 'checkpoints'}), or pass True"
+        )
+    return str(path)
