@@ -1,4 +1,8 @@
-"""Types shared by the rollout engines: sampling settings, the rollout batch, the engine interface."""
+"""Types shared by the rollout engines: sampling settings, the rollout batch, the engine interface.
+
+An engine implements `sample` (its decoding, on the model's device); `RolloutEngine.generate`, shared by
+every engine, checks the request, runs `sample` without gradients in eval mode and makes the RolloutBatch.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from cohort.models import eval_mode, input_device
 
 
 @dataclass
@@ -151,8 +157,24 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
     )
 
 
+@dataclass
+class Sampled:
+    """An engine's sampled rows on the model's device, before generate() makes them a RolloutBatch."""
+
+    tokens: torch.Tensor
+    """[N, T] long: each row's tokens; those past its length are ignored."""
+    lengths: torch.Tensor
+    """[N] long: each completion's length (its EOS included)."""
+    truncated: torch.Tensor
+    """[N] bool: the row reached max_completion_length without emitting EOS."""
+    logprobs: torch.Tensor
+    """[N, T] float32: log-prob of each sampled token under logits / temperature (see RolloutBatch)."""
+    paths: dict[str, bool] = field(default_factory=dict)
+    """The fast paths the engine took (RolloutBatch.paths)."""
+
+
 class RolloutEngine(abc.ABC):
-    """Generates group_size completions for every prompt; subclasses implement `generate`."""
+    """Generates group_size completions for every prompt; subclasses implement `sample`."""
 
     name: str = "?"
 
@@ -171,7 +193,6 @@ class RolloutEngine(abc.ABC):
         self.eos_token_ids = eos
         self.pad_token_id = pad_token_id
 
-    @abc.abstractmethod
     def generate(
         self,
         model: torch.nn.Module,
@@ -180,7 +201,34 @@ class RolloutEngine(abc.ABC):
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
-        """Returns a RolloutBatch with group_size completions per prompt."""
+        """Returns a RolloutBatch with group_size completions per prompt and their sampling log-probs."""
+        validate_request(prompt_ids, group_size, params)
+        device = input_device(model)
+        with torch.inference_mode(), eval_mode(model):
+            out = self.sample(model, prompt_ids, group_size, params, generator, device)
+        # Out of inference mode, so the batch holds ordinary tensors a caller may change in place.
+        lengths = out.lengths.tolist()
+        logps = out.logprobs.cpu()
+        return RolloutBatch(
+            prompt_ids=[list(p) for p in prompt_ids],
+            completion_ids=[row[:n] for row, n in zip(out.tokens.tolist(), lengths)],
+            truncated=out.truncated.to("cpu", copy=True),
+            group_size=group_size,
+            sampling_logprobs=[logps[i, :n].clone() for i, n in enumerate(lengths)],
+            paths=out.paths,
+        )
+
+    @abc.abstractmethod
+    def sample(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> Sampled:
+        """Returns the Sampled rows of a checked request (called by generate, under inference mode, model in eval)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(eos_token_ids={self.eos_token_ids}, pad_token_id={self.pad_token_id})"
@@ -205,22 +253,18 @@ def validate_request(prompt_ids: object, group_size: object, params: object) -> 
             )
 
 
-def completions_from_tokens(
-    tokens: list[list[int]], eos_token_ids: Sequence[int], max_len: int
-) -> tuple[list[list[int]], torch.Tensor]:
-    """Returns (completions cut after their first EOS, truncated [N] bool) from raw generated rows."""
-    eos = set(eos_token_ids)
-    completions, truncated = [], []
-    for row in tokens:
-        row = row[:max_len]
-        end = next((i for i, t in enumerate(row) if t in eos), None)
-        if end is None:
-            completions.append(list(row))
-            truncated.append(len(row) >= max_len)
-        else:
-            completions.append(list(row[: end + 1]))
-            truncated.append(False)
-    return completions, torch.tensor(truncated, dtype=torch.bool)
+def completion_ends(
+    tokens: torch.Tensor, eos_token_ids: Sequence[int], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (lengths [N] long, truncated [N] bool) of raw generated rows tokens [N, T] on their device.
+
+    A row is cut at max_len tokens, then after its first EOS (included); it is truncated when it has no
+    EOS and holds max_len tokens."""
+    tokens = tokens[:, :max_len]
+    hit = torch.isin(tokens, torch.tensor(list(eos_token_ids), dtype=tokens.dtype, device=tokens.device))
+    ended = hit.any(-1)  # [N]
+    before = (hit.cumsum(-1) == 0).sum(-1)  # [N] tokens before the first EOS (all of them without one)
+    return before + ended.long(), ~ended & (tokens.shape[1] >= max_len)
 
 
 def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device):

@@ -28,19 +28,11 @@ from cohort.fastpath.switches import choose
 from cohort.models import (
     attention_shape,
     cache_kwargs,
-    eval_mode,
     forward_accepts,
     full_attention_span,
-    input_device,
     text_config,
 )
-from cohort.rollout.base import (
-    RolloutBatch,
-    RolloutEngine,
-    SamplingParams,
-    left_pad,
-    validate_request,
-)
+from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad
 from cohort.rollout.sampling import sample_next
 
 
@@ -55,38 +47,26 @@ class BuiltinEngine(RolloutEngine):
             raise TypeError(f"fast must be a cohort.fastpath.FastConfig, got {type(fast).__name__}")
         self.fast = (FastConfig() if fast is None else fast).validate()
 
-    def generate(
+    def sample(
         self,
         model: torch.nn.Module,
         prompt_ids: list[list[int]],
         group_size: int,
         params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> RolloutBatch:
-        """Returns a RolloutBatch with group_size sampled completions per prompt and their sampling log-probs."""
-        validate_request(prompt_ids, group_size, params)
-        device = input_device(model)
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> Sampled:
+        """Returns group_size sampled completions per prompt as Sampled rows, with the fast paths taken."""
         if generator is not None and generator.device.type != device.type:
             raise ValueError(
                 f"generator is on {generator.device} but the model is on {device}; create it with "
                 f"torch.Generator(device={str(device)!r})"
             )
         paths: dict[str, bool] = {}
-        with torch.inference_mode(), eval_mode(model):
-            tokens, lengths, ended, logps = self._decode(
-                model, prompt_ids, group_size, params, generator, device, paths=paths
-            )
-        tokens_l, lengths_l = tokens.tolist(), lengths.tolist()
-        completions = [row[:n] for row, n in zip(tokens_l, lengths_l)]
-        logps = logps.cpu()
-        return RolloutBatch(
-            prompt_ids=[list(p) for p in prompt_ids],
-            completion_ids=completions,
-            truncated=~ended.cpu(),
-            group_size=group_size,
-            sampling_logprobs=[logps[i, :n].clone() for i, n in enumerate(lengths_l)],
-            paths=paths,
+        tokens, lengths, ended, logps = self._decode(
+            model, prompt_ids, group_size, params, generator, device, paths=paths
         )
+        return Sampled(tokens=tokens, lengths=lengths, truncated=~ended, logprobs=logps, paths=paths)
 
     def _decode(self, model, prompt_ids, group_size, params, generator, device, shared=None, paths=None):
         """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`.

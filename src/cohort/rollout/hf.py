@@ -8,15 +8,7 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from cohort.models import eval_mode, input_device
-from cohort.rollout.base import (
-    RolloutBatch,
-    RolloutEngine,
-    SamplingParams,
-    completions_from_tokens,
-    left_pad,
-    validate_request,
-)
+from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, completion_ends, left_pad
 
 
 class HFEngine(RolloutEngine):
@@ -24,17 +16,16 @@ class HFEngine(RolloutEngine):
 
     name = "hf"
 
-    def generate(
+    def sample(
         self,
         model: torch.nn.Module,
         prompt_ids: list[list[int]],
         group_size: int,
         params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> RolloutBatch:
-        """Returns a RolloutBatch with group_size completions per prompt sampled by transformers' generate."""
-        validate_request(prompt_ids, group_size, params)
-        device = input_device(model)
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> Sampled:
+        """Returns group_size completions per prompt sampled by transformers' generate, as Sampled rows."""
         input_ids, attn = left_pad(prompt_ids, self.pad_token_id, device)  # [B, P]
         # Repeated rows rather than num_return_sequences, which greedy decoding rejects for G > 1.
         input_ids = input_ids.repeat_interleave(group_size, dim=0)  # [N, P]
@@ -53,12 +44,7 @@ class HFEngine(RolloutEngine):
         # get_base_model (peft) and generate (transformers) are methods that nn.Module's __getattr__ types as
         # Tensor | Module, hence the two ignores.
         hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
-        with (
-            torch.inference_mode(),
-            eval_mode(model),
-            _plain_generation_config(hf_model),
-            _seeded_from(generator, device),
-        ):
+        with _plain_generation_config(hf_model), _seeded_from(generator, device):
             sequences = model.generate(  # type: ignore[operator]
                 input_ids=input_ids,
                 attention_mask=attn,
@@ -66,17 +52,9 @@ class HFEngine(RolloutEngine):
                 **kwargs,
             )  # [N, P + T']
             new_tokens = sequences[:, input_ids.shape[1] :]  # [N, T']
-            logps = recorder.finish(new_tokens).cpu()  # [N, T']
-        completions, truncated = completions_from_tokens(
-            new_tokens.tolist(), self.eos_token_ids, params.max_completion_length
-        )
-        return RolloutBatch(
-            prompt_ids=[list(p) for p in prompt_ids],
-            completion_ids=completions,
-            truncated=truncated,
-            group_size=group_size,
-            sampling_logprobs=[logps[i, : len(c)].clone() for i, c in enumerate(completions)],
-        )
+            logps = recorder.finish(new_tokens)  # [N, T']
+        lengths, truncated = completion_ends(new_tokens, self.eos_token_ids, params.max_completion_length)
+        return Sampled(tokens=new_tokens, lengths=lengths, truncated=truncated, logprobs=logps)
 
 
 class _LogprobRecorder(LogitsProcessor):
