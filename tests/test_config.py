@@ -252,3 +252,56 @@ def test_every_example_config_loads_and_validates():
     assert files
     for f in files:
         load_config(f).validate()
+
+
+# ------------------------------------------------------------------ deriving, then checking
+
+
+def test_deriving_is_one_explicit_step_and_the_checks_change_nothing():
+    import dataclasses
+
+    from cohort.config import RunEnvironment, derive, validate_config
+
+    cfg = load_config(None, _valid(**{"distributed.global_batch_size": 24, "rollout.group_size": 4}))
+    cfg.fast.segments = False  # a boolean from Python: derived as "off"
+    given = dataclasses.asdict(cfg)
+    with pytest.raises(ConfigError, match=r"rollout.batch_size=64 is not .*derive the config"):
+        validate_config(cfg, world_size=3, cuda_available=False)
+    assert dataclasses.asdict(cfg) == given  # a refusal changed nothing either
+    assert derive(cfg, world_size=3) is cfg
+    assert (cfg.rollout.batch_size, cfg.fast.segments) == (8, "off")
+    derived = dataclasses.asdict(cfg)
+    assert dataclasses.asdict(derive(cfg, world_size=3)) == derived  # deriving again changes nothing
+    assert validate_config(cfg, world_size=3, cuda_available=False) is cfg
+    assert dataclasses.asdict(cfg) == derived
+    # The environment is an argument: the same config for two processes, whatever WORLD_SIZE says here.
+    other = load_config(None, _valid(**{"distributed.global_batch_size": 24, "rollout.group_size": 4}))
+    assert other.validate(environment=RunEnvironment(world_size=2)).rollout.batch_size == 12
+
+
+def test_the_inert_table_reads_the_process_count_it_is_given():
+    from cohort.config import inert_options
+
+    cfg = load_config(None, _valid(**{"distributed.backend": "gloo"}))
+    assert [key for key, *_ in inert_options(cfg, world_size=1)] == ["distributed.backend"]
+    assert inert_options(cfg, world_size=2) == []
+
+
+def test_iterative_reward_model_takes_an_optimizer_section_and_the_old_key():
+    from cohort.config import IterativeConfig, OptimConfig, current_keys, to_dict
+
+    cfg = load_config(None, _valid(**{"iterative.rm_lr": 5e-3, "iterative.optim.weight_decay": 0.1}))
+    assert cfg.iterative.optim == OptimConfig(lr=5e-3, weight_decay=0.1, adam_beta2=0.999)
+    assert cfg.iterative.rm_lr == 5e-3 and IterativeConfig(rm_lr=2e-3).optim.lr == 2e-3
+    assert "rm_lr" not in to_dict(cfg)["iterative"]  # written under its one name
+    with pytest.raises(ConfigError, match="iterative.rm_lr='fast': expected a number"):
+        load_config(None, ["iterative.rm_lr=fast"])
+    with pytest.raises(ConfigError, match=r"iterative.optim.warmup_steps=5 changes nothing.*constant"):
+        load_config(None, _valid(**{"iterative.optim.warmup_steps": 5})).validate()
+    with pytest.raises(ConfigError, match=r"iterative.optim.lr=0.0 must be > 0"):
+        load_config(None, _valid(**{"iterative.every": 2, "iterative.optim.lr": 0})).validate()
+    # A checkpoint's config written by an older cohort (iterative.rm_lr) compares equal to today's.
+    old = to_dict(TrainConfig())
+    del old["iterative"]["optim"]
+    old["iterative"]["rm_lr"] = 1e-4
+    assert current_keys(old) == to_dict(TrainConfig())

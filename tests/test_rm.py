@@ -132,3 +132,24 @@ def test_rm_cli_errors_before_loading(tmp_path, capsys):
     rows.write_text(json.dumps({"prompt": "p", "text": "x"}) + "\n")
     with pytest.raises(ValueError, match="cannot tell"):
         train_reward_model(RMConfig(model="m", data=str(rows), out_dir=str(tmp_path / "o2")))
+
+
+def test_the_optimizer_section_its_aliases_and_older_checkpoints(tmp_path):
+    import dataclasses
+
+    from cohort.config import OptimConfig
+    from cohort.errors import ConfigError
+    from cohort.rm import _check_same_run
+
+    cfg = RMConfig(model="m", data="d.jsonl", lr=3e-3, warmup_steps=2)
+    assert cfg.optim == OptimConfig(lr=3e-3, warmup_steps=2, adam_beta2=0.999)
+    assert (cfg.lr, cfg.warmup_steps, cfg.weight_decay, cfg.max_grad_norm) == (3e-3, 2, 0.0, 1.0)
+    # The config an older cohort recorded in its checkpoints held the optimizer's settings flat.
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "optim"}
+    old.update(lr=3e-3, warmup_steps=2, weight_decay=0.0, max_grad_norm=1.0)
+    _check_same_run(cfg, old, tmp_path)  # the same run: resumes
+    cfg.optim.adam_beta2 = 0.99
+    with pytest.raises(ConfigError, match=r"other settings \(adam_beta2: 0.999 -> 0.99\)"):
+        _check_same_run(cfg, old, tmp_path)
+    with pytest.raises(ConfigError, match=r"schedule='cosinus' is not valid"):
+        RMConfig(model="m", data="d.jsonl", optim=OptimConfig(schedule="cosinus")).validate()

@@ -80,7 +80,7 @@ def train(out: Path, model: Path, rm: Path, pairs: Path, steps: int, seed: int, 
                 "iterative.prompts": 32,
                 "iterative.rm_steps": 50,
                 "iterative.rm_batch_size": 32,
-                "iterative.rm_lr": 1e-3,
+                "iterative.optim.lr": 1e-3,
                 "iterative.initial_data": str(pairs),
             }
         )

@@ -165,7 +165,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     tokenizer, model, rows = _model_and_rows(args, need_completion=True)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
     pairs = encode_pairs(tokenizer, prompt_ids, [str(r[args.completion_column]) for r in rows])
-    cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    cfg = SFTConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
+    cfg.optim.lr = args.lr
     sft_train(model, pairs, cfg, log=lambda row: print(json.dumps(row)))
     out = Path(args.out)
     model.save_pretrained(out)
@@ -186,14 +187,14 @@ def _cmd_rm(args: argparse.Namespace) -> int:
         out_dir=args.out,
         steps=args.steps,
         batch_size=args.batch_size,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
         max_length=args.max_length,
         seed=args.seed,
         eval_every=args.eval_every,
         save_every=args.save_every,
         prompt_column=args.prompt_column,
-    ).validate()
+    )
+    cfg.optim.lr, cfg.optim.warmup_steps = args.lr, args.warmup_steps
+    cfg.validate()
     for path, flag in ((cfg.data, "--data"), (cfg.eval_data, "--eval-data")):
         if path and Path(path).suffix in (".jsonl", ".json") and not Path(path).is_file():
             raise ValueError(f"{flag} {path!r} does not exist; give a JSONL file or a `datasets` name")

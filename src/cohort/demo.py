@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from cohort.config import TrainConfig, load_config
+from cohort.config import OptimConfig, TrainConfig, load_config
 from cohort.data import encode_prompts, make_task, sft_completion
 from cohort.evaluation import evaluate
 from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
@@ -31,7 +31,12 @@ DEMO_MODEL: dict[str, Any] = {"hidden_size": 128, "num_layers": 2, "num_heads": 
 # Cold start: SFT on worked answers until greedy accuracy on 200 training problems reaches
 # DEMO_SFT_TARGET (checked every 25 steps), so GRPO starts from a model that answers roughly a third of
 # the problems whatever the seed. The held-out set is never looked at before the GRPO run.
-DEMO_SFT = SFTConfig(steps=1500, batch_size=128, lr=3e-3, warmup_steps=10, weight_decay=0.1, seed=0)
+DEMO_SFT = SFTConfig(
+    steps=1500,
+    batch_size=128,
+    optim=OptimConfig(lr=3e-3, warmup_steps=10, weight_decay=0.1, schedule="cosine", adam_beta2=0.999),
+    seed=0,
+)
 DEMO_SFT_TARGET = 0.30
 DEMO_GRPO = {
     "data": {"task": DEMO_TASK, "n_train": 4000, "n_eval": 200},

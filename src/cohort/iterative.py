@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from cohort.data import load_rows
 from cohort.rm import RewardModelTrainer, RMExample, rm_examples
 
 
@@ -29,7 +30,7 @@ class IterativeRM:
         self.reward_model = reward_model
         self.cfg = cfg
         self.trainer = RewardModelTrainer(
-            reward_model.model, reward_model.tokenizer, lr=cfg.rm_lr, batch_size=cfg.rm_batch_size
+            reward_model.model, reward_model.tokenizer, optim=cfg.optim, batch_size=cfg.rm_batch_size
         )
         self.buffer: list[RMExample] = list(initial or [])
         self.iterations = 0
@@ -92,8 +93,6 @@ def load_initial_pairs(path: str | None) -> list[RMExample]:
     """Returns the reward model's earlier training pairs from a pairwise JSONL / dataset (none without a path)."""
     if not path:
         return []
-    from cohort.data import load_rows
-
     kind, examples = rm_examples(load_rows(path))
     if kind != "pairwise":
         raise ValueError(

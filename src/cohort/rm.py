@@ -29,9 +29,15 @@ from typing import Any
 import torch
 
 from cohort import seeds
+from cohort.checkpoint import readable_checkpoints, save_checkpoint
+from cohort.config.schema import OptimConfig, optim_aliases
+from cohort.config.validation import check_optim
+from cohort.data import load_rows
 from cohort.errors import ConfigError
-from cohort.rewards.models import share_pad_token
-from cohort.rundir import config_changes
+from cohort.optim import make_adamw, make_scheduler
+from cohort.report import MetricsLogger, write_report, write_summary
+from cohort.rewards.models import RewardModel, load_score_model, share_pad_token
+from cohort.rundir import RunLock, config_changes, trim_logs
 
 RM_FORMATS = ("pointwise", "pairwise")
 
@@ -115,18 +121,10 @@ def load_reward_model_for_training(
 ) -> tuple[Any, Any]:
     """Returns (model, tokenizer): a sequence-classification model with one output, from a causal LM (a new
     head) or a reward model folder, with a pad token the model knows."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # "some weights were newly initialised": the score head, as intended
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, trust_remote_code=trust_remote_code
-        )
-    finally:
-        hf_logging.set_verbosity(level)
+    model = load_score_model(source, new_head=True, trust_remote_code=trust_remote_code)
     share_pad_token(model, tokenizer, os.fspath(source))
     return model, tokenizer
 
@@ -145,29 +143,31 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
 
 
 class RewardModelTrainer:
-    """Fits a one-output sequence classifier to RMExamples (pointwise or pairwise) with AdamW."""
+    """Fits a one-output sequence classifier to RMExamples (pointwise or pairwise) with AdamW.
+
+    `optim`: AdamW's settings (lr, weight decay, betas, epsilon) and the gradient-norm clip; the learning-rate
+    schedule, when there is one, is the caller's (it knows how many steps the run has)."""
 
     def __init__(
         self,
         model: Any,
         tokenizer: Any,
         *,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
+        optim: OptimConfig,
         max_length: int = 1024,
         batch_size: int = 16,
     ):
-        from cohort.optim import make_adamw
-        from cohort.rewards.models import RewardModel
-
         self.model = model
         self.tokenizer = tokenizer
         self.scorer = RewardModel(model, tokenizer)  # its texts() builds what the model sees when it scores
         self.optimizer = make_adamw(
-            [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=(optim.adam_beta1, optim.adam_beta2),
+            eps=optim.adam_eps,
+            weight_decay=optim.weight_decay,
         )
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = optim.max_grad_norm
         self.max_length = max_length
         self.batch_size = batch_size
 
@@ -253,9 +253,14 @@ class RewardModelTrainer:
         return history
 
 
+@optim_aliases("lr", "warmup_steps", "weight_decay", "max_grad_norm")
 @dataclass
 class RMConfig:
-    """A reward-model training run (`cohort rm`)."""
+    """A reward-model training run (`cohort rm`).
+
+    The optimizer settings are the `optim` section (an OptimConfig, as GRPO's); the older flat keywords and
+    attributes `lr`, `warmup_steps`, `weight_decay` and `max_grad_norm` are aliases of its fields, and are the
+    names the `cohort rm` flags, the messages and the resume check use."""
 
     model: str = ""
     """Causal LM (a new score head is added) or reward model folder / hub id to start from."""
@@ -271,14 +276,11 @@ class RMConfig:
     """Optimizer steps."""
     batch_size: int = 16
     """Examples (pairs) per step."""
-    lr: float = 1e-4
-    """AdamW learning rate (constant after warm-up)."""
-    warmup_steps: int = 10
-    """Linear warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=10, schedule="constant", adam_beta2=0.999)
+    )
+    """AdamW and the schedule: lr 1e-4, 10 linear warm-up steps then constant, betas 0.9 / 0.999, no weight
+    decay, the gradient norm clipped at 1."""
     max_length: int = 1024
     """Longest text in tokens (longer ones are truncated)."""
     seed: int = 0
@@ -304,13 +306,15 @@ class RMConfig:
         for name in ("steps", "batch_size", "max_length"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("eval_every", "save_every", "warmup_steps"):
+        for name in ("eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"lr={self.lr} must be a positive number")
+        lr = self.optim.lr
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ConfigError(f"lr={lr} must be a positive number")  # the --lr flag's own words
         if self.eval_data is None and not 0 < self.eval_fraction < 1:
             raise ConfigError(f"eval_fraction={self.eval_fraction} must be in (0, 1) (or give eval_data)")
+        check_optim(self.optim, prefix="")  # named as the flags and the aliases name them
         return self
 
 
@@ -318,11 +322,20 @@ RM_RESUMABLE = ("steps", "eval_every", "save_every", "out_dir", "extra.")
 """RMConfig fields that may change between a run and its resumption (how long, how often, not what)."""
 
 
+def _flat_optim(config: dict[str, Any]) -> dict[str, Any]:
+    """Returns an RM config mapping with its optimizer settings at the top level, as the flags name them.
+
+    Older checkpoints recorded them there, and only lr, warmup_steps, weight_decay and max_grad_norm: the
+    others ran at the values the current defaults hold, which fill them in."""
+    rest = {k: v for k, v in config.items() if k != "optim"}
+    return {**dataclasses.asdict(RMConfig().optim), **(config.get("optim") or {}), **rest}
+
+
 def _check_same_run(cfg: RMConfig, saved: dict[str, Any] | None, ckpt: Path) -> None:
     """Raises ConfigError when `cfg` differs from the config checkpoint `ckpt` was trained with (beyond RM_RESUMABLE)."""
     if saved is None:  # a checkpoint from before the config was recorded: nothing to compare
         return
-    changed = config_changes(saved, dataclasses.asdict(cfg), resumable=RM_RESUMABLE)
+    changed = config_changes(_flat_optim(saved), _flat_optim(dataclasses.asdict(cfg)), resumable=RM_RESUMABLE)
     if changed:
         listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
         raise ConfigError(
@@ -334,12 +347,6 @@ def _check_same_run(cfg: RMConfig, saved: dict[str, Any] | None, ckpt: Path) -> 
 
 def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Returns the run's summary after training (or resuming) a reward model into cfg.out_dir."""
-    from cohort.checkpoint import readable_checkpoints, save_checkpoint
-    from cohort.data import load_rows
-    from cohort.optim import make_scheduler
-    from cohort.report import MetricsLogger, write_report, write_summary
-    from cohort.rundir import RunLock, trim_logs
-
     cfg.validate()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -371,15 +378,9 @@ def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> 
         torch.manual_seed(cfg.seed)  # the new score head's initial weights
         model, tokenizer = load_reward_model_for_training(ckpt or cfg.model)
         trainer = RewardModelTrainer(
-            model,
-            tokenizer,
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
+            model, tokenizer, optim=cfg.optim, max_length=cfg.max_length, batch_size=cfg.batch_size
         )
-        scheduler = make_scheduler(trainer.optimizer, "constant", cfg.warmup_steps, cfg.steps)
+        scheduler = make_scheduler(trainer.optimizer, cfg.optim.schedule, cfg.optim.warmup_steps, cfg.steps)
         if ckpt is not None:
             trainer.optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])

@@ -14,26 +14,29 @@ from typing import Any
 
 import torch
 
+from cohort.config.schema import OptimConfig, optim_aliases
 from cohort.logprobs import completion_logprobs
 from cohort.optim import make_adamw, make_scheduler
 
 
+@optim_aliases("lr", "warmup_steps", "weight_decay", "max_grad_norm")
 @dataclass
 class SFTConfig:
-    """A supervised fine-tuning run."""
+    """A supervised fine-tuning run.
+
+    The optimizer settings are the `optim` section (an OptimConfig, as GRPO's); the older flat keywords and
+    attributes `lr`, `warmup_steps`, `weight_decay` and `max_grad_norm` are aliases of its fields, so
+    ``SFTConfig(lr=3e-3)`` changes only the learning rate of SFT's defaults."""
 
     steps: int = 200
     """Optimizer steps."""
     batch_size: int = 32
     """Examples per optimizer step."""
-    lr: float = 1e-3
-    """Peak learning rate (AdamW, linear warm-up then cosine decay)."""
-    warmup_steps: int = 10
-    """Linear warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables)."""
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=10, schedule="cosine", adam_beta2=0.999)
+    )
+    """AdamW and the schedule: peak lr 1e-3, 10 linear warm-up steps then cosine decay over `steps`, betas
+    0.9 / 0.999, no weight decay, the gradient norm clipped at 1."""
     seed: int = 0
     """Seed for the example order."""
     log_every: int = 10
@@ -74,9 +77,17 @@ def sft_train(
     if any(len(c) == 0 for _, c in pairs):
         raise ValueError("an SFT example has an empty completion; every row needs completion text")
     params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optim
     # torch's default (unfused) AdamW: the demo's warm start and its printed accuracies depend on it
-    opt = make_adamw(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=False)
-    sched = make_scheduler(opt, "cosine", cfg.warmup_steps, cfg.steps)
+    opt = make_adamw(
+        params,
+        lr=o.lr,
+        betas=(o.adam_beta1, o.adam_beta2),
+        eps=o.adam_eps,
+        weight_decay=o.weight_decay,
+        fused=False,
+    )
+    sched = make_scheduler(opt, o.schedule, o.warmup_steps, cfg.steps)
     g = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
     history = []
@@ -95,8 +106,8 @@ def sft_train(
         loss = -(lp.logp * lp.mask).sum() / lp.mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        if o.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, o.max_grad_norm)
         opt.step()
         sched.step()
         stopping = stop is not None and step % check_every == 0 and stop(step)

@@ -147,3 +147,14 @@ def test_trainer_learns_from_a_reward_model_by_path(tiny_model_dir, reward_model
     assert any(not torch.equal(before[k], after[k]) for k in before), "the policy did not change"
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and all(m["rewards/tiny-rm/std"] > 0 for m in metrics)
+
+
+def test_one_loader_for_scoring_and_for_training(tiny_model_dir, reward_model_dir):
+    from cohort.rewards.models import load_score_model
+
+    # Scoring reads a reward model as it is; training may start from a causal LM and give it a new head.
+    assert load_score_model(reward_model_dir).config.num_labels == 1
+    with pytest.raises(ValueError, match="has a head with num_labels=2"):
+        load_score_model(tiny_model_dir)
+    model = load_score_model(tiny_model_dir, new_head=True)
+    assert type(model).__name__ == "Qwen2ForSequenceClassification" and model.config.num_labels == 1

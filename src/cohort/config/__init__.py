@@ -26,6 +26,7 @@ from cohort.config.derive import RunEnvironment, derive, torchrun_world_size
 from cohort.config.inert import INERT_OPTIONS, Inert, inert_options
 from cohort.config.loading import (
     MOVED_KEYS,
+    current_keys,
     describe_keys,
     field_docs,
     from_dict,
@@ -38,6 +39,7 @@ from cohort.config.loading import (
 )
 from cohort.config.loading import _valid_keys as _valid_keys  # read by cohort.compat
 from cohort.config.schema import (
+    OPTIM_ALIASES,
     AlgoConfig,
     CurriculumConfig,
     DataConfig,
@@ -50,8 +52,9 @@ from cohort.config.schema import (
     ProcessConfig,
     RolloutConfig,
     TrainConfig,
+    optim_aliases,
 )
-from cohort.config.validation import check_lora, validate_config
+from cohort.config.validation import check_lora, check_optim, validate_config
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastConfig
 
@@ -59,6 +62,7 @@ __all__ = [
     "ATTENTION_KINDS",
     "INERT_OPTIONS",
     "MOVED_KEYS",
+    "OPTIM_ALIASES",
     "SAMPLER_DTYPES",
     "AlgoConfig",
     "ConfigError",
@@ -78,12 +82,15 @@ __all__ = [
     "RunEnvironment",
     "TrainConfig",
     "check_lora",
+    "check_optim",
+    "current_keys",
     "derive",
     "describe_keys",
     "field_docs",
     "from_dict",
     "inert_options",
     "load_config",
+    "optim_aliases",
     "parse_overrides",
     "read_yaml",
     "read_yaml_file",

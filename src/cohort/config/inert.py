@@ -142,6 +142,17 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             None if c.algo.cov_method == "kl_cov" else "only algo.cov_method=kl_cov reads this coefficient"
         ),
     ),
+    *(
+        Inert(
+            f"iterative.optim.{key}",
+            lambda c, _: (
+                "iterative GRPO retrains its reward model at a constant learning rate (iterative.optim.lr); "
+                "drop this key"
+            ),
+            error=True,
+        )
+        for key in ("warmup_steps", "schedule")
+    ),
     Inert(
         "distributed.backend",
         lambda c, world_size: (

@@ -32,13 +32,14 @@ from typing import Any
 
 import yaml
 
-from cohort.config.schema import TrainConfig
+from cohort.config.schema import OPTIM_ALIASES, TrainConfig
 from cohort.errors import ConfigError
 from cohort.presets import apply_preset
 from cohort.trl_fields import TRL_FIELDS
 
 __all__ = [
     "MOVED_KEYS",
+    "current_keys",
     "describe_keys",
     "field_docs",
     "from_dict",
@@ -156,8 +157,13 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     """Sets the fields of a config tree from nested `values`, converted to their types (ConfigError naming the key)."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
+    aliases = OPTIM_ALIASES.get(type(obj), {})
     for k, v in values.items():
         key = prefix + k
+        if k in aliases:  # an older flat name of one of the section's optimizer settings
+            optim = obj.optim
+            setattr(optim, aliases[k], _coerce(v, typing.get_type_hints(type(optim))[aliases[k]], key))
+            continue
         if k not in names:
             if key in MOVED_KEYS:
                 raise ConfigError(
@@ -362,6 +368,25 @@ def from_dict(d: dict[str, Any]) -> TrainConfig:
     cfg = TrainConfig()
     _apply(cfg, d)
     return cfg
+
+
+def current_keys(d: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
+    """Returns a copy of the config mapping `d` (as an older cohort wrote it) with each alias key moved to the
+    field it names (``iterative.rm_lr`` to ``iterative.optim.lr``); an `optim` section it has to create holds
+    that class's defaults besides, as the older config ran with them."""
+    out = dict(d)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(out.get(f.name), dict):
+            out[f.name] = current_keys(out[f.name], tp)
+    aliases = OPTIM_ALIASES.get(cls, {})
+    moved = {aliases[k]: out.pop(k) for k in list(out) if k in aliases}
+    if moved:
+        section = out.get("optim")
+        base = section if isinstance(section, dict) else dataclasses.asdict(cls().optim)
+        out["optim"] = {**base, **moved}
+    return out
 
 
 def save_config(cfg: TrainConfig, path: str | os.PathLike) -> None:

@@ -7,9 +7,11 @@ names a field may take are listed in :mod:`cohort.choices` and in the implementi
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cohort.config.derive import RunEnvironment, derive
 from cohort.config.validation import check_lora, validate_config
@@ -24,11 +26,56 @@ __all__ = [
     "IterativeConfig",
     "LoraConfig",
     "ModelConfig",
+    "OPTIM_ALIASES",
     "OptimConfig",
     "ProcessConfig",
     "RolloutConfig",
     "TrainConfig",
+    "optim_aliases",
 ]
+
+_C = TypeVar("_C", bound=type)
+
+OPTIM_ALIASES: dict[type, dict[str, str]] = {}
+"""{config class: {alias: field of its `optim` section}}: the older flat names of optimizer settings that a
+section holding an OptimConfig still accepts (filled by :func:`optim_aliases`; the loader reads it)."""
+
+
+def optim_aliases(*names: str, **renamed: str) -> Callable[[_C], _C]:
+    """Returns a class decorator for a dataclass with an `optim: OptimConfig` field: each alias (an older flat
+    name: one of `names`, e.g. "lr", for the field of that name, or a key of `renamed`, e.g. rm_lr="lr")
+    becomes a constructor keyword and an attribute, both of which read and write that field of `optim`."""
+    aliases = {**{name: name for name in names}, **renamed}
+
+    def decorate(cls: _C) -> _C:
+        init: Callable[..., None] = vars(cls)["__init__"]  # the dataclass's own
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            given = {aliases[k]: kwargs.pop(k) for k in list(kwargs) if k in aliases}
+            init(self, *args, **kwargs)
+            if given:  # a copy: an `optim` passed in may be shared with another config
+                self.optim = dataclasses.replace(self.optim, **given)
+
+        type.__setattr__(cls, "__init__", __init__)  # mypy refuses `cls.__init__ = ...` on a class
+        for alias, name in aliases.items():
+            setattr(cls, alias, _optim_property(name))
+        OPTIM_ALIASES[cls] = dict(aliases)
+        return cls
+
+    return decorate
+
+
+def _optim_property(name: str) -> property:
+    """Returns a property reading and writing `optim.<name>` (an alias of that optimizer setting)."""
+
+    def get(self: Any) -> Any:
+        return getattr(self.optim, name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(self.optim, name, value)
+
+    return property(get, put, doc=f"Alias of optim.{name}.")
 
 
 @dataclass
@@ -309,6 +356,31 @@ class ProcessConfig:
 
 
 @dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule: GRPO's `optim:` section, and the `optim` of supervised fine-tuning
+    (cohort.sft.SFTConfig), reward-model training (cohort.rm.RMConfig) and iterative GRPO's reward model, each
+    with defaults of its own (the ones below are GRPO's)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    schedule: str = "constant"
+    """After warm-up: constant, linear (to 0) or cosine (to 0)."""
+
+
+@optim_aliases(rm_lr="lr")
+@dataclass
 class IterativeConfig:
     """Iterative GRPO: reset the reference and retrain the reward model on fresh policy samples (cohort.iterative)."""
 
@@ -332,8 +404,9 @@ class IterativeConfig:
     """Reward-model optimizer steps per iteration."""
     rm_batch_size: int = 16
     """Pairs per reward-model step."""
-    rm_lr: float = 1e-4
-    """Reward-model learning rate (AdamW)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, adam_beta2=0.999))
+    """The reward model's AdamW (lr 1e-4, betas 0.9 / 0.999, gradient norm clipped at 1), at a constant learning
+    rate: warm-up and schedules are refused. The older key iterative.rm_lr is an alias of iterative.optim.lr."""
 
 
 @dataclass
@@ -350,28 +423,6 @@ class DistributedConfig:
     global_batch_size: int | None = None
     """Completions per step over all processes (each samples global_batch_size / processes); None: rollout.batch_size
     is each process's share. Keeps a run's batch when it is resumed on another number of processes."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and the learning-rate schedule."""
-
-    lr: float = 1e-6
-    """Peak learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    """AdamW beta1."""
-    adam_beta2: float = 0.99
-    """AdamW beta2."""
-    adam_eps: float = 1e-8
-    """AdamW epsilon."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 disables)."""
-    warmup_steps: int = 0
-    """Linear warm-up steps."""
-    schedule: str = "constant"
-    """After warm-up: constant, linear (to 0) or cosine (to 0)."""
 
 
 @dataclass

@@ -52,9 +52,9 @@ from cohort.presets import PRESETS
 from cohort.rewards import reward_weights
 
 if TYPE_CHECKING:
-    from cohort.config.schema import AlgoConfig, LoraConfig, TrainConfig
+    from cohort.config.schema import AlgoConfig, LoraConfig, OptimConfig, TrainConfig
 
-__all__ = ["check_lora", "validate_config"]
+__all__ = ["check_lora", "check_optim", "validate_config"]
 
 
 def validate_config(
@@ -130,8 +130,7 @@ def validate_config(
         raise ConfigError(f"steps={cfg.steps} must be >= 1")
     if cfg.micro_batch_tokens < 1:
         raise ConfigError(f"micro_batch_tokens={cfg.micro_batch_tokens} must be >= 1")
-    if o.lr <= 0:
-        raise ConfigError(f"optim.lr={o.lr} must be > 0")
+    _check_lr(o, "optim.")
     if not cfg.rewards and not reward_funcs:
         raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
     try:
@@ -170,6 +169,46 @@ def check_lora(lora: LoraConfig) -> LoraConfig:
             "names, e.g. ['q_proj', 'v_proj']"
         )
     return lora
+
+
+def check_optim(o: OptimConfig, prefix: str = "optim.") -> OptimConfig:
+    """Return `o` after checking an optimizer section: every number finite, a known schedule, a positive
+    learning rate and every value in its range (ConfigError naming `prefix` + the key).
+
+    The checks of GRPO's own `optim:` section, which ``TrainConfig.validate`` runs among the rest; supervised
+    fine-tuning, reward-model training and iterative GRPO check theirs with this."""
+    for key, value in _leaves(o, prefix):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: must be a finite number")
+    _check_choice(f"{prefix}schedule", o.schedule, SCHEDULES)
+    _check_lr(o, prefix)
+    _check_rules(_optim_ranges(o, prefix))
+    return o
+
+
+def _check_lr(o: OptimConfig, prefix: str) -> None:
+    """Raises ConfigError when the learning rate is not above 0."""
+    if o.lr <= 0:
+        raise ConfigError(f"{prefix}lr={o.lr} must be > 0")
+
+
+def _optim_ranges(o: OptimConfig, prefix: str) -> list[tuple[str, Any, bool, str]]:
+    """Returns (key, value, whether it holds, the rule) for each range an optimizer setting must lie in."""
+    return [
+        (f"{prefix}weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+        (f"{prefix}adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
+        (f"{prefix}adam_beta2", o.adam_beta2, 0 <= o.adam_beta2 < 1, "in [0, 1)"),
+        (f"{prefix}adam_eps", o.adam_eps, o.adam_eps > 0, "> 0"),
+        (f"{prefix}max_grad_norm", o.max_grad_norm, o.max_grad_norm >= 0, ">= 0 (0 disables clipping)"),
+        (f"{prefix}warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+    ]
+
+
+def _check_rules(rules: Sequence[tuple[str, Any, bool, str]]) -> None:
+    """Raises ConfigError for the first (key, value, holds, rule) that does not hold."""
+    for key, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{key}={value} must be {rule}")
 
 
 def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> None:
@@ -312,8 +351,7 @@ def _check_objective(cfg: TrainConfig) -> None:
                 raise ConfigError(f"iterative.{name}={getattr(it, name)} must be >= 1")
         if not 0 <= it.replay < 1:
             raise ConfigError(f"iterative.replay={it.replay} must be in [0, 1) (the seed's 10 %: 0.1)")
-        if not it.rm_lr > 0:
-            raise ConfigError(f"iterative.rm_lr={it.rm_lr} must be > 0")
+        check_optim(it.optim, "iterative.optim.")
         if (
             it.initial_data
             and Path(it.initial_data).suffix in (".jsonl", ".json")
@@ -377,12 +415,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
                 f"curriculum.retry_after={cur.retry_after} must be >= 1 (steps before a set-aside prompt returns)"
             )
     checks = [
-        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
-        ("optim.adam_beta1", o.adam_beta1, 0 <= o.adam_beta1 < 1, "in [0, 1)"),
-        ("optim.adam_beta2", o.adam_beta2, 0 <= o.adam_beta2 < 1, "in [0, 1)"),
-        ("optim.adam_eps", o.adam_eps, o.adam_eps > 0, "> 0"),
-        ("optim.max_grad_norm", o.max_grad_norm, o.max_grad_norm >= 0, ">= 0 (0 disables clipping)"),
-        ("optim.warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+        *_optim_ranges(o, "optim."),
         ("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 disables it)"),
         ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 saves only at the end)"),
         ("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 1, ">= 1"),
@@ -406,9 +439,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
             ">= 1, or null to keep every prompt",
         ),
     ]
-    for key, value, ok, rule in checks:
-        if not ok:
-            raise ConfigError(f"{key}={value} must be {rule}")
+    _check_rules(checks)
     for key, seed in (("seed", cfg.seed), ("data.task_seed", cfg.data.task_seed)):
         if not 0 <= seed < 2**32:
             raise ConfigError(f"{key}={seed} must be in 0 .. 2**32 - 1 (torch and numpy seeds are 32-bit)")
@@ -440,9 +471,7 @@ def _check_health(cfg: TrainConfig) -> None:
         ("health.length_ratio", h.length_ratio, h.length_ratio > 1, "> 1"),
         ("health.logprob_gap_max", h.logprob_gap_max, h.logprob_gap_max > 0, "> 0"),
     ]
-    for key, value, ok, rule in rules:
-        if not ok:
-            raise ConfigError(f"{key}={value} must be {rule}")
+    _check_rules(rules)
 
 
 def _check_fast(cfg: TrainConfig) -> None:

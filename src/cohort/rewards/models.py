@@ -17,7 +17,7 @@ import torch
 
 from cohort.rewards.builtin import completion_text
 
-__all__ = ["RewardModel"]
+__all__ = ["RewardModel", "load_score_model"]
 
 
 def share_pad_token(model: Any, tokenizer: Any, name: str) -> None:
@@ -50,6 +50,36 @@ def _check_num_labels(config: Any, name: str) -> None:
             "with num_labels=1), or wrap your classifier in a reward function that turns its logits into one float "
             "per completion"
         )
+
+
+def load_score_model(
+    source: str | os.PathLike,
+    *,
+    new_head: bool = False,
+    trust_remote_code: bool = False,
+    dtype: str | torch.dtype | None = None,
+) -> Any:
+    """Returns the sequence-classification model with one output at `source` (a folder or hub id).
+
+    `new_head`: `source` may be a causal LM, and a one-output score head is added (to be trained; the
+    "newly initialised" notice for it is silenced); else `source` must already be a reward model, whose
+    head is checked before the weights are read (ValueError for more than one output)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if dtype is not None:
+        options["dtype"] = dtype
+    if new_head:
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            return AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, **options)
+        finally:
+            hf_logging.set_verbosity(level)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    _check_num_labels(config, os.fspath(source))
+    return AutoModelForSequenceClassification.from_pretrained(source, config=config, **options)
 
 
 def check_tokenizer_fits(model: Any, tokenizer: Any, name: str) -> None:
@@ -109,16 +139,9 @@ class RewardModel(ModelReward):
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"RewardModel: batch_size={batch_size!r} must be a positive integer")
-        from transformers import AutoConfig, AutoModelForSequenceClassification
-
         if isinstance(model, (str, os.PathLike)):
             source = os.fspath(model)
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-            _check_num_labels(config, source)  # before the weights are read
-            options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-            if dtype is not None:
-                options["dtype"] = dtype
-            model = AutoModelForSequenceClassification.from_pretrained(source, config=config, **options)
+            model = load_score_model(source, trust_remote_code=trust_remote_code, dtype=dtype)
         elif not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
             raise TypeError(
                 f"RewardModel needs a folder, a hub id or a transformers model, got {type(model).__name__}"
