@@ -9,6 +9,7 @@ from cohort.rewards.builtin import (
     make_length_reward,
     make_overlong_reward,
 )
+from cohort.rewards.code import check_code_rows, code_reward, extract_code, make_code_reward
 from cohort.rewards.models import RewardModel
 from cohort.rewards.registry import BUILTIN_REWARDS, REWARD_FACTORIES, resolve_reward_funcs
 from cohort.rewards.scoring import (
@@ -38,12 +39,16 @@ __all__ = [
     "StepRewards",
     "accuracy_reward",
     "answers_match",
+    "check_code_rows",
     "check_reward_columns",
+    "code_reward",
     "completion_text",
     "extract_answer",
     "extract_boxed",
+    "extract_code",
     "format_reward",
     "last_number",
+    "make_code_reward",
     "make_length_reward",
     "make_overlong_reward",
     "parse_number",

@@ -1,7 +1,8 @@
 """Turn reward specs (built-in names, ``module:function``, ``file.py:function``, callables) into functions.
 
 Spec forms:
-- ``"accuracy"``, ``"format"``: built-in functions (``"accuracy_reward"`` etc. also accepted);
+- ``"accuracy"``, ``"format"``, ``"code"``: built-in functions (``"accuracy_reward"`` etc. also accepted);
+- ``"code(timeout=2, all_or_nothing=True)"``: the code reward with its options (``make_code_reward``);
 - ``"overlong(max_length=512, buffer=128)"``, ``"length(max_length=512)"``: built-in factories called
   with literal arguments; a bare ``"overlong"`` / ``"length"`` uses ``max_completion_length``;
 - ``"my_pkg.rewards:func"``: a function imported from an installed module;
@@ -30,17 +31,24 @@ import torch
 from cohort.errors import first_line
 from cohort.plugins import load_function
 from cohort.rewards.builtin import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
+from cohort.rewards.code import code_reward, make_code_reward
 from cohort.rewards.models import RewardModel
+from cohort.rewards.process import ProcessRewardModel
 from cohort.rewards.scoring import reward_signature
 
 __all__ = ["BUILTIN_REWARDS", "REWARD_FACTORIES", "resolve_reward_funcs"]
 
-BUILTIN_REWARDS: dict[str, Callable] = {"accuracy": accuracy_reward, "format": format_reward}
+BUILTIN_REWARDS: dict[str, Callable] = {
+    "accuracy": accuracy_reward,
+    "format": format_reward,
+    "code": code_reward,
+}
 """Parameter-free built-in reward functions by spec name."""
 
 REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
     "overlong": make_overlong_reward,
     "length": make_length_reward,
+    "code": make_code_reward,
 }
 """Built-in reward factories by spec name; spec ``"overlong(max_length=512)"`` calls the factory."""
 
@@ -50,8 +58,10 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 def _known() -> str:
     """Returns the list of built-in spec forms, for error messages."""
-    factories = [f"{name}(max_length=...)" for name in REWARD_FACTORIES]
-    return ", ".join(sorted(BUILTIN_REWARDS) + factories)
+    factories = [
+        f"{name}({getattr(f, 'spec_example', 'max_length=...')})" for name, f in REWARD_FACTORIES.items()
+    ]
+    return ", ".join(list(BUILTIN_REWARDS) + factories)
 
 
 def _call_factory(name: str, args_text: str, spec: str) -> Callable:
@@ -129,8 +139,6 @@ def _resolve_one(
                 "save_pretrained (AutoModelForSequenceClassification with num_labels=1)"
             )
         if _is_token_classifier(folder):
-            from cohort.rewards.process import ProcessRewardModel
-
             return ProcessRewardModel(str(folder), tokenizer, separator=separator)
         return RewardModel(str(folder), tokenizer)
     if ":" in key:
