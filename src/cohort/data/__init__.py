@@ -1,13 +1,19 @@
 """Datasets for cohort: built-in synthetic tasks, JSONL / JSON / `datasets` loading, prompt encoding."""
 
+from cohort.data.code_tasks import CodeTask
 from cohort.data.loading import RESERVED_COLUMNS, DataError, load_json, load_jsonl, load_rows, validate_rows
 from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
+
+TASKS[CodeTask.name] = (
+    CodeTask  # defined apart from tasks.py (on top of its Task), registered with the others
+)
 
 __all__ = [
     "RESERVED_COLUMNS",
     "TASKS",
     "AdditionTask",
+    "CodeTask",
     "DataError",
     "MultistepTask",
     "Task",
