@@ -102,3 +102,39 @@ def test_a_crafted_dcp_metadata_file_is_refused_and_never_runs(tmp_path):
     with pytest.raises(UnsafeCheckpointError, match=r"\.metadata pickles .*system"):
         read_dcp_metadata(tmp_path / "bad" / ".metadata")
     assert not marker.exists()
+
+
+def test_weights_of_another_model_are_refused_before_anything_is_loaded(tmp_path):
+    from _tiny import tiny_model
+
+    from cohort.checkpoint import load_model_weights
+    from cohort.errors import CheckpointMismatchError
+
+    tiny_model(seed=1).save_pretrained(tmp_path / "a")
+    other = tiny_model(seed=2, hidden_size=32)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(
+        CheckpointMismatchError, match=r"embed_tokens\.weight is \[\d+, 48\] in the checkpoint"
+    ):
+        load_model_weights(other, tmp_path / "a")
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    same = tiny_model(seed=2)
+    load_model_weights(same, tmp_path / "a")
+    assert torch.equal(same.lm_head.weight, tiny_model(seed=1).lm_head.weight)
+
+
+def test_an_adapter_loads_by_the_names_both_sides_have_and_refuses_other_shapes(tmp_path):
+    peft = pytest.importorskip("peft")
+    from _tiny import tiny_model
+
+    from cohort.checkpoint import load_model_weights
+    from cohort.errors import CheckpointMismatchError
+
+    def lora(hidden_size: int, targets: list[str]):
+        config = peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False)
+        return peft.get_peft_model(tiny_model(seed=1, hidden_size=hidden_size), config)
+
+    lora(48, ["q_proj", "v_proj"]).save_pretrained(tmp_path / "a")
+    with pytest.raises(CheckpointMismatchError, match=r"lora_A\.weight is \[4, 48\] in the checkpoint"):
+        load_model_weights(lora(32, ["q_proj", "v_proj"]), tmp_path / "a")
+    load_model_weights(lora(48, ["q_proj", "k_proj"]), tmp_path / "a")  # peft skips names one side lacks

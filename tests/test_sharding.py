@@ -5,6 +5,8 @@ test_distributed.py (torchrun: training, sharded checkpoints, resume on another 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -149,3 +151,27 @@ def test_nested_gathered_blocks_leave_the_model_to_the_outermost(monkeypatch):
     assert vars(model).keys() == _Unit().__dict__.keys()  # nothing was set on the model
     with sharding.gathered(model):  # gathered again once the outer block ended
         assert model.calls[-1] == "unshard"
+
+
+def test_sharded_weights_of_another_model_are_refused_before_anything_is_loaded(tmp_path):
+    from _tiny import tiny_model
+
+    from cohort.errors import CheckpointMismatchError
+
+    def parts(seed: int, hidden_size: int = 48):
+        model = tiny_model(seed=seed, hidden_size=hidden_size)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        sharding._materialise(optimizer)
+        return model, optimizer
+
+    with warnings.catch_warnings():  # one process writing a DCP checkpoint, which torch remarks on
+        warnings.simplefilter("ignore")
+        sharding.save_sharded(tmp_path, *parts(1))
+    other, optimizer = parts(2, hidden_size=32)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointMismatchError, match=r"^model\.model\.embed_tokens\.weight is \[\d+, 48\]"):
+        sharding.load_sharded(tmp_path, other, optimizer)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    same, optimizer = parts(2)
+    sharding.load_sharded(tmp_path, same, optimizer)
+    assert torch.equal(same.lm_head.weight, tiny_model(seed=1).lm_head.weight)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
-from cohort.errors import UnsafeCheckpointError
+from cohort.errors import CheckpointMismatchError, UnsafeCheckpointError
 from cohort.fastpath.lm_head import unwrap
 from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
@@ -334,21 +334,40 @@ def load_model_weights(
 ) -> None:
     """Load the weights saved in a checkpoint folder into `model` in place (full model or LoRA adapter).
 
-    `load` takes the whole state dict instead of `model.load_state_dict` (a sharded model keeps its shard)."""
+    `load` takes the whole state dict instead of `model.load_state_dict` (a sharded model keeps its shard).
+    Raises CheckpointMismatchError, before anything is loaded, when the checkpoint's tensors do not fit."""
     ckpt_dir = Path(ckpt_dir)
+    adapter = (ckpt_dir / "adapter_model.safetensors").is_file()
     try:
-        if (ckpt_dir / "adapter_model.safetensors").is_file():
-            from peft import set_peft_model_state_dict
+        if adapter:
+            from peft import get_peft_model_state_dict, set_peft_model_state_dict
             from safetensors.torch import load_file
 
-            set_peft_model_state_dict(model, load_file(str(ckpt_dir / "adapter_model.safetensors")))
-            return
-        from transformers import AutoModelForCausalLM
+            weights = load_file(str(ckpt_dir / "adapter_model.safetensors"))
+        else:
+            from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=next(model.parameters()).dtype)
+            weights = AutoModelForCausalLM.from_pretrained(
+                ckpt_dir, dtype=next(model.parameters()).dtype
+            ).state_dict()
     except Exception as e:
         corrupt = corrupt_weights_error(str(ckpt_dir), e)
         if corrupt is None:
             raise
         raise corrupt from None
-    (load or model.load_state_dict)(saved.state_dict())
+    # peft loads an adapter by the names both sides have (others are skipped); torch's loaders take all or none.
+    own = get_peft_model_state_dict(model) if adapter else model.state_dict()
+    mismatch = CheckpointMismatchError.between(
+        _shapes(weights), _shapes(own), missing_ok=adapter, unexpected_ok=adapter
+    )
+    if mismatch is not None:
+        raise mismatch
+    if adapter:
+        set_peft_model_state_dict(model, weights)
+    else:
+        (load or model.load_state_dict)(weights)
+
+
+def _shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Returns the shape of each tensor of a state dict by name (a sharded tensor's whole shape)."""
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}

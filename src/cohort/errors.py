@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 
 def first_line(exc: BaseException) -> str:
     """Returns the first line of an exception's message (its type's name when the message is empty)."""
@@ -25,6 +27,38 @@ class TrainingError(RuntimeError):
 class NonFiniteError(TrainingError):
     """A loss, gradient, logit or weight is NaN or infinite; the weights were not updated by it. The message
     names the quantity, the step where known and the usual causes (learning rate, half precision, clipping)."""
+
+
+class CheckpointMismatchError(TrainingError):
+    """A checkpoint's tensors do not fit the model it is loaded into (tensors missing, unexpected or of other
+    shapes: it was written for another model). The message names the first tensor that differs."""
+
+    @classmethod
+    def between(
+        cls,
+        found: Mapping[str, Sequence[int]],
+        expected: Mapping[str, Sequence[int]],
+        *,
+        missing_ok: bool = False,
+        unexpected_ok: bool = False,
+    ) -> CheckpointMismatchError | None:
+        """Returns the error for a checkpoint whose tensor shapes `found` do not fit the model's `expected`, by
+        name; None when they fit.
+
+        missing_ok: the model's tensors the checkpoint lacks are left as they are (a loader that takes a
+        subset, as peft's); unexpected_ok: the checkpoint's tensors the model lacks are not read."""
+        differ = [
+            f"{key} is {list(found[key])} in the checkpoint and {list(shape)} in the model"
+            if key in found
+            else f"{key} is not in the checkpoint"
+            for key, shape in expected.items()
+            if (key in found and tuple(found[key]) != tuple(shape)) or (key not in found and not missing_ok)
+        ]
+        if not unexpected_ok:
+            differ += [f"the checkpoint's {key} is not in the model" for key in found if key not in expected]
+        if not differ:
+            return None
+        return cls(differ[0] + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""))
 
 
 class UnsafeCheckpointError(TrainingError):

@@ -44,7 +44,7 @@ from cohort import distributed as dist
 from cohort.choices import STRATEGIES as STRATEGIES  # re-exported: the names live with the config's
 from cohort.choices import resolve_strategy as resolve_strategy  # re-exported (trainer, tests)
 from cohort.distributed import local as local  # re-exported (benchmarks/sharding)
-from cohort.errors import UnsafeCheckpointError
+from cohort.errors import CheckpointMismatchError, UnsafeCheckpointError
 from cohort.models import unwrap
 
 MIXED_PRECISION = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -299,9 +299,14 @@ def load_sharded(folder: Path, model, optimizer, reference=None) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    read_dcp_metadata(folder / SHARDED_DIR / ".metadata")  # refused before anything is loaded
+    metadata = read_dcp_metadata(folder / SHARDED_DIR / ".metadata")  # refused before anything is loaded
     _materialise(optimizer)
     state = _state(model, optimizer, reference)
+    saved = {k: tuple(m.size) for k, m in metadata.state_dict_metadata.items() if hasattr(m, "size")}
+    # DCP reads every tensor asked for and nothing else: the checkpoint may hold more, never less.
+    mismatch = CheckpointMismatchError.between(saved, _flat_shapes(state), unexpected_ok=True)
+    if mismatch is not None:
+        raise mismatch
     with warnings.catch_warnings():  # one process reading shards is a supported case, not a surprise
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         try:
@@ -315,6 +320,18 @@ def load_sharded(folder: Path, model, optimizer, reference=None) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if reference is not None:
         set_model_state_dict(reference, state["reference"])
+
+
+def _flat_shapes(state: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """Returns the whole shape of each tensor in a nested state dict, by DCP's dotted name ("model.<fqn>")."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, torch.Tensor):
+            shapes[name] = tuple(value.shape)
+        elif isinstance(value, dict):
+            shapes.update(_flat_shapes(value, f"{name}."))
+    return shapes
 
 
 def load_plain_optimizer(model, optimizer, saved: dict[str, Any]) -> None:

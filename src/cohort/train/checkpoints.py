@@ -25,6 +25,7 @@ from cohort.checkpoint import (
 )
 from cohort.config import TrainConfig, current_keys, to_dict
 from cohort.errors import (
+    CheckpointMismatchError,
     ConfigError,
     NonFiniteError,
     RunExistsError,
@@ -49,10 +50,6 @@ from cohort.train.state import StateRegistry
 
 Candidate = tuple[Path, dict[str, Any]]
 """A checkpoint folder and its trainer_state.pt contents."""
-
-_MISMATCH = ("size mismatch", "Missing key", "Unexpected key", "Size mismatch", "not found in")
-"""What torch's and transformers' loaders say (in RuntimeError / ValueError text, they have no type of their own)
-when a checkpoint's tensors do not fit the model."""
 
 
 def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False) -> list[Candidate]:
@@ -181,7 +178,7 @@ class RunCheckpoints:
 
     def load(self, candidates: list[Candidate]) -> int:
         """Returns the step of the newest candidate that loads, after loading it into the run's parts (a torn or
-        corrupt one is skipped with a warning; a checkpoint of another model raises TrainingError)."""
+        corrupt one is skipped with a warning; a checkpoint of another model raises CheckpointMismatchError)."""
         for ckpt, state in candidates:
             extra = state.get("extra", {})
             sharded_ckpt = (ckpt / SHARDED_DIR).is_dir()
@@ -199,15 +196,15 @@ class RunCheckpoints:
                 }
             except UnsafeCheckpointError:
                 raise
+            except CheckpointMismatchError as e:
+                raise CheckpointMismatchError(
+                    f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({e}); "
+                    "resume with the model it was trained from, or start a new out_dir"
+                ) from None
             except (RuntimeError, OSError, ValueError, EOFError) as e:
-                first = first_line(e)
-                if any(m in str(e) for m in _MISMATCH):
-                    raise TrainingError(
-                        f"checkpoint {ckpt} holds a different model than {self.cfg.model.name_or_path!r} ({first}); "
-                        "resume with the model it was trained from, or start a new out_dir"
-                    ) from None
                 warnings.warn(
-                    f"checkpoint {ckpt} cannot be loaded ({first}); trying the one before", stacklevel=3
+                    f"checkpoint {ckpt} cannot be loaded ({first_line(e)}); trying the one before",
+                    stacklevel=3,
                 )
                 continue
             check_finite_weights(self.model, f"checkpoint {ckpt}")
