@@ -22,9 +22,12 @@ from cohort.config import OptimConfig, TrainConfig, load_config
 from cohort.data import encode_prompts, make_task, sft_completion
 from cohort.evaluation import evaluate
 from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
+from cohort.report import quiet_hf_progress, write_report, write_summary
 from cohort.rewards import accuracy_reward
 from cohort.rollout import make_engine
+from cohort.seeds import seed_globals
 from cohort.sft import SFTConfig, encode_pairs, sft_train
+from cohort.trainer import GRPOTrainer
 
 DEMO_TASK = "addition"
 DEMO_MODEL: dict[str, Any] = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
@@ -74,17 +77,12 @@ def run_demo(
     out_dir: str | Path = "runs/demo", *, steps: int | None = None, seed: int = 0, progress: bool = True
 ) -> dict[str, Any]:
     """Return the demo's summary after building, warm-starting, evaluating and GRPO-training a tiny model."""
-    from cohort.report import quiet_hf_progress
-
     with quiet_hf_progress():  # no "Loading weights" / "Writing model shards" bars between the demo's lines
         return _run_demo(out_dir, steps=steps, seed=seed, progress=progress)
 
 
 def _run_demo(out_dir: str | Path, *, steps: int | None, seed: int, progress: bool) -> dict[str, Any]:
     """Return the demo's summary (run_demo without the progress-bar switch)."""
-    from cohort.seeds import seed_globals
-    from cohort.trainer import GRPOTrainer
-
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,8 +167,6 @@ def _run_demo(out_dir: str | Path, *, steps: int | None, seed: int, progress: bo
         "final_model": str(final),
         "threads": torch.get_num_threads(),
     }
-    from cohort.report import write_report, write_summary
-
     write_summary(out, summary)
 
     write_report(out, title="cohort demo")

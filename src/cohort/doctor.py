@@ -27,10 +27,13 @@ from typing import Any
 
 import torch
 
+from cohort.algo import zero_std_group_mask
 from cohort.config import TrainConfig, from_dict, to_dict
 from cohort.errors import ConfigError
 from cohort.train.advantages import outcome_advantages
 from cohort.train.scoring import as_text
+from cohort.trainer import GRPOTrainer
+from cohort.update import PolicyBatch
 
 
 @dataclasses.dataclass
@@ -58,9 +61,6 @@ class Report:
 
 def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] | None = None) -> Report:
     """Returns the doctor's report on the run `cfg` describes (see the module docstring)."""
-    from cohort.algo import zero_std_group_mask
-    from cohort.trainer import GRPOTrainer
-
     rep = Report()
     rep.say("config")
     try:
@@ -163,8 +163,6 @@ def _rewards(rep: Report, trainer: Any, drawn: Any) -> None:
 def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
     """Returns the per-completion table of one real update on the sampled groups (reward, advantage, ratio after
     the step, clipped or not, KL to the reference)."""
-    from cohort.update import PolicyBatch
-
     G = trainer.cfg.rollout.group_size
     a = trainer.cfg.algo
     batch = PolicyBatch(

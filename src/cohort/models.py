@@ -50,6 +50,7 @@ __all__ = [
     "is_adapter_folder",
     "load_model",
     "load_tokenizer",
+    "looks_like_path",
     "resolve_dtype",
     "save_merged",
     "stop_token_ids",
@@ -269,7 +270,7 @@ def corrupt_weights_error(name_or_path: str, exc: Exception) -> ValueError | Non
     )
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """Returns True when ``name`` can only be a filesystem path, never a Hub repo id ("org/name").
 
     Besides names that no Hub id can have (``./x``, ``../x``, ``/x``, ``~/x``, two or more slashes),
@@ -329,7 +330,7 @@ def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
                 f"(found: {sorted(p.name for p in path.iterdir())[:10]})"
             )
         return os.path.abspath(path)
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise _not_found(name, _missing_reason(name))
     return name
 

@@ -26,14 +26,20 @@ each stage's result. Every stage's arguments are checked before the first stage 
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cohort.arguments import build_parser
+from cohort.config import load_config, read_yaml_file
 from cohort.errors import ConfigError
+from cohort.models import looks_like_path
+from cohort.report import write_comparison, write_report
 from cohort.rundir import RunLock
 
 COMMANDS = ("sft", "train", "sample")
@@ -68,8 +74,6 @@ class Pipeline:
 
 def load_pipeline(path: str | Path) -> Pipeline:
     """Returns the pipeline a YAML file describes, after checking every stage (ConfigError naming the problem)."""
-    from cohort.config import read_yaml_file
-
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"pipeline file {str(p)!r} does not exist; pass the path of a YAML file")
@@ -117,10 +121,8 @@ def load_pipeline(path: str | Path) -> Pipeline:
 
 def _check_exists(what: str, name: str) -> None:
     """Raises ConfigError when `name` can only be a local path (not a hub id) and nothing is there."""
-    from cohort.models import _looks_like_path
-
     path = Path(name).expanduser()
-    local = _looks_like_path(name) or Path(name).suffix in (".jsonl", ".json", ".csv", ".parquet")
+    local = looks_like_path(name) or Path(name).suffix in (".jsonl", ".json", ".csv", ".parquet")
     if local and not path.exists():
         raise ConfigError(
             f"pipeline {what}: {name!r} does not exist; fix the path before running the pipeline"
@@ -185,9 +187,6 @@ def stage_argv(pipe: Pipeline, i: int) -> list[str]:
 
 def _check_stage(pipe: Pipeline, i: int) -> None:
     """Raises ConfigError when stage `i`'s arguments would be refused by its command."""
-    from cohort.cli import build_parser
-    from cohort.config import load_config
-
     argv = stage_argv(pipe, i)
     stage = pipe.stages[i]
     if stage.command == "train":
@@ -211,21 +210,22 @@ def _check_stage(pipe: Pipeline, i: int) -> None:
         )
 
 
-def run_pipeline(pipe: Pipeline, *, write: Any = print) -> dict[str, Any]:
-    """Returns the pipeline's summary (stage name -> result) after running every stage not yet done."""
-    from cohort.cli import main
+def run_pipeline(pipe: Pipeline, *, run: Callable[[list[str]], int], write: Any = print) -> dict[str, Any]:
+    """Returns the pipeline's summary (stage name -> result) after running every stage not yet done.
 
+    `run(argv)` runs one cohort command line and returns its exit code: the CLI passes its own `main`, so
+    a stage runs exactly as the same command typed by hand (and this module need not import the CLI)."""
     pipe.out_dir.mkdir(parents=True, exist_ok=True)
     # The pipeline's own lock, before any stage runs: a second pipeline on this folder stops here instead of
     # re-running a stage into the first one's folders until that stage's lock stops it.
     lock = RunLock(pipe.out_dir).acquire()
     try:
-        return _run_stages(pipe, main, write)
+        return _run_stages(pipe, run, write)
     finally:
         lock.release()
 
 
-def _run_stages(pipe: Pipeline, main: Any, write: Any) -> dict[str, Any]:
+def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> dict[str, Any]:
     """Returns the pipeline's summary after running, in order, every stage not yet done (the lock held)."""
     results: dict[str, Any] = {}
     for i, stage in enumerate(pipe.stages):
@@ -238,7 +238,7 @@ def _run_stages(pipe: Pipeline, main: Any, write: Any) -> dict[str, Any]:
         argv = stage_argv(pipe, i)
         write(f"[{i + 1}/{len(pipe.stages)}] {stage.name}: cohort {' '.join(argv)}")
         t0 = time.perf_counter()
-        code = main(argv)
+        code = run(argv)
         if code != 0:
             raise RuntimeError(
                 f"pipeline stage {stage.name!r} failed (exit code {code}); fix it and run again"
@@ -259,10 +259,6 @@ def _run_stages(pipe: Pipeline, main: Any, write: Any) -> dict[str, Any]:
 
 def _report(pipe: Pipeline, results: dict[str, Any]) -> None:
     """Writes out_dir/pipeline.html: each stage's result, and the train stages' curves overlaid."""
-    import html
-
-    from cohort.report import write_comparison, write_report
-
     trains = [
         s.folder for s in pipe.stages if s.command == "train" and (s.folder / "metrics.jsonl").is_file()
     ]

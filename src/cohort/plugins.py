@@ -16,6 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cohort.algo import check_loss_kwargs, register_loss
+from cohort.algo.estimators import ADVANTAGE_TYPES, check_advantage_kwargs, register_advantage
+from cohort.algo.losses import LOSS_TYPES
+
 
 def is_function_spec(value: object) -> bool:
     """Return True when `value` reads as a ``module:function`` or ``file.py:function`` spec."""
@@ -87,9 +91,6 @@ def load_function(key: str, label: str) -> Callable:
 def resolve_loss(spec: str, loss_kwargs: dict[str, Any], label: str = "algo.loss_type") -> str:
     """Return the loss type's name after loading and registering it when it names user code (checks its
     keyword arguments and signature either way)."""
-    from cohort.algo import check_loss_kwargs, register_loss
-    from cohort.algo.losses import LOSS_TYPES
-
     if spec not in LOSS_TYPES and is_function_spec(spec):
         fn = load_function(spec, f"{label}={spec!r}")
         register_loss(spec, fn, "dapo")
@@ -104,8 +105,6 @@ def resolve_loss(spec: str, loss_kwargs: dict[str, Any], label: str = "algo.loss
 
 def resolve_advantage(spec: str, kwargs: dict[str, Any], label: str = "algo.advantage") -> str:
     """Return the advantage estimator's name after loading and registering it when it names user code."""
-    from cohort.algo.estimators import ADVANTAGE_TYPES, check_advantage_kwargs, register_advantage
-
     if spec not in ADVANTAGE_TYPES and is_function_spec(spec):
         register_advantage(spec, load_function(spec, f"{label}={spec!r}"))
     elif spec not in ADVANTAGE_TYPES:

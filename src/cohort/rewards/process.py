@@ -28,7 +28,7 @@ import torch
 
 from cohort.rewards.builtin import completion_text
 from cohort.rewards.models import ModelReward, check_tokenizer_fits
-from cohort.rewards.scoring import StepRewards
+from cohort.rewards.scoring import RewardFunctionError, StepRewards
 
 __all__ = ["ProcessRewardModel", "step_char_ends", "step_token_ends"]
 
@@ -84,8 +84,6 @@ def resolve_step_ends(
 
     `token_texts(ids)` returns the decoded text of each token of one completion (used only when a
     StepRewards has no explicit ends)."""
-    from cohort.rewards.scoring import RewardFunctionError
-
     out: list[tuple[list[float], list[int]] | None] = []
     for i, (step, ids) in enumerate(zip(steps, completion_ids, strict=True)):
         if step is None:
