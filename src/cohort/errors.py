@@ -61,6 +61,11 @@ class CheckpointMismatchError(TrainingError):
         return cls(differ[0] + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""))
 
 
+class NonFiniteSamplingError(RuntimeError):
+    """A rollout engine met NaN or infinite sampling probabilities (non-finite logits, as half-precision overflow
+    gives); the message is torch's refusal. A RuntimeError, as torch's own error (which has no type) was."""
+
+
 class UnsafeCheckpointError(TrainingError):
     """A checkpoint file holds something other than tensors and plain containers (pickled objects, which could
     run code when loaded): it is refused, never loaded. The message names the file and what it holds."""

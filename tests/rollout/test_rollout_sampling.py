@@ -154,3 +154,41 @@ def test_two_level_draw_matches_the_distribution_across_block_edges(block):
     assert counts[probs[0] == 0].sum() == 0
     stat, crit = chi_square(counts, probs[0].double() / probs[0].sum())
     assert stat < crit, (stat, crit)
+
+
+def _nan_model():
+    """Returns a tiny model whose logits of token 2 are NaN (so every sampling distribution is)."""
+    from _tiny import tiny_model
+
+    model = tiny_model(seed=4)
+    with torch.no_grad():
+        model.lm_head.weight[2] = float("nan")
+    return model
+
+
+def test_torchs_refusal_of_non_finite_probabilities_is_a_typed_error(monkeypatch):
+    from cohort.errors import NonFiniteSamplingError
+    from cohort.rollout import sampling
+
+    # the accelerator branch of draw: torch.multinomial, which refuses NaN probabilities
+    monkeypatch.setattr(sampling, "draw", lambda probs, generator: torch.multinomial(probs, 1).squeeze(-1))
+    logits = torch.zeros(2, VOCAB)
+    assert sampling.sample_next(logits, SamplingParams(max_completion_length=1))[0].shape == (2,)
+    logits[1, 3] = float("nan")
+    with pytest.raises(NonFiniteSamplingError, match="probability tensor contains either `inf`, `nan`"):
+        sampling.sample_next(logits, SamplingParams(max_completion_length=1))
+
+    def broken(probs, generator):
+        raise RuntimeError("another failure")
+
+    monkeypatch.setattr(sampling, "draw", broken)
+    with pytest.raises(RuntimeError, match="another failure") as caught:
+        sampling.sample_next(torch.zeros(2, VOCAB), SamplingParams(max_completion_length=1))
+    assert type(caught.value) is RuntimeError  # finite probabilities: not recognised as the non-finite case
+
+
+def test_the_hf_engine_reports_non_finite_logits_as_a_typed_error():
+    from cohort.errors import NonFiniteSamplingError
+
+    with pytest.raises(NonFiniteSamplingError, match="probability tensor contains either `inf`, `nan`"):
+        make_test_engine("hf").generate(_nan_model(), [PROMPT], 2, SamplingParams(max_completion_length=3))

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from cohort.errors import NonFiniteSamplingError
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, completion_ends, left_pad
 
 
@@ -45,12 +46,19 @@ class HFEngine(RolloutEngine):
         # Tensor | Module, hence the two ignores.
         hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
         with _plain_generation_config(hf_model), _seeded_from(generator, device):
-            sequences = model.generate(  # type: ignore[operator]
-                input_ids=input_ids,
-                attention_mask=attn,
-                logits_processor=LogitsProcessorList([recorder]),
-                **kwargs,
-            )  # [N, P + T']
+            try:
+                sequences = model.generate(  # type: ignore[operator]
+                    input_ids=input_ids,
+                    attention_mask=attn,
+                    logits_processor=LogitsProcessorList([recorder]),
+                    **kwargs,
+                )  # [N, P + T']
+            except RuntimeError as e:
+                # torch.multinomial refuses NaN / inf probabilities with an error of no type of its own; the
+                # failing step's log-probs, recorded before the draw, say whether that was the reason.
+                if recorder.pending is not None and bool(torch.isnan(recorder.pending).any()):
+                    raise NonFiniteSamplingError(str(e)) from e
+                raise
             new_tokens = sequences[:, input_ids.shape[1] :]  # [N, T']
             logps = recorder.finish(new_tokens)  # [N, T']
         lengths, truncated = completion_ends(new_tokens, self.eos_token_ids, params.max_completion_length)

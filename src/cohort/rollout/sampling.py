@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from cohort.errors import NonFiniteSamplingError
 from cohort.rollout.base import SamplingParams
 
 
@@ -34,6 +35,7 @@ def sample_next(
 
     The log-prob is log_softmax(logits / temperature) at the chosen token, before top-k / top-p
     filtering (the distribution a trainer recomputes); for greedy it is log_softmax(logits).
+    Raises NonFiniteSamplingError when torch refuses to draw from non-finite probabilities.
     """
     logits = logits.float()  # [n, V]
     if params.greedy:
@@ -46,7 +48,14 @@ def sample_next(
         probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)  # [n, V]
     else:
         probs = logp_all.exp()  # [n, V]
-    tokens = draw(probs, generator)  # [n]
+    try:
+        tokens = draw(probs, generator)  # [n]
+    except RuntimeError as e:
+        # torch.multinomial refuses NaN / inf probabilities with an error of no type of its own: the
+        # probabilities say whether that was the reason (checked only once sampling has failed).
+        if not bool(torch.isfinite(probs).all()):
+            raise NonFiniteSamplingError(str(e)) from e
+        raise
     logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)  # [n]
     return tokens, logp
 

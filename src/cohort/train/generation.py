@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from cohort.errors import NonFiniteError
+from cohort.errors import NonFiniteError, NonFiniteSamplingError
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
@@ -60,10 +60,8 @@ class LocalGeneration:
             model = self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model)
             try:
                 return self.engine.generate(model, prompt_ids, group_size, params, generator)
-            except RuntimeError as e:
-                if "inf" in str(e) and "nan" in str(e):  # torch's own sampling error has no type of its own
-                    raise NonFiniteError(
-                        f"the policy produced non-finite logits while sampling ({e}); usually half-precision "
-                        "overflow (try model.dtype=float32 or bfloat16)"
-                    ) from None
-                raise
+            except NonFiniteSamplingError as e:
+                raise NonFiniteError(
+                    f"the policy produced non-finite logits while sampling ({e}); usually half-precision "
+                    "overflow (try model.dtype=float32 or bfloat16)"
+                ) from None
