@@ -1,0 +1,27 @@
+"""Multi-turn episodes with tool calls: the foundation the episode loop builds on.
+
+- `tools`: Tool / ToolSet from plain and async functions (schemas by transformers' get_json_schema), and a
+  TRL-style environment's public methods as tools.
+- `parsers`: tool calls out of an assistant turn (Hermes / Qwen, Llama 3.x JSON, Mistral, or transformers'
+  response parsing), telling no call, complete calls and a malformed call apart.
+- `templates`: the start-up checks of a tool-calling chat template (tool support, prefix preservation),
+  the token ids of a tool turn, and small templates of the three families.
+- `execution`: running calls (sync on threads, async on an event loop, each under a timeout, failures as
+  TRL's `{'error': ...}` text) and TRL's tool metrics.
+"""
+
+from cohort.episodes.tools import (
+    Tool,
+    ToolSet,
+    environment_tools,
+    make_tool,
+    tool_set,
+)
+
+__all__ = [
+    "Tool",
+    "ToolSet",
+    "environment_tools",
+    "make_tool",
+    "tool_set",
+]
