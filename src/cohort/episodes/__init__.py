@@ -10,6 +10,16 @@
   TRL's `{'error': ...}` text) and TRL's tool metrics.
 """
 
+from cohort.episodes.templates import (
+    TOOL_FORMATS,
+    ToolFormat,
+    check_prefix_preserving,
+    check_tool_support,
+    check_tool_template,
+    install_tool_format,
+    render_tool_turn,
+    supports_tools,
+)
 from cohort.episodes.tools import (
     Tool,
     ToolSet,
@@ -19,9 +29,17 @@ from cohort.episodes.tools import (
 )
 
 __all__ = [
+    "TOOL_FORMATS",
     "Tool",
+    "ToolFormat",
     "ToolSet",
+    "check_prefix_preserving",
+    "check_tool_support",
+    "check_tool_template",
     "environment_tools",
+    "install_tool_format",
     "make_tool",
+    "render_tool_turn",
+    "supports_tools",
     "tool_set",
 ]
