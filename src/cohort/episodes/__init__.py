@@ -10,6 +10,18 @@
   TRL's `{'error': ...}` text) and TRL's tool metrics.
 """
 
+from cohort.episodes.parsers import (
+    TOOL_PARSERS,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    ParsedResponse,
+    ToolCall,
+    ToolParser,
+    TransformersParser,
+    parser_for,
+    template_family,
+)
 from cohort.episodes.templates import (
     TOOL_FORMATS,
     ToolFormat,
@@ -30,16 +42,26 @@ from cohort.episodes.tools import (
 
 __all__ = [
     "TOOL_FORMATS",
+    "TOOL_PARSERS",
+    "HermesParser",
+    "Llama3JsonParser",
+    "MistralParser",
+    "ParsedResponse",
     "Tool",
+    "ToolCall",
     "ToolFormat",
+    "ToolParser",
     "ToolSet",
+    "TransformersParser",
     "check_prefix_preserving",
     "check_tool_support",
     "check_tool_template",
     "environment_tools",
     "install_tool_format",
     "make_tool",
+    "parser_for",
     "render_tool_turn",
     "supports_tools",
+    "template_family",
     "tool_set",
 ]
