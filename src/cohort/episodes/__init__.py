@@ -10,6 +10,17 @@
   TRL's `{'error': ...}` text) and TRL's tool metrics.
 """
 
+from cohort.episodes.execution import (
+    ToolExecutor,
+    ToolResult,
+    call_frequency,
+    error_text,
+    execute,
+    failure_frequency,
+    render_result,
+    tool_metrics,
+    truncate_result,
+)
 from cohort.episodes.parsers import (
     TOOL_PARSERS,
     HermesParser,
@@ -32,13 +43,7 @@ from cohort.episodes.templates import (
     render_tool_turn,
     supports_tools,
 )
-from cohort.episodes.tools import (
-    Tool,
-    ToolSet,
-    environment_tools,
-    make_tool,
-    tool_set,
-)
+from cohort.episodes.tools import Tool, ToolSet, environment_tools, make_tool, tool_set
 
 __all__ = [
     "TOOL_FORMATS",
@@ -49,19 +54,28 @@ __all__ = [
     "ParsedResponse",
     "Tool",
     "ToolCall",
+    "ToolExecutor",
     "ToolFormat",
     "ToolParser",
+    "ToolResult",
     "ToolSet",
     "TransformersParser",
+    "call_frequency",
     "check_prefix_preserving",
     "check_tool_support",
     "check_tool_template",
     "environment_tools",
+    "error_text",
+    "execute",
+    "failure_frequency",
     "install_tool_format",
     "make_tool",
     "parser_for",
+    "render_result",
     "render_tool_turn",
     "supports_tools",
     "template_family",
+    "tool_metrics",
     "tool_set",
+    "truncate_result",
 ]
