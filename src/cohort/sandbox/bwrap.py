@@ -179,7 +179,11 @@ class Isolation:
                 argv += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 argv += ["--ro-bind", path, path]
-        argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        if os.path.isfile("/etc/ld.so.cache"):  # the dynamic loader's index, the one file of /etc shown
+            argv += ["--perms", "0755", "--dir", "/etc", "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+        argv += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
+        # After /tmp, so that a folder under the host's /tmp is mounted on top of the sandbox's own.
         made: set[str] = set()
         for path in self.mounts:
             # The folders above a mount are created by bubblewrap in the sandbox's own root; they hold nothing but
@@ -190,8 +194,6 @@ class Isolation:
                     made.add(str(parent))
                     argv += ["--perms", "0755", "--dir", str(parent)]
             argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
-        argv += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
         argv += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
         for key, value in _ENV.items():
             argv += ["--setenv", key, value]
@@ -215,9 +217,9 @@ def candidates(
     interpreter: Interpreter, mounts: Sequence[str], *, bwrap: str | None = None
 ) -> tuple[list[Isolation], str]:
     """Returns the isolations worth trying here, best first, and why others were not (for error messages)."""
-    path = bwrap or shutil.which("bwrap")
+    path = shutil.which(bwrap or "bwrap")
     if not path:
-        return [], "bubblewrap (bwrap) is not installed or not on PATH"
+        return [], f"bubblewrap ({bwrap or 'bwrap'}) is not installed or not on PATH"
     options = _bwrap_options(path)
     if "--size" not in options:
         return [], (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import selectors
 import signal
 import subprocess
@@ -89,6 +90,7 @@ class SandboxProcess:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     child_pid: int | None = None
+    pidfd: int | None = None
     info: bytearray = field(default_factory=bytearray)
     killed_for: str | None = None
     dropped: int = 0
@@ -138,7 +140,7 @@ class SandboxProcess:
         if into is None:  # bubblewrap's info pipe
             self.info += data
             if self.child_pid is None and (m := _CHILD_PID.search(self.info)):
-                self.child_pid = int(m.group(1))
+                self._learn_child(int(m.group(1)))
             return True
         room = max(0, cap - len(self.stdout) - len(self.stderr))
         into += data[:room]
@@ -216,14 +218,23 @@ class SandboxProcess:
         if self.bwrap and self.child_pid is None and self.info_fd is not None:
             self._drain_info()
         try:
-            if self.bwrap and self.child_pid is not None:
-                # The sandbox's pid 1: the kernel kills its whole pid namespace, and bubblewrap (our child) exits
-                # only after reaping it, so waiting for bubblewrap waits for the namespace to be empty.
+            if self.bwrap and self.pidfd is not None:
+                # The sandbox's pid 1: the kernel kills its whole pid namespace (`finish` waits for it to be empty).
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            elif self.bwrap and self.child_pid is not None:
                 os.kill(self.child_pid, signal.SIGKILL)
             else:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        except OSError:  # already gone
             pass
+
+    def _learn_child(self, pid: int) -> None:
+        """Returns None; keeps the sandbox's pid 1 and a pidfd of it, to wait for its namespace to be empty."""
+        self.child_pid = pid
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # already gone (so is its namespace), or no pidfd on this system
+            self.pidfd = None
 
     def _drain_info(self) -> None:
         """Reads whatever bubblewrap has written to its info pipe so far (to learn the sandbox's pid 1)."""
@@ -238,10 +249,12 @@ class SandboxProcess:
                 return
             self.info += data
             if m := _CHILD_PID.search(self.info):
-                self.child_pid = int(m.group(1))
+                self._learn_child(int(m.group(1)))
 
     def finish(self) -> tuple[int | None, int | None]:
         """Returns (exit status, ending signal) once the process has ended, killing it if it has not."""
+        if self.info_fd is not None and self.child_pid is None:
+            self._drain_info()
         try:
             code = self.proc.wait(timeout=_AFTER_EXIT)
         except subprocess.TimeoutExpired:
@@ -251,6 +264,19 @@ class SandboxProcess:
             except (ProcessLookupError, PermissionError):
                 pass
             code = self.proc.wait()
+        if self.pidfd is not None:
+            # bubblewrap reports the program's exit status as soon as the program ends, before its pid 1 has
+            # finished tearing down the pid namespace; the pid 1 ends only once every process in it is gone.
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            if not poller.poll(_AFTER_EXIT * 1000):
+                try:  # through the pidfd: the very process it was opened on, whatever became of its pid
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                except OSError:
+                    pass
+                poller.poll(_AFTER_EXIT * 1000)
+            os.close(self.pidfd)
+            self.pidfd = None
         for stream in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
             if stream is not None and not stream.closed:
                 stream.close()

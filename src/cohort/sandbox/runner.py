@@ -134,6 +134,13 @@ class Sandbox:
         missing = [p for p in extra if not os.path.isdir(p)]
         if missing:
             raise ValueError(f"sandbox paths {missing} are not folders; give existing folders to mount")
+        closed = [p for p in extra if os.stat(p).st_mode & 0o005 != 0o005]
+        if closed and os.geteuid() == 0 and not unsafe:
+            raise ValueError(
+                f"sandbox path {closed[0]!r} is not readable by other users (mode "
+                f"{oct(os.stat(closed[0]).st_mode & 0o777)}), and programs run as an unprivileged uid when cohort "
+                "runs as root; make it readable (chmod o+rx) or mount another folder"
+            )
         if site_packages:
             extra = [*self.interpreter.site_packages, *extra]
         self.python_path = tuple(dict.fromkeys(extra))
