@@ -42,7 +42,7 @@ from cohort.sandbox import ExecResult, Job, Limits, Sandbox, default_sandbox
 __all__ = [
     "OUTCOMES",
     "TESTS_COLUMN",
-    "TestSuite",
+    "CodeTests",
     "check_code_rows",
     "code_reward",
     "extract_code",
@@ -89,7 +89,7 @@ def extract_code(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class TestSuite:
+class CodeTests:
     """One row's tests: assert statements, or stdin/stdout cases (exactly one of the two is non-empty)."""
 
     asserts: tuple[str, ...] = ()
@@ -112,8 +112,8 @@ def _text(value: Any, what: str, where: str) -> str:
     )
 
 
-def parse_tests(value: Any, where: str = "row") -> TestSuite:
-    """Returns the TestSuite of one row's ``tests`` value, or raises DataError saying what is wrong with it."""
+def parse_tests(value: Any, where: str = "row") -> CodeTests:
+    """Returns the CodeTests of one row's ``tests`` value, or raises DataError saying what is wrong with it."""
     if value is None:
         raise DataError(f"{where}: the {TESTS_COLUMN!r} column is empty (None); {_FORMAT_HELP}")
     if isinstance(value, str):
@@ -148,7 +148,7 @@ def parse_tests(value: Any, where: str = "row") -> TestSuite:
                 compile(test, f"<test {i}>", "exec", dont_inherit=True)
             except (SyntaxError, ValueError) as exc:
                 raise DataError(f"{where}: test {i} ({test[:80]!r}) is not valid Python: {exc}") from None
-        return TestSuite(asserts=tuple(value))
+        return CodeTests(asserts=tuple(value))
     if all(isinstance(t, Mapping) for t in value):
         cases = []
         for i, case in enumerate(value):
@@ -157,7 +157,7 @@ def parse_tests(value: Any, where: str = "row") -> TestSuite:
                     f"{where}: case {i} has keys {sorted(case)}; a stdin/stdout case needs 'input' and 'output'"
                 )
             cases.append((_text(case["input"], "input", where), _text(case["output"], "output", where)))
-        return TestSuite(cases=tuple(cases))
+        return CodeTests(cases=tuple(cases))
     kinds = sorted({type(t).__name__ for t in value})
     raise DataError(f"{where}: {TESTS_COLUMN!r} mixes or holds unsupported entries ({kinds}); {_FORMAT_HELP}")
 
@@ -206,7 +206,7 @@ def _run_outcome(result: ExecResult) -> str | None:
     return None
 
 
-def _judge(suite: TestSuite, results: list[ExecResult]) -> tuple[str, int]:
+def _judge(suite: CodeTests, results: list[ExecResult]) -> tuple[str, int]:
     """Returns (outcome, tests passed) of one completion from its sandbox runs (one for asserts, one per case)."""
     forced = [o for o in (_run_outcome(r) for r in results) if o is not None]
     if forced:
@@ -275,7 +275,7 @@ def make_code_reward(
         suites = [parse_tests(t, f"code_reward: completion {i}'s row") for i, t in enumerate(tests)]
         codes = [extract_code(completion_text(c)) for c in completions]
         # One list of runs per distinct (code, tests) pair; None: it does not compile, nothing to run.
-        planned: dict[tuple[str, TestSuite], list[Job] | None] = {}
+        planned: dict[tuple[str, CodeTests], list[Job] | None] = {}
         for code, suite in zip(codes, suites):
             if (code, suite) in planned:
                 continue
@@ -287,7 +287,7 @@ def make_code_reward(
                 planned[(code, suite)] = [Job(code, stdin=stdin) for stdin, _ in suite.cases]
         jobs = [job for runs in planned.values() if runs for job in runs]
         results = iter(box.run_many(jobs))
-        verdicts: dict[tuple[str, TestSuite], tuple[str, int]] = {}
+        verdicts: dict[tuple[str, CodeTests], tuple[str, int]] = {}
         for key, runs in planned.items():
             verdicts[key] = (
                 ("syntax_error", 0) if runs is None else _judge(key[1], [next(results) for _ in runs])

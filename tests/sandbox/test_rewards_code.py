@@ -1,0 +1,210 @@
+"""The `code` reward: code extraction, the tests column, scoring, outcomes per kind, and how it is named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cohort.config import load_config
+from cohort.data import DataError
+from cohort.rewards import (
+    BUILTIN_REWARDS,
+    check_code_rows,
+    code_reward,
+    extract_code,
+    make_code_reward,
+    resolve_reward_funcs,
+    reward_name,
+    score,
+)
+from cohort.rewards.code import OUTCOMES, CodeTests, parse_tests, same_output
+
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (CI installs it)"
+)
+
+ADD = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(0, 0) == 0"]
+DOUBLE = [{"input": "3\n", "output": "6\n"}, {"input": "-4\n", "output": "-8"}]
+
+
+def _call(reward, completions, tests):
+    """Returns (scores, outcomes, metric means) of one call, with TRL's log_metric / log_extra."""
+    metrics: dict[str, list[float]] = {}
+    extras: dict[str, list] = {}
+    scores = reward(
+        completions=completions,
+        tests=tests,
+        log_metric=lambda name, value: metrics.setdefault(name, []).append(value),
+        log_extra=lambda column, values: extras.__setitem__(column, values),
+    )
+    means = {k: sum(v) / len(v) for k, v in metrics.items()}
+    return scores, extras["code_outcome"], means
+
+
+def test_extract_code_prefers_python_fences_then_any_fence_then_everything():
+    assert extract_code("x = 1") == "x = 1"
+    assert extract_code("Here:\n```\nprint(1)\n```\ndone") == "print(1)\n"
+    text = "```js\nconsole.log(1)\n```\n```python\na = 1\n```\n```py\nb = 2\n```\n```\nc\n```"
+    assert extract_code(text) == "b = 2\n"  # the last block tagged python
+    assert (
+        extract_code("think first\n```python\ndef f(x):\n    return x") == "def f(x):\n    return x"
+    )  # cut off
+    assert extract_code("  ```Python3 \nx = 3\n  ```") == "x = 3\n"
+
+
+def test_parse_tests_reads_every_accepted_form():
+    assert parse_tests(ADD) == CodeTests(asserts=tuple(ADD))
+    assert parse_tests(json.dumps(ADD)) == CodeTests(asserts=tuple(ADD))
+    assert parse_tests("assert f(1) == 1\nassert f(2) == 2") == CodeTests(
+        asserts=("assert f(1) == 1\nassert f(2) == 2",)
+    )
+    assert parse_tests(DOUBLE) == CodeTests(cases=(("3\n", "6\n"), ("-4\n", "-8")))
+    assert parse_tests({"inputs": ["1", "2"], "outputs": [2, 4]}) == CodeTests(cases=(("1", "2"), ("2", "4")))
+    assert len(parse_tests(json.dumps(DOUBLE))) == 2
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (None, "is empty \\(None\\)"),
+        ([], "empty list"),
+        ("", "empty list"),
+        (42, "must be a list, got int"),
+        (["assert f(1) ==", "x"], "test 0 .* is not valid Python"),
+        ([{"input": "1"}], "case 0 has keys \\['input'\\]"),
+        ([{"input": [1], "output": "1"}], "'input' must be a string"),
+        (["assert True", {"input": "", "output": ""}], "mixes or holds unsupported entries"),
+        ({"a": 1}, "is a mapping with keys \\['a'\\]"),
+        ({"inputs": ["1"], "outputs": []}, "different lengths"),
+    ],
+)
+def test_malformed_tests_are_an_error_naming_the_row(bad, message):
+    rows = [{"prompt": "p", "tests": ADD}, {"prompt": "q", "tests": bad}]
+    with pytest.raises(DataError, match=f"the training data: row 1: .*{message}"):
+        check_code_rows(rows)
+
+
+def test_a_missing_column_names_the_row_and_the_columns():
+    with pytest.raises(
+        DataError, match=r"held-out data: row 0 has no 'tests' column \(columns: \['answer', 'prompt'\]\)"
+    ):
+        check_code_rows([{"prompt": "p", "answer": "1"}], where="the held-out data")
+
+
+def test_same_output_ignores_trailing_whitespace_only():
+    assert same_output("6\n", "6") and same_output("1 \n2\n\n", "1\n2") and same_output("a\r\nb", "a\nb")
+    assert not same_output("6\n7", "6") and not same_output(" 6", "6") and not same_output("", "0")
+
+
+@needs_bwrap
+def test_scores_are_the_fraction_of_tests_passed():
+    completions = [
+        "def add(a, b):\n    return a + b",  # 3 of 3
+        "```python\ndef add(a, b):\n    return a * b + (a == 0)\n```",  # add(0, 0) == 1: 0 of 3; (2,3) 7
+        "def add(a, b):\n    return abs(a) + b",  # add(-1, 1) == 2: 2 of 3
+        "def add(a, b) return a + b",  # syntax error
+        "def add(a, b):\n    while True: pass",  # timeout
+        "import ctypes\nctypes.string_at(0)",  # crash (signal)
+        "raise ValueError('at the top')",  # crash (uncaught exception)
+        "def add(a, b):\n    return a + b",  # the same program again: run once
+    ]
+    reward = make_code_reward(timeout=1.0)
+    scores, outcomes, metrics = _call(reward, completions, [ADD] * len(completions))
+    assert scores == [1.0, 0.0, pytest.approx(2 / 3), 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert outcomes == ["passed", "wrong", "wrong", "syntax_error", "timeout", "crash", "crash", "passed"]
+    assert metrics["passed"] == 2 / 8 and metrics["crash"] == 2 / 8 and metrics["syntax_error"] == 1 / 8
+    assert set(OUTCOMES) <= set(metrics)
+    assert metrics["executions"] == 6  # 8 completions, 1 repeated, 1 that does not compile: 6 runs
+    assert metrics["seconds"] > 0
+
+
+@needs_bwrap
+def test_stdin_stdout_cases_each_run_fresh():
+    completions = [
+        "print(int(input()) * 2)",
+        "n = int(input())\nprint(n * 2 if n > 0 else n)",  # right on 3, wrong on -4
+        "n = int(input())\nprint(n * 2)\nif n < 0:\n    raise SystemExit(1)",  # exits 1 on one case: a crash
+        "print(open('/tmp/seen', 'a').write('x'), int(input()) * 2)",  # no file survives from case to case
+    ]
+    scores, outcomes, _ = _call(make_code_reward(timeout=2.0), completions, [DOUBLE] * 4)
+    assert scores == [1.0, 0.5, 0.0, 0.0] and outcomes == ["passed", "wrong", "crash", "wrong"]
+    assert make_code_reward()(
+        completions=["print(1 + 1, end='')"], tests=[[{"input": "", "output": "2\n"}]]
+    ) == [1.0]
+
+
+@needs_bwrap
+def test_all_or_nothing_and_conversational_completions():
+    reward = make_code_reward(all_or_nothing=True)
+    partial = "def add(a, b):\n    return abs(a) + b"
+    assert reward(completions=[partial, "def add(a, b):\n    return a + b"], tests=[ADD, ADD]) == [0.0, 1.0]
+    chat = [[{"role": "assistant", "content": "```python\ndef add(a, b):\n    return b + a\n```"}]]
+    assert code_reward(completions=chat, tests=[ADD]) == [1.0]
+
+
+@needs_bwrap
+def test_trls_calling_convention_and_a_bad_row_at_call_time():
+    assert code_reward(["def add(a, b):\n    return a + b"], tests=[ADD]) == [1.0]  # positional completions
+    with pytest.raises(DataError, match="completion 1's row: .*empty list"):
+        code_reward(completions=["x = 1", "x = 2"], tests=[ADD, []])
+    with pytest.raises(ValueError, match="2 completions but 1 entries"):
+        code_reward(completions=["x = 1", "x = 2"], tests=[ADD])
+
+
+@needs_bwrap
+def test_through_score_the_outcomes_become_step_metrics():
+    from cohort.rewards import RewardLogs
+
+    logs = RewardLogs()
+    out = score(
+        [code_reward],
+        prompts=["p", "p"],
+        completions=["def add(a, b):\n    return a + b", "def add(a, b):"],
+        columns={"tests": [ADD, ADD]},
+        logs=logs,
+    )
+    assert out[:, 0].tolist() == [1.0, 0.0]
+    means = logs.metric_means()
+    assert means["rewards/code_reward/passed"] == 0.5 and means["rewards/code_reward/syntax_error"] == 0.5
+    assert logs.extras["code_outcome"] == ["passed", "syntax_error"]
+
+
+def test_code_is_a_built_in_by_every_name():
+    assert BUILTIN_REWARDS["code"] is code_reward
+    for spec in ("code", "code_reward", ["code"]):
+        assert resolve_reward_funcs(spec) == [code_reward]
+    custom = resolve_reward_funcs("code(timeout=2, all_or_nothing=True)")[0]
+    assert reward_name(custom) == "code_reward" and custom.all_or_nothing is True
+    with pytest.raises(ValueError, match="timeout=0"):
+        resolve_reward_funcs("code(timeout=0)")
+    with pytest.raises(ValueError, match="unexpected keyword argument 'timout'"):
+        resolve_reward_funcs("code(timout=2)")
+    with pytest.raises(ValueError, match=r"built-in rewards are: accuracy, format, code, .*code\(timeout=5"):
+        resolve_reward_funcs("cod")
+
+
+def test_yaml_rewards_and_the_trl_form_name_it(tmp_path):
+    path = tmp_path / "code.yaml"
+    path.write_text("model: {name_or_path: runs/tiny}\ndata: {task: code}\nrewards: [code]\n")
+    cfg = load_config(path)
+    assert cfg.rewards == ["code"] and resolve_reward_funcs(cfg.rewards) == [code_reward]
+    from cohort.compat import GRPOConfig
+
+    assert GRPOConfig is not None  # TRL's form passes reward_funcs="code" to the same resolution
+
+
+def test_the_reward_needs_the_tests_column_before_the_model_loads():
+    from cohort.rewards import check_reward_columns
+
+    with pytest.raises(ValueError, match="'code_reward' .*'tests'"):
+        check_reward_columns([code_reward], ["answer"])
+    check_reward_columns([code_reward], ["tests"])
+
+
+@needs_bwrap
+def test_check_rows_checks_the_data_and_starts_the_sandbox():
+    code_reward.check_rows([{"prompt": "p", "tests": ADD}])
+    with pytest.raises(DataError, match="row 0"):
+        code_reward.check_rows([{"prompt": "p", "tests": "assert ("}])
