@@ -16,13 +16,13 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 
 from cohort import distributed as dist
 from cohort import seeds
-from cohort.algo import LOSS_TYPES, loss_normalisers, policy_loss
+from cohort.algo import LOSS_TYPES, check_loss_options, loss_normalisers, policy_loss
 from cohort.algo.controls import ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from cohort.config import AlgoConfig
@@ -193,8 +193,8 @@ class PolicyUpdater:
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
-        # The objective's settings, shared by the update and evaluate_loss.
-        self._loss_options: dict[str, Any] = dict(
+        # The objective's settings, checked once here and shared by every policy_loss call (update, evaluate_loss).
+        self._loss_options = check_loss_options(
             loss_type=algo.loss_type,
             aggregation=algo.aggregation,
             loss_kwargs=algo.loss_kwargs,
@@ -433,7 +433,7 @@ class PolicyUpdater:
                         ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                         num_items=num_items,
                         num_sequences=num_seq,
-                        **self._loss_options,
+                        options=self._loss_options,
                     )
                     if self.entropy_on:  # on the tokens the policy term trains (top-entropy's when set)
                         ent = cast(torch.Tensor, lp.entropy)
@@ -518,7 +518,7 @@ class PolicyUpdater:
                     ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                     num_items=num_items,
                     num_sequences=num_seq,
-                    **self._loss_options,
+                    options=self._loss_options,
                 )
                 if self.entropy_on and apply_coef != 0:
                     loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)

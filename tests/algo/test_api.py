@@ -40,6 +40,7 @@ def test_contract_signatures():
         "token_weights": None,
         "kl_cov_mask": None,
         "kl_cov_coef": 1.0,
+        "options": None,
     }
     sig = inspect.signature(algo.group_advantages)
     assert {k: p.default for k, p in sig.parameters.items() if k in ("scale", "std", "eps")} == {

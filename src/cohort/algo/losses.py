@@ -42,10 +42,12 @@ to report clipped tokens); cohort masks it, adds the KL term and aggregates it.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import torch
 
@@ -209,6 +211,30 @@ def register_loss(
     return POLICY_LOSSES[name]
 
 
+class LossParameter(NamedTuple):
+    """A built-in loss's keyword parameter: the range a value must lie in, and its default."""
+
+    rule: str
+    """"> 1", "> 0" or "in [0, 1)"."""
+    default: float | None
+
+
+LOSS_PARAMETERS: dict[str, dict[str, LossParameter]] = {
+    "cispo": {"max_ratio": LossParameter("> 1", 5.0), "min_ratio": LossParameter("in [0, 1)", None)},
+    "sapo": {"tau_pos": LossParameter("> 0", 1.0), "tau_neg": LossParameter("> 0", 1.05)},
+    "gmpo": {"clip": LossParameter("> 0", 0.4)},
+}
+"""Each built-in loss's keyword parameters: (valid range, default), the one place their defaults are written
+(the loss functions' signatures read them). Sources: cispo's max_ratio 5.0 is the value TRL's documentation
+gives as ScaleRL's recommendation; sapo's temperatures are the SAPO paper's; gmpo's 0.4 (a ratio range of
+[e^-0.4, e^0.4]) is the GMPO paper's."""
+
+
+def _default(loss_type: str, name: str) -> Any:
+    """Returns the default of a built-in loss's parameter (LOSS_PARAMETERS), for its function's signature."""
+    return LOSS_PARAMETERS[loss_type][name].default
+
+
 def clip_loss(x: LossInputs) -> LossTerms:
     """Return PPO's clipped per-token loss -min(min(rho, delta) A, clip(rho, 1-eps_low, 1+eps_high) A)."""
     ratio = torch.exp(x.log_ratio)  # [N, T]
@@ -223,7 +249,12 @@ def clip_loss(x: LossInputs) -> LossTerms:
     return LossTerms(-surrogate, clipped_low, clipped_high)
 
 
-def cispo_loss(x: LossInputs, *, max_ratio: float = 5.0, min_ratio: float | None = None) -> LossTerms:
+def cispo_loss(
+    x: LossInputs,
+    *,
+    max_ratio: float = _default("cispo", "max_ratio"),
+    min_ratio: float | None = _default("cispo", "min_ratio"),
+) -> LossTerms:
     """Return CISPO's per-token loss -sg(clip(rho, min_ratio, max_ratio)) * A * r (r: value 1, grad log pi)."""
     ratio = torch.exp(x.log_ratio)  # [N, T]
     weight = ratio.detach().clamp(min=min_ratio, max=max_ratio)  # [N, T]
@@ -233,7 +264,12 @@ def cispo_loss(x: LossInputs, *, max_ratio: float = 5.0, min_ratio: float | None
     return LossTerms(-weight * x.advantages * x.policy_gradient_term(), clipped_low, clipped_high)
 
 
-def sapo_loss(x: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> LossTerms:
+def sapo_loss(
+    x: LossInputs,
+    *,
+    tau_pos: float = _default("sapo", "tau_pos"),
+    tau_neg: float = _default("sapo", "tau_neg"),
+) -> LossTerms:
     """Return SAPO's per-token loss -sigma(tau (rho - 1)) * 4 / tau * A, with tau by the advantage's sign."""
     ratio = torch.exp(x.log_ratio)  # [N, T]
     tau = torch.full_like(ratio, tau_neg).masked_fill(x.advantages > 0, tau_pos)  # [N, T]
@@ -241,7 +277,7 @@ def sapo_loss(x: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> 
     return LossTerms(-gate * x.advantages)
 
 
-def gmpo_loss(x: LossInputs, *, clip: float = 0.4) -> LossTerms:
+def gmpo_loss(x: LossInputs, *, clip: float = _default("gmpo", "clip")) -> LossTerms:
     """Return GMPO's per-token loss: -R_i A_i on every token of i, R_i the clipped geometric-mean ratio."""
     if x.seq_advantages is None:
         raise ValueError(
@@ -269,15 +305,6 @@ register_loss("gmpo", gmpo_loss, "grpo", sequence_advantages=True, token_importa
 LOSS_TYPES = tuple(POLICY_LOSSES)
 """The built-in loss types (user losses registered later are in POLICY_LOSSES only)."""
 
-LOSS_PARAMETERS: dict[str, dict[str, tuple[str, float | None]]] = {
-    "cispo": {"max_ratio": ("> 1", 5.0), "min_ratio": ("in [0, 1)", None)},
-    "sapo": {"tau_pos": ("> 0", 1.0), "tau_neg": ("> 0", 1.05)},
-    "gmpo": {"clip": ("> 0", 0.4)},
-}
-"""Each built-in loss's keyword parameters: (valid range, default). Sources: cispo's max_ratio 5.0 is the value
-TRL's documentation gives as ScaleRL's recommendation; sapo's temperatures are the SAPO paper's; gmpo's 0.4
-(a ratio range of [e^-0.4, e^0.4]) is the GMPO paper's."""
-
 
 def check_loss_kwargs(loss_type: str, kwargs: Mapping[str, object]) -> dict[str, object]:
     """Return `kwargs` after checking each is a parameter of `loss_type` inside its valid range."""
@@ -300,8 +327,8 @@ def check_loss_kwargs(loss_type: str, kwargs: Mapping[str, object]) -> dict[str,
             raise ValueError(
                 f"loss_type={loss_type!r} has no parameter {key!r}; its parameters are {sorted(spec)}"
             )
-        rule = spec[key][0]
-        if value is None and spec[key][1] is None:
+        rule = spec[key].rule
+        if value is None and spec[key].default is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ValueError(f"{loss_type} parameter {key} must be a number {rule}, got {value!r}")
@@ -391,67 +418,40 @@ def _check_same_shape(name: str, value: torch.Tensor, shape: torch.Size) -> None
         )
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    loss_type: str = "grpo",
-    aggregation: str | None = None,
-    loss_kwargs: Mapping[str, object] | None = None,
-    eps_low: float = 0.2,
-    eps_high: float | None = None,
-    delta: float | None = None,
-    beta: float = 0.0,
-    ref_logp: torch.Tensor | None = None,
-    max_completion_length: int | None = None,
-    num_items: Normaliser = None,
-    num_sequences: Normaliser = None,
-    importance: str = "token",
-    kl_kind: str = "k3",
-    token_weights: torch.Tensor | None = None,
-    kl_cov_mask: torch.Tensor | None = None,
-    kl_cov_coef: float = 1.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
+@dataclass(frozen=True)
+class LossOptions:
+    """policy_loss's settings that stay the same through an update, checked once (made by check_loss_options)."""
 
-    logp [N, T]: log pi_theta of the completion tokens (differentiable); old_logp [N, T] or None
-    (on-policy: the ratio is taken against logp.detach(), value 1, gradient grad log pi_theta);
-    advantages [N] (one per completion) or [N, T] (per token, process supervision); mask [N, T], True on
-    completion tokens. Masked positions may hold anything (even inf/NaN): they get exactly zero gradient.
-    loss_type: a name in POLICY_LOSSES (grpo, bnpo, dapo, dr_grpo: the clip loss with that aggregation;
-    cispo, sapo, gmpo; or a registered user loss), called with `loss_kwargs`; aggregation None uses the loss
-    type's own. eps_high None means eps_low; delta caps rho from above for the unclipped term (two-sided /
-    dual clipping), None = no cap; beta > 0 adds beta * KL(logp, ref_logp) with the estimator kl_kind
-    ("k1" | "k2" | "k3", see kl_estimate; k3 is DeepSeekMath's) and needs ref_logp; importance "token" |
-    "sequence" (GSPO). token_weights [N] or [N, T] (detached) multiply each token's policy loss before the KL
-    term is added: entropy masks, Clip-Cov's detached tokens, importance weights for the sampler. kl_cov_mask
-    [N, T] bool adds KL-Cov's kl_cov_coef * |log(pi_theta / pi_old)| on the selected tokens.
-    num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo) are the counts of the whole batch this
-    micro-batch belongs to (None: its own); summing the micro-batch losses then equals the full-batch loss.
-    Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, ratio/mean, and kl (masked
-    mean of the kl_kind estimate) when ref_logp is given.
-    """
-    check_tensor("logp", logp)
-    check_tensor("advantages", advantages)
-    check_tensor("mask", mask)
-    if logp.dim() != 2 or not logp.is_floating_point():
-        raise ValueError(
-            f"logp must be a floating tensor [N, T], got dtype {logp.dtype} and shape {tuple(logp.shape)}. "
-            "Fix: pass per-token log-probs of the completion tokens, padded to a common length."
-        )
-    shape = logp.shape
-    n, t = shape
-    _check_same_shape("mask", mask, shape)
-    if old_logp is not None:
-        check_tensor("old_logp", old_logp)
-        _check_same_shape("old_logp", old_logp, shape)
-    if advantages.shape not in ((n,), shape):
-        raise ValueError(
-            f"advantages has shape {tuple(advantages.shape)}; it must be [N]={n} (one per completion) or "
-            f"[N, T]={tuple(shape)} (per token) to match logp."
-        )
+    loss_type: str
+    aggregation: str
+    """The aggregation the loss uses: the one asked for, else the loss type's own."""
+    loss_kwargs: Mapping[str, object]
+    """The loss's keyword parameters, checked against LOSS_PARAMETERS or the user loss's signature."""
+    eps_low: float
+    eps_high: float
+    """eps_low when none was given."""
+    delta: float | None
+    beta: float
+    max_completion_length: int | None
+    """Checked by each policy_loss call against its padded length T."""
+    importance: str
+    kl_kind: str
+
+
+def _checked_options(
+    *,
+    loss_type: str,
+    aggregation: str | None,
+    loss_kwargs: Mapping[str, object] | None,
+    eps_low: float,
+    eps_high: float | None,
+    delta: float | None,
+    beta: float,
+    max_completion_length: int | None,
+    importance: str,
+    kl_kind: str,
+) -> LossOptions:
+    """Returns the LossOptions of policy_loss's settings after their checks (in policy_loss's order)."""
     agg = aggregation_of(loss_type, aggregation)
     spec = POLICY_LOSSES[loss_type]
     kwargs = check_loss_kwargs(loss_type, loss_kwargs or {})
@@ -474,6 +474,109 @@ def policy_loss(
                 "clip range for negative advantages. Fix: pass e.g. delta=4.0, or delta=None for no cap."
             )
     beta = check_nonneg("beta", beta)
+    return LossOptions(
+        loss_type=loss_type,
+        aggregation=agg,
+        loss_kwargs=MappingProxyType(kwargs),
+        eps_low=eps_low,
+        eps_high=eps_high,
+        delta=delta,
+        beta=beta,
+        max_completion_length=max_completion_length,
+        importance=importance,
+        kl_kind=kl_kind,
+    )
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str = "grpo",
+    aggregation: str | None = None,
+    loss_kwargs: Mapping[str, object] | None = None,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    delta: float | None = None,
+    beta: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+    num_items: Normaliser = None,
+    num_sequences: Normaliser = None,
+    importance: str = "token",
+    kl_kind: str = "k3",
+    token_weights: torch.Tensor | None = None,
+    kl_cov_mask: torch.Tensor | None = None,
+    kl_cov_coef: float = 1.0,
+    options: LossOptions | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
+
+    logp [N, T]: log pi_theta of the completion tokens (differentiable); old_logp [N, T] or None
+    (on-policy: the ratio is taken against logp.detach(), value 1, gradient grad log pi_theta);
+    advantages [N] (one per completion) or [N, T] (per token, process supervision); mask [N, T], True on
+    completion tokens. Masked positions may hold anything (even inf/NaN): they get exactly zero gradient.
+    loss_type: a name in POLICY_LOSSES (grpo, bnpo, dapo, dr_grpo: the clip loss with that aggregation;
+    cispo, sapo, gmpo; or a registered user loss), called with `loss_kwargs`; aggregation None uses the loss
+    type's own. eps_high None means eps_low; delta caps rho from above for the unclipped term (two-sided /
+    dual clipping), None = no cap; beta > 0 adds beta * KL(logp, ref_logp) with the estimator kl_kind
+    ("k1" | "k2" | "k3", see kl_estimate; k3 is DeepSeekMath's) and needs ref_logp; importance "token" |
+    "sequence" (GSPO). token_weights [N] or [N, T] (detached) multiply each token's policy loss before the KL
+    term is added: entropy masks, Clip-Cov's detached tokens, importance weights for the sampler. kl_cov_mask
+    [N, T] bool adds KL-Cov's kl_cov_coef * |log(pi_theta / pi_old)| on the selected tokens.
+    num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo) are the counts of the whole batch this
+    micro-batch belongs to (None: its own); summing the micro-batch losses then equals the full-batch loss.
+    Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, ratio/mean, and kl (masked
+    mean of the kl_kind estimate) when ref_logp is given.
+    options: the settings (loss_type, aggregation, loss_kwargs, eps_low, eps_high, delta, beta,
+    max_completion_length, importance, kl_kind) as check_loss_options returned them, checked once for a whole
+    update instead of on every call; leave those keywords out when passing it.
+    """
+    check_tensor("logp", logp)
+    check_tensor("advantages", advantages)
+    check_tensor("mask", mask)
+    if logp.dim() != 2 or not logp.is_floating_point():
+        raise ValueError(
+            f"logp must be a floating tensor [N, T], got dtype {logp.dtype} and shape {tuple(logp.shape)}. "
+            "Fix: pass per-token log-probs of the completion tokens, padded to a common length."
+        )
+    shape = logp.shape
+    n, t = shape
+    _check_same_shape("mask", mask, shape)
+    if old_logp is not None:
+        check_tensor("old_logp", old_logp)
+        _check_same_shape("old_logp", old_logp, shape)
+    if advantages.shape not in ((n,), shape):
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; it must be [N]={n} (one per completion) or "
+            f"[N, T]={tuple(shape)} (per token) to match logp."
+        )
+    settings: dict[str, Any] = dict(
+        loss_type=loss_type,
+        aggregation=aggregation,
+        loss_kwargs=loss_kwargs,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        delta=delta,
+        beta=beta,
+        max_completion_length=max_completion_length,
+        importance=importance,
+        kl_kind=kl_kind,
+    )
+    if options is None:
+        options = _checked_options(**settings)
+    elif settings != _SETTING_DEFAULTS:
+        given = [k for k, v in settings.items() if v != _SETTING_DEFAULTS[k]]
+        raise TypeError(
+            f"policy_loss got options and the settings {given} as keywords; pass them to check_loss_options only"
+        )
+    o = options
+    loss_type, agg, kwargs = o.loss_type, o.aggregation, o.loss_kwargs
+    importance, kl_kind, max_completion_length = o.importance, o.kl_kind, o.max_completion_length
+    eps_low, eps_high, delta, beta = o.eps_low, o.eps_high, o.delta, o.beta
+    spec = POLICY_LOSSES[loss_type]
     if beta > 0 and ref_logp is None:
         raise ValueError(
             f"beta={beta!r} > 0 needs ref_logp (the reference model's per-token log-probs [N, T]). "
@@ -582,3 +685,26 @@ def policy_loss(
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
     return loss, metrics
+
+
+_SETTING_DEFAULTS: dict[str, Any] = {
+    name: p.default
+    for name, p in inspect.signature(policy_loss).parameters.items()
+    if name in {f.name for f in dataclasses.fields(LossOptions)}
+}
+"""policy_loss's keywords that stay the same through an update (LossOptions' fields), with its defaults for
+them: check_loss_options's defaults too."""
+
+
+def check_loss_options(**settings: Any) -> LossOptions:
+    """Returns the checked LossOptions of policy_loss's settings keywords (its defaults for those not given).
+
+    Check once, then pass the record to every policy_loss call of an update as `options=`: the same checks
+    and error messages as a policy_loss call given the keywords, run once instead of per micro-batch."""
+    unknown = sorted(set(settings) - set(_SETTING_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"check_loss_options() got unexpected keyword arguments {unknown}; it takes policy_loss's "
+            f"settings: {', '.join(_SETTING_DEFAULTS)}"
+        )
+    return _checked_options(**{**_SETTING_DEFAULTS, **settings})
