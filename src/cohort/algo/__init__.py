@@ -16,7 +16,14 @@ from .advantages import (
     rloo_advantages,
 )
 from .entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
-from .estimators import ADVANTAGE_ESTIMATORS, ADVANTAGE_TYPES, estimate_advantages, register_advantage
+from .estimators import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_TYPES,
+    ESTIMATOR_FIELDS,
+    advantage_arguments,
+    estimate_advantages,
+    register_advantage,
+)
 from .filters import truncation_mask, zero_std_group_mask
 from .kl import KL_KINDS, LOG_RATIO_CLAMP, kl_estimate
 from .losses import (
@@ -49,6 +56,8 @@ from .selection import clip_cov_mask, kl_cov_mask, token_covariance, top_entropy
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_TYPES",
+    "ESTIMATOR_FIELDS",
+    "advantage_arguments",
     "IS_LEVELS",
     "IS_MODES",
     "adapt_entropy_coef",
