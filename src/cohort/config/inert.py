@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cohort.algo.estimators import advantage_arguments
+
 if TYPE_CHECKING:
     from cohort.config.schema import TrainConfig
 
@@ -46,7 +48,10 @@ def _estimator_ignores(name: str) -> Callable[[TrainConfig, int], str | None]:
 
     def why(cfg: TrainConfig, world_size: int) -> str | None:
         a = cfg.algo
-        if name in a.advantage_arguments() or (name == "adv_eps" and "eps" in a.advantage_arguments()):
+        reads = advantage_arguments(
+            a.advantage, a
+        )  # the fields the estimator declares (cohort.algo.estimators)
+        if name in reads or (name == "adv_eps" and "eps" in reads):
             return None
         return (
             f"algo.advantage={a.advantage!r} does not read algo.{name} (drop it, or pick grpo / reinforce_pp)"

@@ -243,14 +243,6 @@ class AlgoConfig:
     sampler_is_min: float | None = None
     """Lower bound of the sampler importance ratio (None: none)."""
 
-    def advantage_arguments(self) -> dict[str, Any]:
-        """Return the keyword arguments the chosen advantage estimator is called with."""
-        if self.advantage == "grpo":
-            return {"scale": self.scale, "std": self.std, "eps": self.adv_eps}
-        if self.advantage in ("reinforce_pp", "reinforce_pp_baseline"):
-            return {"std": self.std, "eps": self.adv_eps}
-        return dict(self.advantage_kwargs)  # rloo takes none; a user estimator its own
-
     scale: str = "group"
     """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""
     std: str = "sample"

@@ -34,6 +34,7 @@ from cohort.algo import (
     clip_loss,
 )
 from cohort.algo.controls import COV_METHODS, SAMPLER_CORRECTIONS
+from cohort.algo.estimators import advantage_arguments
 from cohort.choices import (
     ATTENTION_KINDS,
     DTYPE_NAMES,
@@ -276,7 +277,7 @@ def _check_objective(cfg: TrainConfig) -> None:
         )
     try:
         resolve_loss(a.loss_type, a.loss_kwargs)
-        resolve_advantage(a.advantage, a.advantage_arguments())
+        resolve_advantage(a.advantage, advantage_arguments(a.advantage, a))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if a.aggregation is not None:

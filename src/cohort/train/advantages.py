@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from cohort.algo import combine_rewards, process_advantages, process_advantages_to_tokens, zero_std_group_mask
-from cohort.algo.estimators import estimate_advantages
+from cohort.algo.estimators import advantage_arguments, estimate_advantages
 from cohort.rollout import RolloutBatch
 from cohort.train.scoring import StepSpans
 
@@ -47,7 +47,11 @@ def estimate(
     if gather is not own_rows:
         lengths, _ = gather(lengths)
     adv = estimate_advantages(
-        algo.advantage, rows, rollout.group_size, lengths.tolist(), **algo.advantage_arguments()
+        algo.advantage,
+        rows,
+        rollout.group_size,
+        lengths.tolist(),
+        **advantage_arguments(algo.advantage, algo),
     )
     return adv[start : start + reward.shape[0]]
 
