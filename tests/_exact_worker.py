@@ -17,7 +17,7 @@ from cohort.fastpath import FastConfig
 from cohort.logprobs import warm_probes
 from cohort.models import wrap_lora
 from cohort.sharding import full_value, gathered, shard
-from cohort.update import PolicyBatch, PolicyUpdater
+from cohort.train.update import PolicyBatch, PolicyUpdater
 
 GROUPS, G = 7, 3
 

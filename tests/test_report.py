@@ -19,7 +19,7 @@ from cohort.report import (
     write_report,
     write_summary,
 )
-from cohort.update import UpdateStats
+from cohort.train.update import UpdateStats
 
 LINE = re.compile(
     r"^step (\d+)/(\d+) \| reward \S+( \| kl \S+)?( \| length \S+)? \| \S+ s/step \| ETA \d+:\d\d:\d\d$"

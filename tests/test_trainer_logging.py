@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,9 +16,10 @@ import torch
 from cohort.compat import GRPOConfig
 from cohort.config import load_config
 from cohort.errors import ConfigError
+from cohort.rollout import RolloutBatch
 from cohort.train.metrics import step_metrics
+from cohort.train.update import UpdateStats
 from cohort.trainer import GRPOTrainer
-from cohort.update import UpdateStats
 
 DIGITS = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 
@@ -88,21 +88,15 @@ def test_train_with_stdout_to_a_pipe_logs_plain_lines_and_a_summary(tiny_model_d
         assert r["clip_ratio/high_mean"] <= r["clip_ratio/high_max"] + 1e-9, r
 
 
-def _fake_rollout(lengths: list[int], truncated: list[bool]) -> SimpleNamespace:
-    return SimpleNamespace(
-        group_size=2,
-        completion_lengths=torch.tensor(lengths),
-        truncated=torch.tensor(truncated),
-        prompt_ids=[[5, 6]] * (len(lengths) // 2),
-        paths={},
-    )
+def _fake_rollout(lengths: list[int], truncated: list[bool]) -> RolloutBatch:
+    return RolloutBatch([[5, 6]] * (len(lengths) // 2), [[7] * n for n in lengths], torch.tensor(truncated), 2)
 
 
-def _metrics_of(rollout: SimpleNamespace) -> dict:
-    n = len(rollout.completion_lengths)
+def _metrics_of(rollout: RolloutBatch) -> dict:
+    n = rollout.num_completions
     reward = torch.arange(n, dtype=torch.float32)
     zero_std = torch.zeros(n, dtype=torch.bool)
-    return step_metrics(1, rollout, reward[:, None], reward, zero_std, UpdateStats(), ["r"], 0)  # type: ignore[arg-type]
+    return step_metrics(1, rollout, reward[:, None], reward, zero_std, UpdateStats(), ["r"], 0)
 
 
 def test_terminated_lengths_cover_only_completions_that_ended_with_eos():

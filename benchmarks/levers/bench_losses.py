@@ -74,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def timed_update(bench: Bench, algo, batch) -> tuple[float, object]:
     """Returns (seconds, UpdateStats) of one policy update of `batch` under `algo`."""
     from cohort.fastpath import FastConfig
-    from cohort.update import PolicyUpdater
+    from cohort.train.update import PolicyUpdater
 
     updater = PolicyUpdater(
         bench.model,
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
     from cohort.fastpath import FastConfig
-    from cohort.update import PolicyBatch
+    from cohort.train.update import PolicyBatch
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

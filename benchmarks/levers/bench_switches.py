@@ -125,7 +125,7 @@ class Bench:
         from cohort.models import load_model, load_tokenizer, stop_token_ids
         from cohort.optim import make_adamw
         from cohort.rollout import SamplingParams
-        from cohort.update import PolicyBatch
+        from cohort.train.update import PolicyBatch
 
         self.args = args
         workload = WORKLOADS["b_gsm8k"]
@@ -174,7 +174,7 @@ class Bench:
 
     def update(self, fast, batch: str):
         """Returns the UpdateStats of one policy update of the fixed rollout under `fast`."""
-        from cohort.update import PolicyUpdater
+        from cohort.train.update import PolicyUpdater
 
         updater = PolicyUpdater(
             self.model,

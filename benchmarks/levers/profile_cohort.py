@@ -283,7 +283,7 @@ def print_operator_tables(trainer, G: int, rows: int) -> None:
     from benchmarks.bench_tasks import token_parity
     from cohort.algo import group_advantages
     from cohort.train.build import sampling_params
-    from cohort.update import PolicyBatch
+    from cohort.train.update import PolicyBatch
 
     cfg = trainer.cfg
     prompts = trainer.train_prompt_ids[: cfg.prompts_per_step]

@@ -285,8 +285,8 @@ def tta_prepare(spec: dict) -> dict:
     from cohort import demo
     from cohort.data import encode_prompts, make_task, sft_completion
     from cohort.models import build_tiny_model, load_model, load_tokenizer
-    from cohort.sft import SFTConfig, encode_pairs, sft_train
     from cohort.seeds import seed_globals
+    from cohort.sft import SFTConfig, encode_pairs, sft_train
 
     out = Path(spec["out_dir"])
     seed = spec["seed"]

@@ -32,8 +32,8 @@ from cohort.config import TrainConfig, from_dict, to_dict
 from cohort.errors import ConfigError
 from cohort.train.advantages import outcome_advantages
 from cohort.train.scoring import as_text
+from cohort.train.update import PolicyBatch
 from cohort.trainer import GRPOTrainer
-from cohort.update import PolicyBatch
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ the threshold and what usually fixes it (once per check until it recovers), sets
 in that step's metrics, and is written to ``health.jsonl`` for the report's Health section. With
 ``health.abort=true`` the first firing check stops the run after the step is committed and saved
 (:class:`HealthAbort`, exit code 1 from the CLI). A non-finite loss, gradient or logit is not a warning
-but an error that stops the step before the weights change (``cohort.update``); it is listed here as the
+but an error that stops the step before the weights change (``cohort.train.update``); it is listed here as the
 ``non_finite`` check so the whole table lives in one place.
 
 | check | fires when | usual fix |

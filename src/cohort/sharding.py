@@ -19,7 +19,7 @@ Two rules keep the processes in lockstep although each samples different complet
   the whole parameters while sampling, as DeepSpeed's ZeRO-3 gathered generation);
 - the update's forward/backward passes run layer by layer (the sharded memory), and every process runs
   the same number of them per optimizer step: processes with fewer micro-batches run
-  :func:`idle_backward`, a one-token pass whose loss is 0 (cohort.update).
+  :func:`idle_backward`, a one-token pass whose loss is 0 (cohort.train.update).
 
 The gradient reduction sums (divide factor 1): cohort's loss is already normalised over the global
 batch. Checkpoints of a sharded run are written with ``torch.distributed.checkpoint`` (each process its

@@ -77,7 +77,7 @@ from cohort.train.metrics import rollout_tokens, sample_rows, step_metrics
 from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer
 from cohort.train.state import StateRegistry
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
+from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 
 @dataclass
@@ -213,7 +213,7 @@ class GRPOTrainer:
         self.engine, self.sampler_copy = build_engine(cfg, self.model, self.tokenizer)
         # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
         self.generator = seeds.generator(seeds.sampling(cfg.seed, dist.rank()), self.device)
-        # The same on every process: minibatches are drawn from the global batch (cohort.update).
+        # The same on every process: minibatches are drawn from the global batch (cohort.train.update).
         self.shuffle_generator = seeds.generator(seeds.minibatch_shuffle(cfg.seed))
         self.optimizer, self.scheduler = build_optimizer(cfg, self.model)
         self.updater = PolicyUpdater(

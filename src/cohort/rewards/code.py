@@ -31,6 +31,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -189,7 +190,9 @@ def same_output(got: str, expected: str) -> bool:
 def _compiles(code: str) -> bool:
     """Returns whether `code` compiles (checked here, without running it, to spare sandbox runs)."""
     try:
-        compile(code, "<completion>", "exec", dont_inherit=True)
+        with warnings.catch_warnings():  # "invalid decimal literal" and the like concern the program, not cohort
+            warnings.simplefilter("ignore")
+            compile(code, "<completion>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
         return False
     return True

@@ -31,7 +31,7 @@ from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.sharding import gathered, shard
-from cohort.update import checkpointing_layers
+from cohort.train.update import checkpointing_layers
 
 
 @dataclass
@@ -275,7 +275,7 @@ def load_policy(
     policy.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
     if cfg.model.gradient_checkpointing:
         # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
-        # recomputation sees the same masks; the layers train only during updates (cohort.update).
+        # recomputation sees the same masks; the layers train only during updates (cohort.train.update).
         if callable(getattr(policy, "activation_checkpointing_enable", None)):  # transformers >= 5
             policy.activation_checkpointing_enable(  # type: ignore[operator]
                 activation_checkpointing_kwargs={"use_reentrant": False}

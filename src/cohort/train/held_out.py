@@ -22,7 +22,7 @@ from cohort.train.advantages import outcome_advantages
 from cohort.train.generation import LocalGeneration
 from cohort.train.metrics import rollout_stats
 from cohort.train.scoring import Scorer
-from cohort.update import PolicyBatch, PolicyUpdater
+from cohort.train.update import PolicyBatch, PolicyUpdater
 
 
 class HeldOut:

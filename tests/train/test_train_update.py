@@ -22,7 +22,7 @@ from cohort.algo import LOSS_TYPES, loss_normalisers
 from cohort.config import AlgoConfig
 from cohort.fastpath import FastConfig, FastPathError
 from cohort.rollout import SamplingParams
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats, plan_micro_batches
+from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats, plan_micro_batches
 
 G = 4
 

@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_update import G, _assert_same, _gradient, gpt2_64
+from test_train_update import G, _assert_same, _gradient, gpt2_64
 
 from cohort.algo import loss_normalisers, policy_loss
 from cohort.config import AlgoConfig
@@ -21,7 +21,7 @@ from cohort.fastpath import FastConfig
 from cohort.logprobs import completion_logprobs
 from cohort.rollout import RolloutBatch, select_groups
 from cohort.train.metrics import rollout_tokens, step_metrics
-from cohort.update import PolicyBatch, PolicyUpdater, UpdateStats
+from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
 
 TEMPERATURE = 0.9
 
