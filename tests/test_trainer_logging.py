@@ -89,7 +89,9 @@ def test_train_with_stdout_to_a_pipe_logs_plain_lines_and_a_summary(tiny_model_d
 
 
 def _fake_rollout(lengths: list[int], truncated: list[bool]) -> RolloutBatch:
-    return RolloutBatch([[5, 6]] * (len(lengths) // 2), [[7] * n for n in lengths], torch.tensor(truncated), 2)
+    return RolloutBatch(
+        [[5, 6]] * (len(lengths) // 2), [[7] * n for n in lengths], torch.tensor(truncated), 2
+    )
 
 
 def _metrics_of(rollout: RolloutBatch) -> dict:
