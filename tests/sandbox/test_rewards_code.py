@@ -205,6 +205,30 @@ def test_the_reward_needs_the_tests_column_before_the_model_loads():
 
 @needs_bwrap
 def test_check_rows_checks_the_data_and_starts_the_sandbox():
+    from cohort.rewards import check_reward_rows
+
     code_reward.check_rows([{"prompt": "p", "tests": ADD}])
     with pytest.raises(DataError, match="row 0"):
         code_reward.check_rows([{"prompt": "p", "tests": "assert ("}])
+    plain = resolve_reward_funcs("accuracy")[0]
+    check_reward_rows([plain, code_reward], [{"prompt": "p", "tests": ADD}])  # accuracy has no row check
+    with pytest.raises(DataError, match=r"the held-out data: row 1: .*empty list"):
+        check_reward_rows(code_reward, [{"tests": ADD}, {"tests": []}], where="the held-out data")
+
+
+@needs_bwrap
+def test_a_trl_style_custom_code_reward_keeps_working_beside_the_built_in():
+    from cohort import sandbox
+
+    def test_code_solution(completions, tests, **kwargs):
+        """TRL's shape of a hand-written code reward: run code + tests, 1.0 when the script exits cleanly."""
+        scripts = [extract_code(c) + "\n" + "\n".join(t) for c, t in zip(completions, tests)]
+        return [float(sandbox.run(s, timeout=2).ok) for s in scripts]
+
+    out = score(
+        [test_code_solution, code_reward],
+        prompts=["p", "p"],
+        completions=["def add(a, b):\n    return a + b", "def add(a, b):\n    return abs(a) + b"],
+        columns={"tests": [ADD, ADD]},
+    )
+    assert out.tolist() == [[1.0, 1.0], [0.0, pytest.approx(2 / 3)]]

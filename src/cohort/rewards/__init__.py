@@ -9,7 +9,13 @@ from cohort.rewards.builtin import (
     make_length_reward,
     make_overlong_reward,
 )
-from cohort.rewards.code import check_code_rows, code_reward, extract_code, make_code_reward
+from cohort.rewards.code import (
+    check_code_rows,
+    check_reward_rows,
+    code_reward,
+    extract_code,
+    make_code_reward,
+)
 from cohort.rewards.models import RewardModel
 from cohort.rewards.registry import BUILTIN_REWARDS, REWARD_FACTORIES, resolve_reward_funcs
 from cohort.rewards.scoring import (
@@ -40,6 +46,7 @@ __all__ = [
     "accuracy_reward",
     "answers_match",
     "check_code_rows",
+    "check_reward_rows",
     "check_reward_columns",
     "code_reward",
     "completion_text",

@@ -45,6 +45,7 @@ __all__ = [
     "TESTS_COLUMN",
     "CodeTests",
     "check_code_rows",
+    "check_reward_rows",
     "code_reward",
     "extract_code",
     "make_code_reward",
@@ -175,6 +176,22 @@ def check_code_rows(rows: Sequence[Mapping[str, Any]], *, where: str = "the trai
         parse_tests(row[TESTS_COLUMN], f"{where}: row {i}")
 
 
+def check_reward_rows(
+    funcs: Sequence[Callable] | Callable,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    where: str = "the training data",
+) -> None:
+    """Returns None when every reward function that checks rows (a ``check_rows`` attribute, as the code reward
+    has) accepts `rows`; raises what the first refusal raises (DataError naming the row, SandboxUnavailable).
+
+    Meant to run where the dataset's columns are checked, before the model loads."""
+    for func in [funcs] if callable(funcs) else funcs:
+        check = getattr(func, "check_rows", None)
+        if callable(check):
+            check(rows, where=where)
+
+
 def same_output(got: str, expected: str) -> bool:
     """Returns whether two program outputs are equal line by line, trailing whitespace and blank end lines aside."""
 
@@ -190,7 +207,9 @@ def same_output(got: str, expected: str) -> bool:
 def _compiles(code: str) -> bool:
     """Returns whether `code` compiles (checked here, without running it, to spare sandbox runs)."""
     try:
-        with warnings.catch_warnings():  # "invalid decimal literal" and the like concern the program, not cohort
+        with (
+            warnings.catch_warnings()
+        ):  # "invalid decimal literal" and the like concern the program, not cohort
             warnings.simplefilter("ignore")
             compile(code, "<completion>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
