@@ -54,6 +54,20 @@ def _episodes(seed: int = 41) -> tuple[PolicyBatch, list[torch.Tensor]]:
     return PolicyBatch(prompts, comps, G, adv, in_loss), masks
 
 
+def _still_updater(model) -> PolicyUpdater:
+    """Returns an updater of `model` whose steps leave the weights where they are (lr 0), one micro-batch."""
+    return PolicyUpdater(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        None,
+        AlgoConfig(),
+        temperature=TEMPERATURE,
+        max_completion_length=16,
+        micro_batch_tokens=10**6,
+        max_grad_norm=0.0,
+    )
+
+
 def _hand_gradient(model, batch: PolicyBatch, masks: list[torch.Tensor], loss_type: str, beta: float = 0.0):
     """Returns {name: gradient} of cohort.algo's loss over the policy's tokens alone, written out directly."""
     for p in model.parameters():
@@ -143,16 +157,7 @@ def test_inserted_tokens_reach_no_entropy_or_sampler_gap(model64):
         s[~m] = -50.0  # what no sampler reported: the tokens were a tool's
         sampled.append(s)
     batch = dataclasses.replace(plain, loss_masks=masks, sampling_logprobs=sampled)
-    updater = PolicyUpdater(
-        model64,
-        torch.optim.SGD(model64.parameters(), lr=0.0),
-        None,
-        AlgoConfig(),
-        temperature=TEMPERATURE,
-        max_completion_length=16,
-        micro_batch_tokens=10**6,
-        max_grad_norm=0.0,
-    )
+    updater = _still_updater(model64)
     stats = updater.update(batch)
     assert stats.logprob_gap is not None and stats.logprob_gap < 1e-5
     ent = torch.cat([lp.entropy[r, : len(masks[r])][masks[r]] for r in rows])
@@ -218,16 +223,7 @@ def test_a_malformed_loss_mask_is_refused_by_name(masks, match):
 
 def test_evaluate_loss_leaves_the_inserted_tokens_out(model64):
     plain, masks = _episodes(seed=47)
-    updater = PolicyUpdater(
-        model64,
-        torch.optim.SGD(model64.parameters(), lr=0.0),
-        None,
-        AlgoConfig(),
-        temperature=TEMPERATURE,
-        max_completion_length=16,
-        micro_batch_tokens=10**6,
-        max_grad_norm=0.0,
-    )
+    updater = _still_updater(model64)
     both = updater.evaluate_loss(dataclasses.replace(plain, loss_masks=masks))
     ones = updater.evaluate_loss(plain)
     with torch.no_grad():
