@@ -22,6 +22,7 @@ from cohort.sandbox import (
     Job,
     Limits,
     Sandbox,
+    SandboxError,
     SandboxUnavailable,
     UnsafeSandboxWarning,
     default_concurrency,
@@ -219,6 +220,8 @@ def test_unsafe_mode_is_loud_and_keeps_the_limits(caplog):
     assert box.run("import time; time.sleep(5)").status == "timeout"
     assert box.run("x = bytearray(2**31)", memory_mb=128).status == "memory"
     assert box.run("import os\nprint(os.getcwd())").stdout.strip() != os.getcwd()  # a fresh folder
+    with pytest.raises(SandboxError, match="sessions need isolation"):
+        box.session().run("x = 1")
 
 
 def _python_for_others() -> str | None:

@@ -338,7 +338,8 @@ class Session:
     for the session (300 s unless ``limits.cpu_seconds`` says otherwise). A cell that times out, crashes the
     interpreter or ends it (``os._exit``) ends the session: its state is lost, the result says so, and the next
     call starts a fresh one. Cells get an empty stdin. Close the session (or use it as a context manager) to
-    end the process; it also ends when cohort does.
+    end the process; it also ends when cohort does. A session holds its own uid slot and does not count against
+    the sandbox's `concurrency` (which bounds one-off runs). Sessions need isolation (not ``unsafe``).
     """
 
     def __init__(self, sandbox: Sandbox, limits: Limits):
@@ -348,18 +349,18 @@ class Session:
         self._slot: int | None = None
         self._lock = threading.Lock()
         self.restarts = 0
-        """How many times the session was started afresh after it ended (its state lost)."""
+        """How many times the session ended (a timeout, a crash, an exit) and lost its state."""
 
     def _start(self) -> SandboxProcess:
         """Returns the session's process, started with an empty namespace."""
+        isolation = self.sandbox.isolation
+        if isolation.kind == "unsafe":
+            raise SandboxError("sessions need isolation: an unsafe sandbox runs one program per call only")
         if self._slot is None:
             self._slot = _SLOTS.take()
         cpu = self.limits.cpu_seconds or _SESSION_CPU_SECONDS
         limits = self.limits.with_(cpu_seconds=cpu)
-        argv, extra = self.sandbox.isolation.command(limits, _slot_uid(self._slot))
-        isolation = self.sandbox.isolation
-        if isolation.kind == "unsafe":
-            raise SandboxError("sessions need isolation: an unsafe sandbox runs one program per call only")
+        argv, extra = isolation.command(limits, _slot_uid(self._slot))
         process = SandboxProcess.start(argv, isolation.environment, None, extra, info=True)
         self._tag = new_tag()
         opening = payload("", tag=self._tag, tests=None, mode="session", path=self.sandbox.python_path)
