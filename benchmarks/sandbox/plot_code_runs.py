@@ -1,0 +1,72 @@
+"""Plot code-task runs of examples/code_task.py: held-out pass rate and training reward against GRPO steps.
+
+    python benchmarks/sandbox/plot_code_runs.py runs/code-a "seed 0" runs/code-b "seed 1" --out docs/img/code_task.png
+
+Reads each run folder's evals.jsonl (held-out greedy pass rate) and metrics.jsonl (the code reward's mean and
+the share of completions that passed every test, as 20-step running means).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _rows(path: Path) -> list[dict]:
+    """Returns the JSON objects of a .jsonl file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _running_mean(values: list[float], window: int) -> list[float]:
+    """Returns the mean of each value and the up to `window` - 1 before it."""
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
+    ]
+
+
+def main() -> None:
+    """Writes the figure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="pairs of run folder and label")
+    parser.add_argument("--out", default="docs/img/code_task.png")
+    args = parser.parse_args()
+    if len(args.runs) % 2:
+        parser.error("give a label after every run folder")
+    fig, (held, train) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for folder, label in zip(args.runs[::2], args.runs[1::2]):
+        run = Path(folder)
+        evals = _rows(run / "evals.jsonl")
+        line = held.plot(
+            [e["step"] for e in evals], [100 * e["accuracy"] for e in evals], marker="o", label=label
+        )
+        metrics = _rows(run / "metrics.jsonl")
+        steps = [m["step"] for m in metrics]
+        color = line[0].get_color()
+        train.plot(
+            steps,
+            _running_mean([m["rewards/code_reward/mean"] for m in metrics], 20),
+            color=color,
+            label=f"{label}: reward",
+        )
+        passed = _running_mean([m["rewards/code_reward/passed"] for m in metrics], 20)
+        train.plot(steps, passed, color=color, linestyle="--", label=f"{label}: all tests passed")
+    held.set(xlabel="GRPO step", ylabel="held-out greedy pass rate (%)", title="Held-out problems (100)")
+    train.set(xlabel="GRPO step", ylabel="mean over 20 steps", title="Training completions (64 a step)")
+    for ax in (held, train):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
