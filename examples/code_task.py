@@ -6,7 +6,7 @@
 3. Trains it with GRPO on the built-in `code` reward: every completion runs against its row's tests in the
    sandbox (bubblewrap), and scores the fraction it passes. Held-out greedy pass rate before and after.
 
-    python examples/code_task.py --out runs/code --steps 150
+    python examples/code_task.py --out runs/code --steps 300
 
 Writes OUT/metrics.jsonl (with rewards/code_reward/* per step: outcome shares, sandbox seconds, runs),
 evals.jsonl (held-out pass rate), samples.jsonl, report.html and summary.json. docs/sandbox.md has the runs.
@@ -56,11 +56,16 @@ def main() -> None:
     """Runs the warm start and the GRPO run, printing one line per stage."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/code")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft-target", type=float, default=0.3)
     parser.add_argument("--sft-steps", type=int, default=3000, help="at most this many SFT steps")
     parser.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate")
+    parser.add_argument(
+        "--warm-start",
+        default=None,
+        help="a warm-started model folder (OUT/sft-model of an earlier run): no SFT",
+    )
     args = parser.parse_args()
     from cohort.seeds import seed_globals
     from cohort.trainer import GRPOTrainer
@@ -99,14 +104,19 @@ def main() -> None:
         print(f"  SFT step {step}: validation pass rate {100 * val[step]:.0f}%", flush=True)
         return val[step] >= args.sft_target
 
-    sft = SFTConfig(
-        steps=args.sft_steps, batch_size=64, lr=3e-3, warmup_steps=10, weight_decay=0.1, seed=args.seed
-    )
-    history = sft_train(model, pairs, sft, stop=reached, check_every=10)
-    sft_dir = out / "sft-model"
-    model.save_pretrained(sft_dir)
-    tokenizer.save_pretrained(sft_dir)
-    print(f"SFT: {history[-1]['step']} steps, {history[-1]['seconds']:.0f} s", flush=True)
+    if args.warm_start:
+        sft_dir = Path(args.warm_start)
+        history = [{"step": 0, "seconds": 0.0}]
+        print(f"SFT: skipped, warm start from {sft_dir}", flush=True)
+    else:
+        sft = SFTConfig(
+            steps=args.sft_steps, batch_size=64, lr=3e-3, warmup_steps=10, weight_decay=0.1, seed=args.seed
+        )
+        history = sft_train(model, pairs, sft, stop=reached, check_every=10)
+        sft_dir = out / "sft-model"
+        model.save_pretrained(sft_dir)
+        tokenizer.save_pretrained(sft_dir)
+        print(f"SFT: {history[-1]['step']} steps, {history[-1]['seconds']:.0f} s", flush=True)
     cfg.model.name_or_path = str(sft_dir)
     cfg.progress = False
     trainer = GRPOTrainer(cfg)
