@@ -185,14 +185,35 @@ def test_code_is_a_built_in_by_every_name():
         resolve_reward_funcs("cod")
 
 
-def test_yaml_rewards_and_the_trl_form_name_it(tmp_path):
+def test_yaml_rewards_name_it(tmp_path):
     path = tmp_path / "code.yaml"
     path.write_text("model: {name_or_path: runs/tiny}\ndata: {task: code}\nrewards: [code]\n")
     cfg = load_config(path)
     assert cfg.rewards == ["code"] and resolve_reward_funcs(cfg.rewards) == [code_reward]
-    from cohort.compat import GRPOConfig
 
-    assert GRPOConfig is not None  # TRL's form passes reward_funcs="code" to the same resolution
+
+@needs_bwrap
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:step .* health check")  # an untrained model: every group scores 0
+def test_the_trl_form_takes_reward_funcs_code(tiny_model_dir, tmp_path):
+    from cohort import GRPOConfig, GRPOTrainer
+    from cohort.data import make_task
+
+    rows, _ = make_task("code", n_train=16, n_eval=0, seed=0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=1,
+        logging_steps=1,
+        use_cpu=True,
+    )
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs="code", args=args, train_dataset=rows)
+    assert trainer.reward_funcs == [code_reward]
+    trainer.train()
+    logged = [row for row in trainer.state.log_history if "rewards/code_reward/mean" in row]
+    assert logged and "rewards/code_reward/syntax_error" in logged[0]
 
 
 def test_the_reward_needs_the_tests_column_before_the_model_loads():
