@@ -212,6 +212,22 @@ def test_missing_bubblewrap_is_refused_with_how_to_install(monkeypatch, tmp_path
         Sandbox()
 
 
+def test_namespaces_refused_is_refused_with_how_to_enable_them(tmp_path):
+    fake = tmp_path / "bwrap"  # a bubblewrap whose kernel refuses it user namespaces, as Debian's says it
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --help ]; then echo "--size BYTES --disable-userns"; exit 0; fi\n'
+        "echo 'bwrap: No permissions to create new namespace, likely because the kernel does not allow "
+        "non-privileged user namespaces.' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as refused:
+        Sandbox(bwrap=str(fake))
+    message = str(refused.value)
+    assert "No permissions to create new namespace" in message
+    assert "user.max_user_namespaces" in message and "unsafe=True" in message
+
+
 def test_unsafe_mode_is_loud_and_keeps_the_limits(caplog):
     with pytest.warns(UnsafeSandboxWarning, match="WITHOUT isolation"):
         box = Sandbox(unsafe=True, limits=Limits(timeout=1.0))
