@@ -16,6 +16,7 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["EXIT_STATUSES", "ExecResult", "SandboxError", "SandboxProcess", "classify"]
@@ -150,7 +151,15 @@ class SandboxProcess:
                 self.kill("output")
         return True
 
-    def pump(self, data: bytes, *, close_stdin: bool, deadline: float, cap: int, until=None) -> None:
+    def pump(
+        self,
+        data: bytes,
+        *,
+        close_stdin: bool,
+        deadline: float,
+        cap: int,
+        until: Callable[[], bool] | None = None,
+    ) -> None:
         """Returns once the output pipes are closed (or `until()` is true): writes `data` to stdin, reads stdout
         and stderr under `cap` bytes, and kills the sandbox at `deadline` or when the cap is passed."""
         sel = selectors.DefaultSelector()

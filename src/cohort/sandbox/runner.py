@@ -247,9 +247,14 @@ class Sandbox:
         data = payload(code, tag=tag, tests=tests, mode="run", path=self.python_path)
         data += stdin.encode("utf-8", "surrogateescape")
         with self._started(isolation, limits, slot) as process:
-            process.pump(
-                data, close_stdin=True, deadline=process.started + limits.timeout, cap=limits.output_bytes
-            )
+            try:
+                process.pump(
+                    data, close_stdin=True, deadline=process.started + limits.timeout, cap=limits.output_bytes
+                )
+            except BaseException:  # an interrupt (Ctrl-C) in cohort: the program must not outlive the call
+                process.kill("closed")
+                process.finish()
+                raise
             returncode, signal_number = process.finish()
         return _result(process, tag, returncode, signal_number, tests is not None)
 
