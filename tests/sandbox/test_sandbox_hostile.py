@@ -33,6 +33,7 @@ HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
 SECRET = "cohort-test-secret-" + secrets.token_hex(8)
 MARK = f"{secrets.randbelow(10**6) + 10**6}.25"  # a sleep length no other process uses: finds leftovers
 TESTS = ["assert f(2) == 4"]  # a harmless `def f(x): return 2 * x` passes
+OUR_UIDS = SLOT_UID_BASE + (os.getpid() % 4096) * 4096  # this process's block of slot uids (root mode)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,8 @@ def _hostile(canaries, port):
 
 
 def _leftovers() -> list[str]:
-    """Returns the processes of this machine that a sandboxed program started (by uid in root mode, by mark)."""
+    """Returns the processes of this machine that a sandboxed program of this test started (by the slot uids of
+    this process in root mode, and by the mark of the background sleepers)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -146,7 +148,7 @@ def _leftovers() -> list[str]:
             uid = entry.stat().st_uid
         except OSError:
             continue
-        if MARK in cmdline or SLOT_UID_BASE <= uid < SLOT_UID_BASE + 2**24:
+        if MARK in cmdline or OUR_UIDS <= uid < OUR_UIDS + 4096:
             found.append(f"{entry.name} (uid {uid}): {cmdline}")
     return found
 
