@@ -22,7 +22,7 @@ import pytest
 import cohort
 from cohort.rewards.code import OUTCOMES, make_code_reward
 from cohort.sandbox import Limits, Sandbox
-from cohort.sandbox.bwrap import SLOT_UID_BASE
+from cohort.sandbox.runner import slot_uid
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed (CI installs it)"
@@ -33,7 +33,7 @@ HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
 SECRET = "cohort-test-secret-" + secrets.token_hex(8)
 MARK = f"{secrets.randbelow(10**6) + 10**6}.25"  # a sleep length no other process uses: finds leftovers
 TESTS = ["assert f(2) == 4"]  # a harmless `def f(x): return 2 * x` passes
-OUR_UIDS = SLOT_UID_BASE + (os.getpid() % 4096) * 4096  # this process's block of slot uids (root mode)
+OUR_UIDS = slot_uid(0)  # the first of this process's block of 4096 slot uids (root mode)
 
 
 @pytest.fixture(scope="module")

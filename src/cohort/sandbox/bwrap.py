@@ -8,8 +8,9 @@ Three ways, tried in this order of preference by :func:`choose_isolation`:
 - ``root`` (cohort runs as root, as CI does): the kernel exempts uid 0 from the process limit even inside a
   user namespace bubblewrap creates (it maps the sandbox's uid to the caller's, 0), so bubblewrap runs
   privileged (mount, pid, network, IPC, UTS and cgroup namespaces, no user namespace) and ``setpriv`` drops
-  the program to a real unprivileged uid, one per concurrent run (``2000000000 + slot``, a range no account
-  uses), with no capabilities and ``no_new_privs``; the process limit then binds and counts that run alone.
+  the program to a real unprivileged uid, one per concurrent run (``runner.slot_uid``: from 2000000000, a range
+  no account uses), with no capabilities and ``no_new_privs``; the process limit then binds and counts that run
+  alone.
 - ``drop`` (root, where privileged mounts are refused, e.g. a container without CAP_SYS_ADMIN): cohort
   starts bubblewrap already as the slot's uid, which then works as in ``userns``; the interpreter must be
   readable by that uid.
@@ -51,8 +52,9 @@ KINDS = ("userns", "root", "drop", "unsafe")
 """The ways a program can be started (module docstring); ``unsafe`` is resource limits only, no isolation."""
 
 SLOT_UID_BASE = 2_000_000_000
-"""Run as root, concurrent program number k runs as uid SLOT_UID_BASE + k: a range no account or container
-mapping uses (systemd reserves none of 1879048192-2147483647), so the process limit counts that run alone."""
+"""Run as root, each concurrently running program has its own uid from here (``runner.slot_uid``): a range no
+account or container mapping uses (systemd assigns none of 1879048192-2147483647), so the process limit counts
+that run alone."""
 
 INSTALL_HELP = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; Arch: "

@@ -35,7 +35,7 @@ from cohort.sandbox.launcher import frame, new_tag, parse_report, payload
 from cohort.sandbox.limits import Limits
 from cohort.sandbox.process import ExecResult, SandboxError, SandboxProcess, classify
 
-__all__ = ["Job", "Sandbox", "Session", "UnsafeSandboxWarning", "default_concurrency"]
+__all__ = ["Job", "Sandbox", "Session", "UnsafeSandboxWarning", "default_concurrency", "slot_uid"]
 
 logger = logging.getLogger("cohort.sandbox")
 
@@ -91,8 +91,9 @@ class _Slots:
 _SLOTS = _Slots()  # process-wide: two Sandbox objects never run under one uid at the same time
 
 
-def _slot_uid(slot: int) -> int:
-    """Returns the uid of a slot: a block of 4096 per process id (processes on one machine rarely collide)."""
+def slot_uid(slot: int) -> int:
+    """Returns the uid a program in `slot` runs as when cohort runs as root: this process's block of 4096 uids
+    (by process id, so processes on one machine rarely collide) from SLOT_UID_BASE."""
     return SLOT_UID_BASE + (os.getpid() % 4096) * 4096 + slot % 4096
 
 
@@ -261,7 +262,7 @@ class Sandbox:
     @contextmanager
     def _started(self, isolation: Isolation, limits: Limits, slot: int) -> Iterator[SandboxProcess]:
         """Yields a started sandbox process (in a fresh working folder when unsafe, removed afterwards)."""
-        argv, extra = isolation.command(limits, _slot_uid(slot))
+        argv, extra = isolation.command(limits, slot_uid(slot))
         env = isolation.environment
         workdir = None
         if isolation.kind == "unsafe":
@@ -365,7 +366,7 @@ class Session:
             self._slot = _SLOTS.take()
         cpu = self.limits.cpu_seconds or _SESSION_CPU_SECONDS
         limits = self.limits.with_(cpu_seconds=cpu)
-        argv, extra = isolation.command(limits, _slot_uid(self._slot))
+        argv, extra = isolation.command(limits, slot_uid(self._slot))
         process = SandboxProcess.start(argv, isolation.environment, None, extra, info=True)
         self._tag = new_tag()
         opening = payload("", tag=self._tag, tests=None, mode="session", path=self.sandbox.python_path)
