@@ -90,7 +90,7 @@ def test_sft_completions():
 
 
 def test_task_errors():
-    with pytest.raises(ValueError, match=r"unknown task 'subtraction'.*\['addition', 'multistep'\]"):
+    with pytest.raises(ValueError, match=r"unknown task 'subtraction'.*\['addition', 'code', 'multistep'\]"):
         make_task("subtraction", n_train=1, n_eval=1)
     with pytest.raises(ValueError, match="n_eval=-1"):
         make_task("addition", n_train=1, n_eval=-1)
