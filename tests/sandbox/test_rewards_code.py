@@ -253,3 +253,27 @@ def test_a_trl_style_custom_code_reward_keeps_working_beside_the_built_in():
         columns={"tests": [ADD, ADD]},
     )
     assert out.tolist() == [[1.0, 1.0], [0.0, pytest.approx(2 / 3)]]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("held_out", [False, True])
+def test_the_trainer_refuses_a_malformed_row_before_the_model_loads(tmp_path, monkeypatch, held_out):
+    from cohort import GRPOTrainer
+    from cohort.train import build
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the rows were checked")
+
+    monkeypatch.setattr(build, "load_model", no_model)
+    monkeypatch.setattr(build, "load_tokenizer", no_model)
+    good = [{"prompt": "write add", "tests": ADD}] * 4
+    bad = [*good[:2], {"prompt": "write add", "tests": ["assert add(1,"]}]
+    cfg = load_config(
+        None,
+        [f"out_dir={tmp_path / 'run'}", "model.name_or_path=not-loaded", "rewards=[code]",
+         "rollout.group_size=2", "rollout.batch_size=4", "eval_every=0", "eval_at_ends=false"],
+    )  # fmt: skip
+    rows = (good, bad) if held_out else (bad, good)
+    where = "the held-out data" if held_out else "the training data"
+    with pytest.raises(DataError, match=f"{where}: row 2: .*not valid Python"):
+        GRPOTrainer(cfg, train_rows=rows[0], eval_rows=rows[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import types
 
 import pytest
 
@@ -45,7 +46,8 @@ def test_the_tool_has_the_schema_trl_reads():
     assert schema["parameters"]["properties"]["code"]["type"] == "string"
     assert schema["parameters"]["required"] == ["code"]
     assert "do not persist" in schema["description"]
-    session_schema = get_json_schema(PythonSession.python)["function"]
+    # A session's bound method is what a user passes (tools=[session.python]); bound here without starting one.
+    session_schema = get_json_schema(types.MethodType(PythonSession.python, object()))["function"]
     assert (
         session_schema["name"] == "python"
         and "persist from one call to the next" in session_schema["description"]

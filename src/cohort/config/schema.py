@@ -129,7 +129,7 @@ class DataConfig:
     """Where prompts come from."""
 
     task: str | None = None
-    """Built-in synthetic task (addition, multistep); used when `path` is empty."""
+    """Built-in task (addition, multistep, code); used when `path` is empty."""
     path: str | None = None
     """JSONL file, or a `datasets` name / folder, with a prompt column."""
     split: str = "train"

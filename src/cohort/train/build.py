@@ -24,7 +24,13 @@ from cohort.models import DTYPES, load_model, load_tokenizer, stop_token_ids, te
 from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
-from cohort.rewards import check_reward_columns, resolve_reward_funcs, reward_name, reward_weights
+from cohort.rewards import (
+    check_reward_columns,
+    check_reward_rows,
+    resolve_reward_funcs,
+    reward_name,
+    reward_weights,
+)
 from cohort.rewards.models import RewardModel
 from cohort.rewards.process import ProcessRewardModel
 from cohort.rollout import SamplingParams, make_engine
@@ -88,10 +94,12 @@ def build_rows(
     column = cfg.data.prompt_column
     validate_rows(train_rows, column, where="the training data")
     check_reward_columns(rewards.funcs, [c for c in train_rows[0] if c != column])
+    check_reward_rows(rewards.funcs, train_rows, where="the training data")  # e.g. the code reward's tests
     if eval_rows:
         validate_rows(eval_rows, column, where="the held-out data")
         held_out = [c for c in eval_rows[0] if c != column]
         check_reward_columns(rewards.funcs[:1], held_out, where="the held-out data")  # evaluate()'s
+        check_reward_rows(rewards.funcs[:1], eval_rows, where="the held-out data")
     if cfg.eval_every and not eval_rows:
         raise ConfigError(
             f"eval_every={cfg.eval_every} asks for held-out evaluations, but there are no held-out rows "
