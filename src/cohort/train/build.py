@@ -61,9 +61,10 @@ def build_rewards(cfg: TrainConfig, reward_funcs: Any, processing_classes: Any =
         reward_processing_classes=processing_classes,
         step_separator=cfg.process.step_separator,
     )
+    device = resolve_device(cfg.model.device)
     for func in funcs:  # reward models score on the policy's device
         if callable(getattr(func, "to", None)):
-            func.to(resolve_device(cfg.model.device))  # type: ignore[attr-defined]
+            func.to(device)  # type: ignore[attr-defined]
     names = [reward_name(f) for f in funcs]
     if isinstance(funcs[0], ProcessRewardModel) and (cfg.eval_every or cfg.eval_at_ends):
         raise ConfigError(

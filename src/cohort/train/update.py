@@ -420,8 +420,6 @@ class PolicyUpdater:
                         else None
                     )
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
-                    if ctl:
-                        meter.controls(ctl.metrics, float(mask.sum()))
                     loss, metrics = policy_loss(
                         lp.logp,
                         old_mb,
@@ -445,7 +443,10 @@ class PolicyUpdater:
                             entropy_count += float(active.sum())
                     loss.backward()
                     total_loss += float(loss.detach())
-                    meter.micro_batch(metrics, float(mask.sum()), lp.entropy, mask)
+                    ntok = float(mask.sum())  # once, after the backward pass is queued
+                    if ctl:
+                        meter.controls(ctl.metrics, ntok)
+                    meter.micro_batch(metrics, ntok, lp.entropy, mask)
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
                     gn = full_value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
