@@ -144,6 +144,7 @@ def print_speed(entries: list[dict]) -> None:
                 f"{r['mean_completion_length']:5.1f} {r['peak_rss_mib']:8.0f} {r['floor_seconds']:8.3f} "
                 f"{r['step_over_floor']:6.2f} {_f(r.get('step_over_decode_floor'), '7.2f')} {r['useful_gflops']:7.1f} "
                 f"{100 * max(r['others_cpu_during']):7.0f}"
+                + (f"  GPU peak {r['peak_gpu_mib']:.0f} MiB" if r.get("peak_gpu_mib") else "")
             )
         if "ratio" in e:
             x = e["ratio"]

@@ -69,6 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--frameworks", default="cohort,trl", help="comma list (default: cohort,trl)")
     p.add_argument(
+        "--device",
+        default="cpu",
+        help="device of the speed section's runs: cpu (default) or cuda (cohort's bf16 autocast, TRL's bf16=True)",
+    )
+    p.add_argument(
         "--override",
         action="append",
         default=[],
@@ -261,6 +266,7 @@ def summarise(results: list[dict], warmup: int, meta: dict, rate: dict, spec: di
         "tokens_per_s": tokens / step_time,
         "mean_completion_length": tokens / n,
         "peak_rss_mib": max(r["peak_rss_mib"] for r in results),
+        "peak_gpu_mib": max((r.get("peak_gpu_mib") or 0.0 for r in results), default=0.0) or None,
         "rss_after_import_mib": max(r["rss_after_import_mib"] for r in results),
         "floor_seconds": floor,
         "step_over_floor": step_time / floor,
@@ -311,6 +317,7 @@ def section_speed(args, workdir: Path, models: dict, rates: dict, pairs, rows: d
             "batch_size": w["batch_size"],
             "max_completion_length": w["max_completion_length"],
             "threads": args.threads,
+            "device": args.device,
             "steps": args.warmup + (args.steps or (1 if args.quick else w["steps"])),
             "seed": args.seed,
         }

@@ -46,6 +46,21 @@ TRL_RUNTIME = {
 """GRPOConfig settings every TRL run here shares: float32 on the CPU, no logging, saving or checkpointing."""
 
 
+def trl_runtime(device: str) -> dict:
+    """Returns TRL_RUNTIME for the spec's device: on CUDA, float32 weights under bf16 autocast (cohort's default
+    there, `model.bf16_autocast`)."""
+    if device == "cpu":
+        return dict(TRL_RUNTIME)
+    return {**TRL_RUNTIME, "use_cpu": False, "bf16": True}
+
+
+def peak_gpu_mib() -> float | None:
+    """Returns the peak CUDA memory this process allocated in MiB (None without CUDA)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
 def read_rows(path: str) -> list[dict]:
     """Return the rows of a JSONL file."""
     with open(path) as f:
@@ -111,7 +126,7 @@ def run_cohort(spec: dict, rows: list[dict]) -> list[dict]:
     settings = load_config(
         None,
         {
-            "model": {"name_or_path": spec["model"], "device": "cpu"},
+            "model": {"name_or_path": spec["model"], "device": spec.get("device", "cpu")},
             "data": {"task": "addition"},  # placeholder: the rows are passed in directly
             "rollout": {
                 "group_size": spec["group_size"],
@@ -201,7 +216,7 @@ def run_trl(spec: dict, rows: list[dict]) -> list[dict]:
         max_grad_norm=1.0,
         max_steps=spec["steps"],
         seed=spec["seed"],
-        **TRL_RUNTIME,
+        **trl_runtime(spec.get("device", "cpu")),
     )
     dataset = Dataset.from_list(rows)
     trainer = GRPOTrainer(
@@ -535,6 +550,7 @@ def main() -> None:
         "rss_start_mib": baseline,
         "rss_after_import_mib": after_import,
         "peak_rss_mib": peak_rss_mib(),
+        "peak_gpu_mib": peak_gpu_mib(),
         "seconds_total": time.perf_counter() - t0,
         "threads": torch.get_num_threads(),
     }
