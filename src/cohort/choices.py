@@ -13,6 +13,12 @@ from cohort.errors import ConfigError
 ENGINES: tuple[str, ...] = ("builtin", "hf")
 """Rollout engines, in the order error messages list them; implemented by ``cohort.rollout.ENGINES``."""
 
+TOOL_PARSERS: tuple[str, ...] = ("hermes", "qwen", "llama3_json", "llama3", "mistral", "transformers")
+"""episodes.tool_parser names; implemented by ``cohort.episodes.parsers.TOOL_PARSERS`` (+ transformers' parsing)."""
+
+RESULT_FORMATS: tuple[str, ...] = ("str", "json")
+"""episodes.result_format names (how a tool's return value becomes the text the model reads)."""
+
 DTYPE_NAMES: dict[str, str] = {
     "float32": "float32",
     "fp32": "float32",

@@ -420,9 +420,12 @@ def trl_arguments(
     train_rows,
     eval_rows,
     tokenizer,
+    owns_data: bool = False,
 ):
     """Returns (config, train rows, eval rows, model, tokenizer) for GRPOTrainer's TRL form: model, args,
-    datasets, processing_class and peft_config mapped onto cohort's config in this one place."""
+    datasets, processing_class and peft_config mapped onto cohort's config in this one place. `owns_data`: one
+    environment factory was given, whose reset() may write the prompts, so no train_dataset is needed (train
+    rows are then None and the run's length is max_steps)."""
     if model is None:
         raise ConfigError(
             "GRPOTrainer needs a model: model='Qwen/Qwen2.5-0.5B-Instruct', a local folder, or a model object"
@@ -435,6 +438,14 @@ def trl_arguments(
     if args.max_steps and args.max_steps > 0:
         limit = args.max_steps * max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps)
     train = dataset_rows(train_dataset, limit=limit) if train_rows is None else train_rows
+    if train is None and owns_data:
+        if not (args.max_steps and args.max_steps > 0):
+            raise ConfigError(
+                "training without a train_dataset (the environment's reset writes the prompts) needs the run's "
+                "length: set GRPOConfig(max_steps=...)"
+            )
+        config = args.to_train_config(name, None)
+        return config, None, [], model, _tokenizer(model, name, processing_class, tokenizer)
     if train is None:
         raise ConfigError(
             "GRPOTrainer needs train_dataset= (a datasets.Dataset, an IterableDataset or a list of dicts)"
@@ -450,6 +461,12 @@ def trl_arguments(
         setattr(obj, leaf, value)
     # TRL evaluates on its eval_steps schedule only; without one cohort evaluates the held-out rows at both ends.
     config.eval_at_ends = bool(held) and args.eval_strategy == "no"
+    return config, train, held or [], model, _tokenizer(model, name, processing_class, tokenizer)
+
+
+def _tokenizer(model: Any, name: str, processing_class: Any, tokenizer: Any) -> Any:
+    """Returns the TRL form's tokenizer: processing_class, else the model object's own (None: the trainer loads
+    the named model's), with the EOS as pad token when it has none."""
     if processing_class is not None:
         tokenizer = processing_class
     if not isinstance(model, (str, os.PathLike)) and tokenizer is None:
@@ -458,7 +475,7 @@ def trl_arguments(
         tokenizer = load_tokenizer(name)
     if tokenizer is not None and tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return config, train, held or [], model, tokenizer
+    return tokenizer
 
 
 def trl_view(cfg: TrainConfig) -> GRPOConfig:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cohort.choices import DTYPE_NAMES
+from cohort.episodes.templates import install_tool_format
 from cohort.errors import first_line
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ def build_tiny_model(
     vocab_size: int | None = None,
     add_bos: bool = False,
     tie_word_embeddings: bool = False,
+    tool_format: str | None = None,
 ) -> Path:
     """Returns ``out_dir`` after saving a randomly initialised tiny Qwen2ForCausalLM and its char tokenizer there.
 
@@ -172,6 +174,9 @@ def build_tiny_model(
     step on the output side of the digit tokens also moves their input embeddings, and GRPO from a
     half-trained warm start then loses accuracy instead of gaining it (measured: 28 % -> 7 % held-out
     in 100 steps tied, 40 % -> 52 % in 60 steps untied, same recipe).
+
+    ``tool_format`` ("hermes", "llama3", "mistral") installs cohort's tool-calling chat template of that family
+    on the tokenizer (its turn markers become tokens of their own, the turn's end the EOS), for tool-use runs.
     """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -189,6 +194,8 @@ def build_tiny_model(
         raise ValueError(f"num_kv_heads={num_kv_heads} must be a positive divisor of num_heads={num_heads}")
 
     tokenizer = build_tiny_tokenizer(add_bos=add_bos)
+    if tool_format is not None:
+        install_tool_format(tokenizer, tool_format)
     n_tokens = len(tokenizer)
     vocab_size = n_tokens if vocab_size is None else vocab_size
     if vocab_size < n_tokens:

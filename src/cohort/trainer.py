@@ -29,6 +29,8 @@ from cohort.checkpoint import (
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
+from cohort.episodes.loop import episode_metrics
+from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
     ConfigError,
     NonFiniteError,
@@ -49,6 +51,7 @@ from cohort.train.advantages import Advantaged, advantage_batch, own_rows
 from cohort.train.build import (
     build_curriculum,
     build_engine,
+    build_episodes,
     build_iterative,
     build_optimizer,
     build_reference,
@@ -108,12 +111,17 @@ class GRPOTrainer:
         eval_rows: list[dict] | None = None,
         model: torch.nn.Module | str | os.PathLike | None = None,
         tokenizer: Any = None,
+        tools: Any = None,
+        environment_factory: Any = None,
     ):
         """cohort's form: `GRPOTrainer(config, reward_funcs=..., train_rows=..., model=..., tokenizer=...)`.
 
         TRL's form: `GRPOTrainer(model=name_or_path | PreTrainedModel, reward_funcs=callable | str | model |
         list, args=GRPOConfig(...), train_dataset=..., eval_dataset=..., processing_class=tokenizer,
         reward_processing_classes=..., peft_config=peft.LoraConfig)`; `cohort.compat` maps it onto the config.
+
+        Both forms take TRL's agent keywords: `tools=[fn, async_fn, ...]` and `environment_factory=Cls` (or a dict
+        of factories routed by the dataset's `environment` column); the config's `episodes.*` says the same.
         """
         if not isinstance(config, TrainConfig) and config is not None:
             if model is not None:
@@ -138,6 +146,7 @@ class GRPOTrainer:
                 train_rows,
                 eval_rows,
                 tokenizer,
+                owns_data=environment_factory is not None and callable(environment_factory),
             )
         elif args is not None or train_dataset is not None or peft_config is not None:
             raise ConfigError(
@@ -150,8 +159,11 @@ class GRPOTrainer:
         if isinstance(model, (str, os.PathLike)):
             config.model.name_or_path, model = str(model), None
         self.reward_processing_classes = reward_processing_classes
+        env_owns_data = environment_factory is not None or bool(config.episodes.environment)
         self.cfg = cfg = config.validate(
-            need_model=model is None, need_data=train_rows is None, reward_funcs=reward_funcs
+            need_model=model is None,
+            need_data=train_rows is None and not env_owns_data,
+            reward_funcs=reward_funcs,
         )
         dist.init_from_env(cfg.distributed.backend)
         # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.
@@ -167,14 +179,24 @@ class GRPOTrainer:
         )
         self.callbacks = Callbacks(callbacks, args=args if self.trl_form else trl_view(cfg), state=self.state)
         self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
-        # 1. Everything checkable without a model: rewards, data, iterative GRPO's reward model, checkpoints.
-        rewards = build_rewards(cfg, reward_funcs, reward_processing_classes)
+        # 1. Everything checkable without a model: tools and environments, rewards, data, iterative GRPO's
+        # reward model, checkpoints.
+        self.episode_spec = build_episode_spec(
+            cfg.episodes, tools=tools, environment_factory=environment_factory
+        )
+        rewards = build_rewards(
+            cfg,
+            reward_funcs,
+            reward_processing_classes,
+            owned=self.episode_spec.reward_functions() if self.episode_spec else [],
+            trl_form=self.trl_form,
+        )
         self.reward_funcs, self.reward_names, self.reward_weights = (
             rewards.funcs,
             rewards.names,
             rewards.weights,
         )
-        self.train_rows, self.eval_rows = build_rows(cfg, rewards, train_rows, eval_rows)
+        self.train_rows, self.eval_rows = build_rows(cfg, rewards, train_rows, eval_rows, self.episode_spec)
         self.iterative, self.labeler = build_iterative(cfg, rewards, self.train_rows)
         self.run_dir = Path(cfg.out_dir)
         # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
@@ -194,8 +216,8 @@ class GRPOTrainer:
         dist.broadcast_model(self.model)
         self.reference = build_reference(cfg, self.model, self.strategy)
         # 3. Prompts as token ids, once.
-        self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows)
-        self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows)
+        self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows, self.episode_spec)
+        self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows, self.episode_spec)
         self.train_rows, self.train_prompt_ids, self.dropped_prompts = drop_long_prompts(
             self.train_rows, self.train_prompt_ids, cfg.data.max_prompt_length
         )
@@ -242,7 +264,10 @@ class GRPOTrainer:
             loss_type=cfg.algo.loss_type,
             sequence_advantages=rewards.sequence_advantages,
         )
-        self.source: GenerationSource = LocalGeneration(
+        self.episodes = build_episodes(
+            cfg, self.episode_spec, self.model, self.tokenizer, self.engine, self.sampler_copy, self.autocast
+        )
+        self.source: GenerationSource = self.episodes or LocalGeneration(
             self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
         )
         self.drawer = Drawer(
@@ -272,6 +297,16 @@ class GRPOTrainer:
             device=self.device,
             autocast=self.autocast,
             trainer_state=self.state,
+            episodes=build_episodes(
+                cfg,
+                self.episode_spec,
+                self.model,
+                self.tokenizer,
+                self.engine,
+                None,
+                self.autocast,
+                fresh=True,
+            ),
         )
         self.step_idx = 0
         self.num_tokens = 0
@@ -384,6 +419,8 @@ class GRPOTrainer:
             )
         if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
             parts.register("iterative", self.iterative, file="iterative.pt")
+        if self.episodes is not None:  # episode counters and the pooled environments' own state
+            parts.register("episodes", self.episodes, per_process=True, rewinds=True)
         return parts
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -513,6 +550,8 @@ class GRPOTrainer:
             metrics[k] = float(dist.all_max_int(int(v))) if k == "sampling/rounds" else dist.all_sum_float(v)
         if drawn.steps is not None:
             metrics.update(process_metrics(drawn.steps))
+        if rollout.episodes is not None:
+            metrics.update(episode_metrics(rollout.episodes, dist.all_sum_float))
         metrics.update(it_metrics)
         if self.reference is not None and self.reference.follows_policy:
             metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})

@@ -65,6 +65,8 @@ TRL_FIELDS: dict[str, Field] = {
         "(per_device_train_batch_size x processes)",
     ),
     "num_generations": Field(8, "rollout.group_size"),
+    # multi-turn episodes (tools= and environment_factory= are GRPOTrainer keywords)
+    "max_tool_calling_iterations": Field(None, "episodes.max_tool_calling_iterations"),
     # sampling
     "max_completion_length": Field(512, "rollout.max_completion_length"),
     "max_prompt_length": Field(

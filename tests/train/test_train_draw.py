@@ -24,7 +24,7 @@ class ScriptedSource:
     def __init__(self, mixed: set[int]):
         self.mixed, self.calls = mixed, []
 
-    def generate(self, prompt_ids, group_size, params, generator):
+    def generate(self, prompt_ids, group_size, params, generator, rows=None):
         self.calls.append([p[0] for p in prompt_ids])
         completions = []
         for p in prompt_ids:

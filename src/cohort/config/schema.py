@@ -29,6 +29,7 @@ __all__ = [
     "OPTIM_ALIASES",
     "OptimConfig",
     "ProcessConfig",
+    "EpisodeConfig",
     "RolloutConfig",
     "TrainConfig",
     "optim_aliases",
@@ -348,6 +349,39 @@ class ProcessConfig:
 
 
 @dataclass
+class EpisodeConfig:
+    """Multi-turn episodes: tools the policy may call and environments it talks to (docs/agents.md). Off while
+    `tools`, `environment` and `environments` are all empty."""
+
+    tools: list[str] = field(default_factory=list)
+    """Tools by built-in name (cohort.episodes.catalog: multiply, python) or "module:function" / "file.py:function";
+    each needs type hints and a Google-style docstring (its JSON schema comes from them)."""
+    environment: str | None = None
+    """"module:Factory" / "file.py:Factory" making one environment per rollout: TRL's contract (reset(**row), public
+    methods as tools, optional get_reward) or a cohort.episodes.TextEnvironment (reset / step)."""
+    environments: dict[str, str] = field(default_factory=dict)
+    """Several environments by name, each row routed by its `environment` column (TRL's dict of factories)."""
+    max_tool_calling_iterations: int | None = None
+    """Most tool-calling turns per episode (None: as many as the token budget allows); a call past it stays
+    unexecuted in the last assistant message, as in TRL."""
+    tool_parser: str | None = None
+    """Tool-call format: hermes, llama3_json, mistral or transformers (None: told from the chat template)."""
+    tool_timeout: float = 30.0
+    """Seconds a tool call (or an environment's step) may take; past it the model sees an error result."""
+    max_tool_result_chars: int | None = None
+    """Cut a tool result to this many characters (saying so in the result); None keeps it whole."""
+    result_format: str = "str"
+    """How a tool's return value becomes text: "str" (Python's str, as TRL) or "json"."""
+    turn_rewards: bool = False
+    """A TextEnvironment's per-turn rewards feed the process-reward path (each turn a step) instead of their sum."""
+
+    @property
+    def enabled(self) -> bool:
+        """Returns whether runs roll out multi-turn episodes."""
+        return bool(self.tools or self.environment or self.environments)
+
+
+@dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule: GRPO's `optim:` section, and the `optim` of supervised fine-tuning
     (cohort.sft.SFTConfig), reward-model training (cohort.rm.RMConfig) and iterative GRPO's reward model, each
@@ -441,6 +475,8 @@ class TrainConfig:
     """Iterative GRPO with a learned reward model (off by default)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Multi-process training (strategy, backend, mixed precision, global batch)."""
+    episodes: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """Multi-turn episodes with tools and environments (off by default)."""
     rewards: list[str] = field(default_factory=lambda: ["accuracy"])
     """Reward functions: built-in names (accuracy, format, overlong) or "module:function" / "file.py:function"."""
     reward_weights: list[float] | None = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cohort import choices
 from cohort.algo import (
     ADVANTAGE_TYPES,
     AGGREGATIONS,
@@ -362,6 +363,67 @@ def _check_objective(cfg: TrainConfig) -> None:
     if not isinstance(cfg.process.step_separator, str) or not cfg.process.step_separator:
         raise ConfigError(
             f"process.step_separator={cfg.process.step_separator!r} must be a non-empty string (e.g. '\\n')"
+        )
+    _check_episodes(cfg)
+
+
+def _check_episodes(cfg: TrainConfig) -> None:
+    """Raises ConfigError for an episodes.* value that cannot work (the tools and factories themselves are
+    imported and checked by the builder, still before the model loads)."""
+    e = cfg.episodes
+    if not isinstance(e.tools, list) or not all(isinstance(t, str) and t for t in e.tools):
+        raise ConfigError(
+            f"episodes.tools={e.tools!r} must be a list of tool names or 'module:function' strings"
+        )
+    if len(set(e.tools)) != len(e.tools):
+        twice = sorted({t for t in e.tools if e.tools.count(t) > 1})
+        raise ConfigError(f"episodes.tools lists {twice} more than once; list each tool once")
+    if e.environment and e.environments:
+        raise ConfigError(
+            "episodes.environment and episodes.environments are both set; use environment for one factory, "
+            "environments (name -> factory, rows routed by their `environment` column) for several"
+        )
+    if not isinstance(e.environments, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in e.environments.items()
+    ):
+        raise ConfigError(
+            f"episodes.environments={e.environments!r} must map names to 'module:Factory' strings"
+        )
+    n = e.max_tool_calling_iterations
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ConfigError(
+            f"episodes.max_tool_calling_iterations={n!r} must be an int >= 0 (0: no tool is ever run) or null"
+        )
+    if e.tool_parser is not None and e.tool_parser not in choices.TOOL_PARSERS:
+        raise ConfigError(
+            f"episodes.tool_parser={e.tool_parser!r} is not a known tool-call format; choose one of "
+            f"{list(choices.TOOL_PARSERS)} or leave it null to tell it from the chat template"
+        )
+    if (
+        isinstance(e.tool_timeout, bool)
+        or not isinstance(e.tool_timeout, int | float)
+        or not e.tool_timeout > 0
+    ):
+        raise ConfigError(f"episodes.tool_timeout={e.tool_timeout!r} must be a positive number of seconds")
+    chars = e.max_tool_result_chars
+    if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 64):
+        raise ConfigError(
+            f"episodes.max_tool_result_chars={chars!r} must be an int >= 64 (the truncation note must fit) or null"
+        )
+    if e.result_format not in choices.RESULT_FORMATS:
+        raise ConfigError(
+            f"episodes.result_format={e.result_format!r}: choose one of {list(choices.RESULT_FORMATS)}"
+        )
+    if not e.enabled:
+        return
+    if e.turn_rewards and not (e.environment or e.environments):
+        raise ConfigError(
+            "episodes.turn_rewards=true reads a TextEnvironment's per-turn rewards; set episodes.environment"
+        )
+    if cfg.rollout.engine != "builtin":
+        raise ConfigError(
+            f"rollout.engine={cfg.rollout.engine!r}: episodes are sampled by cohort's multi-turn decoder, which "
+            "extends the builtin engine's KV cache across turns; set rollout.engine=builtin"
         )
 
 

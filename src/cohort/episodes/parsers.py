@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from cohort import choices
 from cohort.errors import ConfigError
 
 Status = Literal["none", "calls", "malformed"]
@@ -401,6 +402,8 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "llama3": Llama3JsonParser,
     "mistral": MistralParser,
 }
+if (*TOOL_PARSERS, "transformers") != choices.TOOL_PARSERS:  # the config validates against the light list
+    raise ImportError(f"cohort.choices.TOOL_PARSERS must name {(*TOOL_PARSERS, 'transformers')}")
 """Tool parsers by the name `tool_parser=` takes ("transformers" too, which needs a response schema)."""
 
 

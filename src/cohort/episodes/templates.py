@@ -468,3 +468,23 @@ def render_tool_turn(
             f"conversation: run check_prefix_preserving at start-up and use a prefix-preserving template"
         )
     return ids_after[cut:]
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Returns the token ids of `messages` rendered by the chat template with `tools` and the generation prompt
+    (the ids an episode starts from, tokenized as `render_tool_turn` tokenizes what follows)."""
+    text = _render(
+        tokenizer,
+        messages,
+        tools=tools,
+        add_generation_prompt=True,
+        chat_template=None,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return _encode(tokenizer, text)

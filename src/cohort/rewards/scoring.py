@@ -57,7 +57,11 @@ __all__ = [
 EXTRA_ARGUMENTS = frozenset({"trainer_state", "log_metric", "log_extra"})
 """The keyword arguments TRL adds to the data: passed to functions that take ``**kwargs`` or name them."""
 
-REWARD_ARGUMENTS = RESERVED_COLUMNS | EXTRA_ARGUMENTS
+EPISODE_ARGUMENTS = frozenset({"environments", "episodes"})
+"""The keyword arguments of a multi-turn run, passed as they are (not copied): ``environments``, each rollout's
+environment instance (TRL's), and ``episodes``, each rollout's ``cohort.rollout.EpisodeRecord`` (cohort's)."""
+
+REWARD_ARGUMENTS = RESERVED_COLUMNS | EXTRA_ARGUMENTS | EPISODE_ARGUMENTS
 """Every argument name cohort fills itself; a dataset column may not use one."""
 
 SAMPLE_FIELDS = frozenset(
@@ -554,6 +558,7 @@ def score(
     trainer_state: Any = None,
     logs: RewardLogs | None = None,
     steps: dict[int, list[StepRewards | None]] | None = None,
+    live: Mapping[str, Sequence[Any]] | None = None,
 ) -> torch.Tensor:
     """Returns the rewards [N, R] float32 of N completions under R functions, NaN where a function gave None.
 
@@ -567,6 +572,7 @@ def score(
     A function may return step rewards instead (process supervision: per completion a list of step rewards,
     a {"rewards", "ends"} mapping or a StepRewards) when `steps` is given: they are stored in steps[j] (j the
     function's position) and its column holds the mean step reward of each completion.
+    `live`: arguments passed uncopied, one entry per completion (EPISODE_ARGUMENTS: environments, episodes).
     """
     funcs = list(funcs)
     columns = dict(columns or {})
@@ -607,6 +613,7 @@ def score(
                     None if completion_ids is None else [list(i) for i in completion_ids]
                 ),
                 **{key: functools.partial(copy.deepcopy, list(values)) for key, values in columns.items()},
+                **{key: functools.partial(list, values) for key, values in (live or {}).items()},
                 "trainer_state": lambda: trainer_state,
                 "log_metric": functools.partial(logs.metric_logger, name),
                 "log_extra": functools.partial(logs.extra_logger, name, n),

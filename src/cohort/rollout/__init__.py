@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cohort import choices
-from cohort.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, select_groups
+from cohort.rollout.base import EpisodeRecord, RolloutBatch, RolloutEngine, SamplingParams, select_groups
 from cohort.rollout.builtin import BuiltinEngine
 from cohort.rollout.hf import HFEngine
 from cohort.rollout.sampling import draw, filter_logits, sample_next
@@ -30,6 +30,7 @@ def make_engine(name: str, *, eos_token_ids: Sequence[int], pad_token_id: int, *
 __all__ = [
     "ENGINES",
     "BuiltinEngine",
+    "EpisodeRecord",
     "HFEngine",
     "RolloutBatch",
     "select_groups",

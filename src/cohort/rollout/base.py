@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -52,6 +53,32 @@ class SamplingParams:
 
 
 @dataclass
+class EpisodeRecord:
+    """What a multi-turn episode was, beyond its tokens: its conversation, tool use and environment."""
+
+    prompt: list[dict[str, Any]]
+    """The conversation the episode started from (an environment's reset observation included): reward
+    functions' `prompts` entry."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The episode after its prompt in TRL's form: assistant turns (with `tool_calls`), tool results (role
+    `tool`), an environment's observations (role `user`): reward functions' `completions` entry."""
+    calls: int = 0
+    """Tool calls executed."""
+    failures: int = 0
+    """Executed calls that failed (raised, timed out, unknown tool, bad arguments)."""
+    stop: str = "answer"
+    """Why the episode ended: answer (a turn without a call), done (the environment ended it), length (the
+    token budget ran out mid-turn), max_tool_calls (a call past the limit), budget (an insertion did not fit),
+    malformed (an unparsable call)."""
+    environment: Any = None
+    """The rollout's environment instance (None without one)."""
+    turn_rewards: list[float] = field(default_factory=list)
+    """A TextEnvironment's reward for each of the episode's turns."""
+    turn_ends: list[int] = field(default_factory=list)
+    """For each assistant turn, the completion index of its last token."""
+
+
+@dataclass
 class RolloutBatch:
     """G completions for each of B prompts, stored group-contiguously (prompt j owns rows j*G ... j*G+G-1)."""
 
@@ -74,6 +101,8 @@ class RolloutBatch:
     something else inserted it (a tool's output, the chat template's turn markers of a multi-turn episode).
     None: every token is the policy's, as in a single completion; the update and the length metrics read
     `loss_lengths` and `token_mask`, never the field itself, so both forms flow the same way."""
+    episodes: list[EpisodeRecord] | None = None
+    """Per row its episode record when the rollout was multi-turn (None for single completions)."""
 
     def __post_init__(self) -> None:
         if self.loss_masks is None:
@@ -132,6 +161,7 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
     truncated: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] | None = []
     masks: list[torch.Tensor] = []
+    records: list[EpisodeRecord] | None = []
     episodes = any(batch.loss_masks is not None for batch, _ in parts)
     for batch, groups in parts:
         if batch.group_size != G:
@@ -146,6 +176,10 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
             logprobs = None
         if episodes:  # a round without inserted tokens joins one with them as all-True masks
             masks += [batch.token_mask(r) for r in rows]
+        if records is not None and batch.episodes is not None:
+            records += [batch.episodes[r] for r in rows]
+        else:
+            records = None
     return RolloutBatch(
         prompt_ids=prompts,
         completion_ids=completions,
@@ -154,6 +188,7 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
         sampling_logprobs=logprobs,
         paths=dict(parts[0][0].paths),
         loss_masks=masks if episodes else None,
+        episodes=records,
     )
 
 

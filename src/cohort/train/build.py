@@ -15,6 +15,9 @@ from cohort.algo import POLICY_LOSSES
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
+from cohort.episodes.loop import EpisodeGeneration, prompt_messages
+from cohort.episodes.spec import EpisodeSpec, check_routing
+from cohort.episodes.templates import render_prompt
 from cohort.errors import ConfigError, TrainingError
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
@@ -52,15 +55,37 @@ class Rewards:
     """The loss type takes one advantage per completion (so no process reward may give per-token ones)."""
 
 
-def build_rewards(cfg: TrainConfig, reward_funcs: Any, processing_classes: Any = None) -> Rewards:
-    """Returns the run's rewards: the given functions or the config's, on the policy's device, checked against
-    evaluation (the first reward scores held-out completions) and the loss type."""
-    funcs = resolve_reward_funcs(
-        reward_funcs if reward_funcs else cfg.rewards,
-        max_completion_length=cfg.rollout.max_completion_length,
-        reward_processing_classes=processing_classes,
-        step_separator=cfg.process.step_separator,
+def build_rewards(
+    cfg: TrainConfig,
+    reward_funcs: Any,
+    processing_classes: Any = None,
+    *,
+    owned: list[Any] | None = None,
+    trl_form: bool = False,
+) -> Rewards:
+    """Returns the run's rewards: the given functions or the config's, then the rewards environments own
+    (`owned`, weight 1 each, as TRL's get_reward columns), on the policy's device, checked against evaluation
+    (the first reward scores held-out completions) and the loss type."""
+    owned = list(owned or [])
+    given = reward_funcs if reward_funcs else ([] if trl_form and owned else cfg.rewards)
+    funcs = (
+        resolve_reward_funcs(
+            given,
+            max_completion_length=cfg.rollout.max_completion_length,
+            reward_processing_classes=processing_classes,
+            step_separator=cfg.process.step_separator,
+        )
+        if given
+        else []
     )
+    if not funcs and not owned:
+        raise ConfigError(
+            "no reward source: pass reward_funcs (or rewards: in the config), or an environment that scores its "
+            "episodes (a get_reward method, or a TextEnvironment's step rewards)"
+        )
+    weights = reward_weights(cfg.reward_weights, funcs) if funcs else torch.zeros(0)
+    funcs += owned
+    weights = torch.cat([weights, torch.ones(len(owned))]).float()
     device = resolve_device(cfg.model.device)
     for func in funcs:  # reward models score on the policy's device
         if callable(getattr(func, "to", None)):
@@ -81,18 +106,34 @@ def build_rewards(cfg: TrainConfig, reward_funcs: Any, processing_classes: Any =
             f"{step_models[0]!r} is a process reward model (its step rewards give per-token advantages); use "
             "another loss type (e.g. grpo) or an outcome reward"
         )
-    return Rewards(funcs, names, reward_weights(cfg.reward_weights, funcs), sequence_advantages)
+    return Rewards(funcs, names, weights, sequence_advantages)
 
 
 def build_rows(
-    cfg: TrainConfig, rewards: Rewards, train_rows: list[dict] | None, eval_rows: list[dict] | None
+    cfg: TrainConfig,
+    rewards: Rewards,
+    train_rows: list[dict] | None,
+    eval_rows: list[dict] | None,
+    episodes: EpisodeSpec | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Returns (training rows, held-out rows): the given ones or the config's, checked for the prompt column
-    and the columns the rewards read."""
+    and the columns the rewards read; with one environment and no data, one empty prompt per group (the
+    environment's reset writes each rollout's task, as TRL does)."""
+    column = cfg.data.prompt_column
+    if train_rows is None and episodes is not None and not (cfg.data.task or cfg.data.path):
+        if episodes.routed or not episodes.environments:
+            raise ConfigError(
+                "no training data: several environments route rows by their `environment` column, so they need a "
+                "dataset (train_dataset= / data.path); with one environment factory its reset() may own the data"
+            )
+        train_rows = [{column: [{"role": "user", "content": ""}]} for _ in range(cfg.prompts_per_step)]
     if train_rows is None:
         train_rows, loaded_eval = load_prompt_rows(cfg)
         eval_rows = loaded_eval if eval_rows is None else eval_rows
-    column = cfg.data.prompt_column
+    if episodes is not None and episodes.routed:
+        check_routing(episodes, train_rows, "the training data")
+        if eval_rows:
+            check_routing(episodes, eval_rows, "the held-out data")
     validate_rows(train_rows, column, where="the training data")
     check_reward_columns(rewards.funcs, [c for c in train_rows[0] if c != column])
     check_reward_rows(rewards.funcs, train_rows, where="the training data")  # e.g. the code reward's tests
@@ -186,6 +227,35 @@ def build_engine(
     sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
     copy = SamplerCopy(model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
     return engine, copy
+
+
+def build_episodes(
+    cfg: TrainConfig,
+    spec: EpisodeSpec | None,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: RolloutEngine,
+    sampler_copy: SamplerCopy | None,
+    autocast: Any,
+    *,
+    fresh: bool = False,
+) -> EpisodeGeneration | None:
+    """Returns the multi-turn generation source of a run with tools or environments (None without), stopping
+    turns where the engine stops completions; `fresh`: with environment instances of its own (held-out)."""
+    if spec is None:
+        return None
+    return EpisodeGeneration(
+        spec,
+        model,
+        tokenizer,
+        end_of_turn_ids=engine.eos_token_ids,
+        pad_token_id=engine.pad_token_id,
+        prompt_column=cfg.data.prompt_column,
+        chat_template_kwargs=cfg.data.chat_template_kwargs or None,
+        sampler_copy=sampler_copy,
+        autocast=autocast,
+        fresh=fresh,
+    )
 
 
 def build_optimizer(
@@ -301,9 +371,22 @@ def load_policy(
     return policy, tokenizer
 
 
-def encode_rows(cfg: TrainConfig, tokenizer: Any, rows: list[dict]) -> list[list[int]]:
-    """Returns the token ids of each row's prompt (through the chat template for conversations)."""
+def encode_rows(
+    cfg: TrainConfig, tokenizer: Any, rows: list[dict], episodes: EpisodeSpec | None = None
+) -> list[list[int]]:
+    """Returns the token ids of each row's prompt (through the chat template for conversations; with the
+    row's tool schemas in a multi-turn run, before any environment's reset adds to it)."""
     d = cfg.data
+    if episodes is not None:
+        return [
+            render_prompt(
+                tokenizer,
+                prompt_messages(r[d.prompt_column]),
+                tools=episodes.schemas(episodes.environment_for(r)) or None,
+                chat_template_kwargs=d.chat_template_kwargs or None,
+            )
+            for r in rows
+        ]
     return encode_prompts(
         tokenizer,
         [r[d.prompt_column] for r in rows],

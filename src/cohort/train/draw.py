@@ -93,6 +93,7 @@ class Drawer:
                 self.G,
                 self.params,
                 self.generator if generator is None else generator,
+                rows=[self.rows[i] for i in idx],
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None

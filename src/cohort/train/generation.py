@@ -2,8 +2,9 @@
 
 The step asks a `GenerationSource` for G completions of each prompt (with the sampler's log-probs and
 whether each row was truncated) and does not know who produced them. `LocalGeneration` samples the policy
-being trained with an engine in this process; a remote worker, or a source that is a step behind, stands
-behind the same call.
+being trained with an engine in this process; `cohort.episodes.EpisodeGeneration` rolls out multi-turn
+episodes with tools and environments; a remote worker, or a source that is a step behind, stands behind the
+same call.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ class GenerationSource(Protocol):
         group_size: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        rows: list[dict] | None = None,
     ) -> RolloutBatch:
-        """Returns G completions of each prompt (group-contiguous), sampled with `params` on `generator`."""
+        """Returns G completions of each prompt (group-contiguous), sampled with `params` on `generator`;
+        `rows` are the prompts' dataset rows (a multi-turn source resets its environments from them)."""
         ...
 
 
@@ -54,6 +57,7 @@ class LocalGeneration:
         group_size: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        rows: list[dict] | None = None,
     ) -> RolloutBatch:
         """Returns the engine's rollout of the current weights (gathered first when the model is sharded)."""
         with self.autocast(), gathered(self.model):

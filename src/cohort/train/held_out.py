@@ -12,14 +12,14 @@ import torch
 
 from cohort import seeds
 from cohort.algo import zero_std_group_mask
+from cohort.episodes.loop import episode_metrics
 from cohort.evaluation import evaluate
-from cohort.rewards import score
 from cohort.rollout import SamplingParams
 from cohort.rollout.base import RolloutEngine
 from cohort.sharding import gathered
 from cohort.train.accumulate import WeightedMeans
 from cohort.train.advantages import outcome_advantages
-from cohort.train.generation import LocalGeneration
+from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.metrics import rollout_stats
 from cohort.train.scoring import Scorer
 from cohort.train.update import PolicyBatch, PolicyUpdater
@@ -43,13 +43,17 @@ class HeldOut:
         device: torch.device,
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         trainer_state: Any = None,
+        episodes: GenerationSource | None = None,
     ):
-        """cfg: the run's TrainConfig (rollout, algo, eval_batch_size, data.prompt_column and seed are read)."""
+        """cfg: the run's TrainConfig (rollout, algo, eval_batch_size, data.prompt_column and seed are read);
+        episodes: a multi-turn run's episode source (with its own environments), which then samples every
+        held-out rollout, greedy ones included."""
         self.rows, self.prompt_ids, self.model, self.engine = rows, prompt_ids, model, engine
         self.scorer, self.updater, self.cfg, self.params = scorer, updater, cfg, params
         self.device, self.autocast, self.trainer_state = device, autocast, trainer_state
         # Sampled as in training, but from the policy itself (never a low-precision sampling copy).
-        self.source = LocalGeneration(engine, model, autocast=autocast)
+        self.source: GenerationSource = episodes or LocalGeneration(engine, model, autocast=autocast)
+        self.multi_turn = episodes is not None
 
     def evaluate(self, step: int, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
         """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
@@ -80,17 +84,11 @@ class HeldOut:
         for start in range(0, len(self.rows), per_call):
             rows = self.rows[start : start + per_call]
             rollout = self.source.generate(
-                self.prompt_ids[start : start + per_call], G, self.params, generator
+                self.prompt_ids[start : start + per_call], G, self.params, generator, rows=rows
             )
-            prompts, columns = self.scorer.inputs(rows, G)
-            per_func = score(
-                self.scorer.funcs,
-                prompts=prompts,
-                completions=self.scorer.decode(rollout, rows),
-                completion_ids=rollout.completion_ids,
-                columns=columns,
-                trainer_state=self.trainer_state,
-                steps={},  # a process reward scores its mean step reward here
+            # a process reward scores its mean step reward here
+            per_func, _, _ = self.scorer.score(
+                rows, rollout, self.scorer.decode(rollout, rows), self.trainer_state, steps_only_mean=True
             )
             reward = self.scorer.combine(per_func, G)
             # this process's rows alone: every process evaluates alike
@@ -118,6 +116,8 @@ class HeldOut:
     def greedy(self, step: int, k: int) -> dict[str, float]:
         """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
         cfg = self.cfg
+        if self.multi_turn:
+            return self._greedy_episodes(step)
         with self.autocast(), gathered(self.model):
             return evaluate(
                 self.model,
@@ -133,3 +133,32 @@ class HeldOut:
                 temperature=cfg.rollout.logprob_temperature(),  # pass@k samples even when training is greedy
                 generator=seeds.generator(seeds.logged_samples(cfg.seed, step), self.device),
             )
+
+    def _greedy_episodes(self, step: int) -> dict[str, float]:
+        """Returns a multi-turn run's held-out metrics: greedy episodes scored by the first reward (accuracy: the
+        share scoring 1 or more), their policy tokens (mean_length) and tool use; pass@k is not measured."""
+        cfg = self.cfg
+        params = SamplingParams(max_completion_length=cfg.rollout.max_completion_length, greedy=True)
+        generator = seeds.generator(seeds.logged_samples(cfg.seed, step), self.device)
+        per_call = max(1, cfg.eval_batch_size)
+        correct, lengths, records = 0, 0, []
+        for start in range(0, len(self.rows), per_call):
+            rows = self.rows[start : start + per_call]
+            rollout = self.source.generate(
+                self.prompt_ids[start : start + per_call], 1, params, generator, rows=rows
+            )
+            per_func, _, _ = self.scorer.score(
+                rows, rollout, self.scorer.decode(rollout, rows), self.trainer_state, steps_only_mean=True
+            )
+            correct += int((per_func[:, 0].nan_to_num(0.0) >= 1.0).sum())
+            lengths += int(rollout.loss_lengths.sum())
+            records += rollout.episodes or []
+        n = len(self.rows)
+        tools = episode_metrics(records)
+        return {
+            "accuracy": correct / n,
+            "mean_length": lengths / n,
+            "n": float(n),
+            "tool_calls": tools["tools/call_frequency"],
+            "tool_failures": tools["tools/failure_frequency"],
+        }

@@ -46,7 +46,10 @@ class Scorer:
         """The reward function that returns step rewards, once one has."""
 
     def decode(self, rollout: RolloutBatch, rows: list[dict]) -> list[Any]:
-        """Returns the completions as the reward functions see them (messages for a conversational dataset)."""
+        """Returns the completions as the reward functions see them (messages for a conversational dataset; an
+        episode's messages after its prompt, tool calls and results included, for a multi-turn rollout)."""
+        if rollout.episodes is not None:
+            return [record.messages for record in rollout.episodes]
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         return as_completions(texts, rows[0][self.prompt_column])
 
@@ -66,9 +69,20 @@ class Scorer:
         rollout: RolloutBatch,
         completions: list[Any],
         trainer_state: Any = None,
+        *,
+        steps_only_mean: bool = False,
     ) -> tuple[torch.Tensor, RewardLogs, StepSpans | None]:
-        """Returns (scores [N, R], what the functions logged, a process reward's step spans or None)."""
+        """Returns (scores [N, R], what the functions logged, a process reward's step spans or None);
+        `steps_only_mean`: a process reward's column is its mean step reward and no spans are resolved
+        (held-out scoring)."""
         prompts, columns = self.inputs(rows, rollout.group_size)
+        live: dict[str, list[Any]] = {}
+        if rollout.episodes is not None:  # each rollout's own conversation and environment
+            prompts = [record.prompt for record in rollout.episodes]
+            live = {
+                "environments": [record.environment for record in rollout.episodes],
+                "episodes": list(rollout.episodes),
+            }
         logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
         steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
         scores = score(
@@ -80,8 +94,9 @@ class Scorer:
             trainer_state=trainer_state,
             logs=logs,
             steps=steps,
+            live=live,
         )  # [N, R]
-        if not steps:
+        if not steps or steps_only_mean:
             return scores, logs, None
         if len(steps) > 1:
             names = [self.names[j] for j in steps]

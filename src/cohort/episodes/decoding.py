@@ -1,0 +1,241 @@
+"""Batched multi-turn decoding: every episode of a batch decodes together, and between turns the KV cache is
+extended with the inserted tokens (tool results, environment observations, turn markers) instead of
+re-encoding the episode.
+
+The batch decodes turn by turn. In a turn every live episode samples until it ends its turn (an end-of-turn
+id) or reaches its token budget. An episode that ended its turn waits (its cache row gets masked holes while
+the others decode) and its agent gets the turn at once, so tools run on their threads while the rest of the
+batch still decodes. When no episode decodes any more, the agents hand back the tokens to insert; the
+episodes they finish leave the batch; the rest feed their inserted tokens in one forward pass (right-padded,
+the padding masked) and the next turn starts from their logits. Prompts that several episodes share (a
+group's prompt) are prefilled once.
+
+Positions are explicit per row, so holes in the cache cost memory and a little attention work but change no
+result; `extend_cache=False` re-encodes every continuing episode from scratch instead (the reference the
+speed table compares against, and the check that extension is exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from cohort.models import cache_kwargs, forward_accepts
+from cohort.rollout.base import SamplingParams, left_pad
+from cohort.rollout.sampling import sample_next
+
+
+class TurnAgent(Protocol):
+    """What the decoder asks of the episodes' owner between turns."""
+
+    def turn_ended(self, row: int, turn: list[int], *, truncated: bool) -> bool:
+        """Returns whether episode `row` may go on after the turn it just ended (its sampled tokens `turn`);
+        called as soon as the turn ends, so the owner can start the turn's tools while others decode.
+        `truncated`: the episode reached its token budget without an end-of-turn (it is over)."""
+        ...
+
+    def continuation(self, row: int, room: int) -> list[int] | None:
+        """Returns the tokens to insert before episode `row`'s next turn, or None when the episode is over.
+        `room` is how many tokens the episode may still hold: the owner ends the episode (None) when its
+        insertion would leave no room for a sampled token."""
+        ...
+
+
+@dataclass
+class DecodedEpisodes:
+    """Each episode's tokens after its prompt: sampled and inserted, a loss mask and the sampler's log-probs."""
+
+    tokens: list[list[int]]
+    masks: list[list[bool]]
+    """True where the policy sampled the token."""
+    logprobs: list[list[float]]
+    """The sampler's log-prob of each sampled token (0.0 for inserted ones)."""
+    truncated: list[bool]
+    """The episode reached its token budget in the middle of a turn."""
+    turns: list[int]
+    """Turns the policy sampled in each episode."""
+
+
+def decode_episodes(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    agent: TurnAgent,
+    *,
+    end_of_turn_ids: Sequence[int],
+    pad_token_id: int,
+    device: torch.device,
+    extend_cache: bool = True,
+    budgets: Sequence[int] | None = None,
+) -> DecodedEpisodes:
+    """Returns the decoded episodes of `prompts` (one per episode; equal prompts are prefilled once), each at most
+    its budget (`budgets`, default params.max_completion_length) of tokens after its prompt, sampled and
+    inserted together."""
+    n_rows = len(prompts)
+    budget = [params.max_completion_length] * n_rows if budgets is None else list(budgets)
+    if len(budget) != n_rows or min(budget, default=1) < 1:
+        raise ValueError(f"decode_episodes needs one budget >= 1 per prompt, got {budgets!r}")
+    out = DecodedEpisodes(
+        tokens=[[] for _ in range(n_rows)],
+        masks=[[] for _ in range(n_rows)],
+        logprobs=[[] for _ in range(n_rows)],
+        truncated=[False] * n_rows,
+        turns=[0] * n_rows,
+    )
+    ends = torch.tensor(sorted(set(end_of_turn_ids)), dtype=torch.long, device=device)
+    state = _Batch.prefill(model, prompts, pad_token_id, device)
+    while state.rows:
+        _decode_turn(model, state, params, generator, agent, out, ends, budget)
+        blocks: dict[int, list[int]] = {}
+        for row in state.rows:
+            if state.live[row]:
+                room = budget[row] - len(out.tokens[row])
+                ids = agent.continuation(row, room)
+                if ids is not None:
+                    if not 0 < len(ids) < room:
+                        raise ValueError(
+                            f"episode {row}: the agent inserted {len(ids)} tokens where {room - 1} at most fit "
+                            "(an insertion must leave room for a sampled token)"
+                        )
+                    blocks[row] = ids
+        keep = [row for row in state.rows if row in blocks]
+        if not keep:
+            break
+        for row in keep:
+            out.tokens[row] += blocks[row]
+            out.masks[row] += [False] * len(blocks[row])
+            out.logprobs[row] += [0.0] * len(blocks[row])
+        if extend_cache:
+            state.select(keep)
+            state.extend(model, [state.pending[row] + blocks[row] for row in keep], pad_token_id)
+        else:
+            state = _Batch.prefill(
+                model, [list(prompts[row]) + out.tokens[row] for row in keep], pad_token_id, device, rows=keep
+            )
+    return out
+
+
+class _Batch:
+    """The decoding batch: live rows, their cache, attention mask with holes, next positions and last logits."""
+
+    def __init__(self, rows, cache, mask, pos, logits) -> None:
+        self.rows: list[int] = rows
+        """slot -> episode row"""
+        self.cache, self.mask, self.pos, self.logits = cache, mask, pos, logits
+        self.live: dict[int, bool] = dict.fromkeys(rows, True)
+        """row -> may still continue (False once its agent ended it)"""
+        self.pending: dict[int, list[int]] = {row: [] for row in rows}
+        """row -> sampled tokens not yet in the cache (an episode's last token until the next forward)"""
+
+    @classmethod
+    def prefill(cls, model, prompts, pad_token_id, device, rows=None) -> _Batch:
+        """Returns the batch after one forward of the distinct prompts, expanded to one slot per episode."""
+        rows = list(range(len(prompts))) if rows is None else rows
+        distinct: dict[tuple[int, ...], int] = {}
+        index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        ids, attn = left_pad(list(distinct), pad_token_id, device)  # [U, P]
+        cache = DynamicCache(config=getattr(model, "config", None))
+        extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
+        logits = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+            **cache_kwargs(model, cache),
+            **extra,
+        ).logits[:, -1, :]  # [U, V]
+        expand = torch.tensor(index, dtype=torch.long, device=device)  # [n]
+        cache.batch_select_indices(expand)
+        return cls(rows, cache, attn[expand], attn.sum(-1)[expand], logits[expand])
+
+    def select(self, keep: list[int]) -> None:
+        """Keeps only the slots of rows `keep` (in the batch's order)."""
+        if keep == self.rows:
+            return
+        slot = {row: i for i, row in enumerate(self.rows)}
+        index = torch.tensor([slot[row] for row in keep], dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.pos, self.logits = self.mask[index], self.pos[index], self.logits[index]
+        self.rows = keep
+
+    def step(self, model, tokens: torch.Tensor, fed: torch.Tensor) -> None:
+        """Feeds one token per slot ([n]; `fed` [n] bool: the slots whose token is real, the rest are holes)."""
+        self.mask = torch.cat([self.mask, fed.long()[:, None]], dim=1)  # [n, L+1]
+        self.logits = model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.pos[:, None],
+            **cache_kwargs(model, self.cache),
+        ).logits[:, -1, :]  # [n, V]
+        self.pos = self.pos + fed.long()
+
+    def extend(self, model, blocks: list[list[int]], pad_token_id: int) -> None:
+        """Feeds each slot its block of tokens in one forward (right-padded, padding masked); the logits
+        become those after each block's last token."""
+        device = self.mask.device
+        width = max(len(b) for b in blocks)
+        ids = torch.tensor([b + [pad_token_id] * (width - len(b)) for b in blocks], device=device)  # [n, K]
+        lengths = torch.tensor([len(b) for b in blocks], dtype=torch.long, device=device)  # [n]
+        span = torch.arange(width, device=device)  # [K]
+        block_mask = (span[None, :] < lengths[:, None]).long()  # [n, K]
+        self.mask = torch.cat([self.mask, block_mask], dim=1)  # [n, L+K]
+        logits = model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=self.pos[:, None] + span[None, :],
+            **cache_kwargs(model, self.cache),
+        ).logits  # [n, K, V]
+        self.logits = logits[torch.arange(len(blocks), device=device), lengths - 1]  # [n, V]
+        self.pos = self.pos + lengths
+        self.live = dict.fromkeys(self.rows, True)
+        self.pending = {row: [] for row in self.rows}
+
+
+def _decode_turn(
+    model, state: _Batch, params, generator, agent, out: DecodedEpisodes, ends, budget: list[int]
+) -> None:
+    """Samples one turn of every slot of `state` until each has ended it or reached its budget."""
+    decoding = torch.ones(len(state.rows), dtype=torch.bool, device=state.mask.device)  # [n]
+    turn_start = {row: len(out.tokens[row]) for row in state.rows}
+    for row in state.rows:
+        out.turns[row] += 1
+    while True:
+        live = decoding.nonzero().squeeze(1)  # [m]
+        tok, lp = sample_next(state.logits[live], params, generator)  # [m], [m]
+        ended = torch.isin(tok, ends)  # [m]
+        tokens = torch.zeros(len(state.rows), dtype=torch.long, device=tok.device)  # [n]
+        tokens[live] = tok
+        fed = decoding.clone()  # [n] the slots that sampled this step feed their token
+        for slot, token, logp, stop in zip(live.tolist(), tok.tolist(), lp.tolist(), ended.tolist()):
+            row = state.rows[slot]
+            out.tokens[row].append(token)
+            out.masks[row].append(True)
+            out.logprobs[row].append(logp)
+            state.pending[row] = [token]
+            full = len(out.tokens[row]) >= budget[row]
+            if stop or full:
+                decoding[slot] = False
+                truncated = full and not stop
+                out.truncated[row] = truncated
+                turn = out.tokens[row][turn_start[row] :]
+                state.live[row] = agent.turn_ended(row, turn, truncated=truncated) and not truncated
+        if not bool(decoding.any()):
+            return  # the last tokens wait in `pending`: fed with the next turn's inserted block
+        state.step(model, tokens, fed)
+        for slot in fed.nonzero().squeeze(1).tolist():
+            state.pending[state.rows[slot]] = []
+        decoding = _drop_finished(state, decoding)
+
+
+def _drop_finished(state: _Batch, decoding: torch.Tensor) -> torch.Tensor:
+    """Returns `decoding` for the slots kept after dropping those whose episode is over, once they are a quarter
+    of the batch (until then their cache rows only cost a little memory)."""
+    keep_slots = [i for i, row in enumerate(state.rows) if state.live[row] or bool(decoding[i])]
+    if (len(state.rows) - len(keep_slots)) * 4 < len(state.rows) or not keep_slots:
+        return decoding
+    state.select([state.rows[i] for i in keep_slots])
+    return decoding[torch.tensor(keep_slots, dtype=torch.long, device=decoding.device)]
