@@ -132,7 +132,7 @@ def check_routing(spec: EpisodeSpec, rows: list[dict], where: str) -> None:
             )
 
 
-def _get_reward(cls: type, is_async: bool) -> Callable[..., Any]:
+def _get_reward(cls: Any, is_async: bool) -> Callable[..., Any]:
     """Returns the reward function that asks each rollout's environment of class `cls` for its reward."""
 
     async def gather(environments: list[Any], **kwargs: Any) -> list[Any]:
