@@ -164,6 +164,7 @@ class GRPOTrainer:
             need_model=model is None,
             need_data=train_rows is None and not env_owns_data,
             reward_funcs=reward_funcs,
+            environment_rewards=environment_factory is not None,
         )
         dist.init_from_env(cfg.distributed.backend)
         # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.

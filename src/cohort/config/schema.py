@@ -542,6 +542,7 @@ class TrainConfig:
         need_data: bool = True,
         reward_funcs: Sequence[str | Callable] | None = None,
         environment: RunEnvironment | None = None,
+        environment_rewards: bool = False,
     ) -> TrainConfig:
         """Return self, derived for the run's environment and then checked: every value that can be checked
         before a model is loaded.
@@ -551,7 +552,8 @@ class TrainConfig:
         :func:`cohort.config.derive.derive` sets the fields that follow from others (in place), then
         :func:`cohort.config.validation.validate_config` checks the result and changes nothing.
         `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
-        that name); `reward_weights` must then give one weight per one of them.
+        that name); `reward_weights` must then give one weight per one of them. `environment_rewards`: an
+        environment factory given outside the config may own the reward (`rewards` may be empty).
         """
         env = RunEnvironment.detect() if environment is None else environment
         return validate_config(
@@ -562,4 +564,5 @@ class TrainConfig:
             need_data=need_data,
             reward_funcs=reward_funcs,
             stacklevel=3,
+            environment_rewards=environment_rewards,
         )

@@ -68,6 +68,7 @@ def validate_config(
     need_data: bool = True,
     reward_funcs: Sequence[str | Callable] | None = None,
     stacklevel: int = 2,
+    environment_rewards: bool = False,
 ) -> TrainConfig:
     """Return `cfg`, unchanged, after checking every value that can be checked before a model is loaded.
 
@@ -76,7 +77,8 @@ def validate_config(
     :class:`cohort.config.derive.RunEnvironment`). `reward_funcs`: the reward functions the run uses
     instead of `rewards` (GRPOTrainer's argument of that name); `reward_weights` must then give one weight
     per one of them. `stacklevel`: as ``warnings.warn``'s, for the warnings about inert options (2: the
-    caller of this function).
+    caller of this function). `environment_rewards`: an environment factory given outside the config may
+    own the run's reward, so `rewards` may be empty.
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
@@ -133,12 +135,15 @@ def validate_config(
     if cfg.micro_batch_tokens < 1:
         raise ConfigError(f"micro_batch_tokens={cfg.micro_batch_tokens} must be >= 1")
     _check_lr(o, "optim.")
-    if not cfg.rewards and not reward_funcs:
+    given = reward_funcs or cfg.rewards
+    # An environment may score its episodes itself (get_reward, step rewards): the builder checks it does.
+    if not given and not (environment_rewards or cfg.episodes.environment or cfg.episodes.environments):
         raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
-    try:
-        reward_weights(cfg.reward_weights, reward_funcs or cfg.rewards)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    if given or cfg.reward_weights is not None:
+        try:
+            reward_weights(cfg.reward_weights, given)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if need_data and not cfg.data.task and not cfg.data.path:
         raise ConfigError(
             "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "

@@ -127,12 +127,31 @@ def sample_rows(
                     **drawn.logs.extras_at(i),  # columns from log_extra
                 }
             )
+            if rollout.episodes is not None:  # the episode turn by turn, tool calls and results apart
+                record = rollout.episodes[i]
+                out[-1]["prompt"] = as_text(record.prompt)
+                out[-1]["turns"] = [episode_turn(m) for m in record.messages]
+                out[-1]["stop"] = record.stop
             if token_adv is not None and steps is not None:
                 span = steps[i]
                 out[-1]["step_rewards"] = span[0] if span else None
                 out[-1]["step_ends"] = span[1] if span else None
                 out[-1]["token_advantages"] = [round(float(x), 6) for x in token_adv[i]]
     return out
+
+
+def episode_turn(message: dict[str, Any]) -> dict[str, Any]:
+    """Returns one message of an episode as a sample shows it: role and text, a call's name and arguments, a
+    tool result's tool name."""
+    turn: dict[str, Any] = {"role": message.get("role"), "content": message.get("content", "")}
+    if message.get("tool_calls"):
+        turn["tool_calls"] = [
+            {"name": c.get("function", c).get("name"), "arguments": c.get("function", c).get("arguments")}
+            for c in message["tool_calls"]
+        ]
+    if message.get("role") == "tool":
+        turn["name"] = message.get("name")
+    return turn
 
 
 FINAL_METRICS = (
