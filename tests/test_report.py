@@ -376,3 +376,20 @@ def test_the_cli_compares_runs_and_refuses_bad_report_arguments(tmp_path, monkey
     assert "--out is for comparing several runs" in capsys.readouterr().err
     assert main(["report", str(a), str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_report_shows_an_episode_turn_by_turn(tmp_path):
+    turns = [
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "multiply", "arguments": {"a": 3, "b": 4}}]},
+        {"role": "tool", "name": "multiply", "content": "12"},
+        {"role": "assistant", "content": "The answer is <12>"},
+        {"role": "user", "content": "correct"},
+    ]
+    row = {"step": 1, "group": 0, "prompt": "3*4?", "completion": "x", "reward": 1.0, "turns": turns}
+    (tmp_path / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 1.0}) + "\n")
+    page = write_report(tmp_path).read_text()
+    assert "→ multiply({&quot;a&quot;: 3, &quot;b&quot;: 4})" in page
+    assert "tool result · multiply" in page and "<pre>12</pre>" in page
+    assert "The answer is &lt;12&gt;" in page  # escaped like any completion
+    assert "<div class='who'>environment</div><pre>correct</pre>" in page

@@ -213,6 +213,8 @@ pre{margin:0;white-space:pre-wrap;word-break:break-word;font-size:12px}
 .group{border:1px solid #e4e4e4;border-radius:4px;padding:8px 12px;margin:12px 0}
 .group h3{font-size:14px;margin:0 0 6px}.pos{color:#17692e}.neg{color:#a1261c}.out{color:#999}
 .muted{color:#666;font-size:13px}
+.turn{border-left:3px solid #ccc;padding:1px 6px;margin:2px 0}.turn .who{font-size:11px;color:#666}
+.turn.call{border-color:#2a6fb0}.turn.tool{border-color:#b07a2a;background:#fbf6ee}.turn.user{border-color:#888}
 """
 
 
@@ -389,7 +391,36 @@ _SAMPLE_FIXED = (
     "in_loss",
     "length",
     "truncated",
+    "turns",
 )
+
+
+def episode_html(turns: list[Any]) -> str:
+    """Returns a multi-turn episode as HTML, turn by turn: the policy's text, its tool calls, tool results and
+    an environment's observations each marked apart."""
+    parts = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            continue
+        role = str(turn.get("role", ""))
+        content = html.escape(str(turn.get("content") or ""))
+        if role == "tool":
+            who = f"tool result · {html.escape(str(turn.get('name', '')))}"
+            parts.append(f"<div class='turn tool'><div class='who'>{who}</div><pre>{content}</pre></div>")
+        elif role == "assistant":
+            calls = "".join(
+                f"<pre>→ {html.escape(str(c.get('name')))}({html.escape(json.dumps(c.get('arguments'), default=str))})</pre>"
+                for c in turn.get("tool_calls") or []
+                if isinstance(c, dict)
+            )
+            kind = "turn call" if calls else "turn"
+            parts.append(
+                f"<div class='{kind}'><div class='who'>policy</div><pre>{content}</pre>{calls}</div>"
+            )
+        else:
+            who = "environment" if role == "user" else html.escape(role)
+            parts.append(f"<div class='turn user'><div class='who'>{who}</div><pre>{content}</pre></div>")
+    return "".join(parts)
 
 
 def _samples_section(run: RunFiles, limit: int) -> list[str]:
@@ -423,10 +454,12 @@ def _samples_section(run: RunFiles, limit: int) -> list[str]:
                 if isinstance(adv, (int, float)) and adv < 0
                 else ""
             )
-            cells = [
-                f"<td class='num'>{i + 1}</td>",
-                f"<td><pre>{html.escape(str(r.get('completion', '')))}</pre></td>",
-            ]
+            body = (
+                episode_html(r["turns"])
+                if isinstance(r.get("turns"), list)
+                else f"<pre>{html.escape(str(r.get('completion', '')))}</pre>"
+            )
+            cells = [f"<td class='num'>{i + 1}</td>", f"<td>{body}</td>"]
             cells += [f"<td class='num'>{html.escape(format_value(r.get(s)))}</td>" for s in scores]
             cells.append(f"<td class='num'>{html.escape(format_value(r.get('reward')))}</td>")
             if any("advantage" in x for x in rows):
