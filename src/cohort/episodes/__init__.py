@@ -6,10 +6,20 @@
   response parsing), telling no call, complete calls and a malformed call apart.
 - `templates`: the start-up checks of a tool-calling chat template (tool support, prefix preservation),
   the token ids of a tool turn, and small templates of the three families.
+- `environments`: the gym-like `TextEnvironment` protocol (reset / step), its checks, the `GuessNumber` game;
+  `openenv` adapts an OpenEnv server to it.
+- `decoding`, `loop`, `spec`: the episode loop the trainer runs (imported from their modules: they load models).
 - `execution`: running calls (sync on threads, async on an event loop, each under a timeout, failures as
   TRL's `{'error': ...}` text) and TRL's tool metrics.
 """
 
+from cohort.episodes.environments import (
+    EnvStep,
+    GuessNumber,
+    TextEnvironment,
+    check_environment_factory,
+    is_text_environment,
+)
 from cohort.episodes.execution import (
     ToolExecutor,
     ToolResult,
@@ -46,6 +56,11 @@ from cohort.episodes.templates import (
 from cohort.episodes.tools import Tool, ToolSet, environment_tools, make_tool, tool_set
 
 __all__ = [
+    "EnvStep",
+    "GuessNumber",
+    "TextEnvironment",
+    "check_environment_factory",
+    "is_text_environment",
     "TOOL_FORMATS",
     "TOOL_PARSERS",
     "HermesParser",
