@@ -8,6 +8,7 @@ import pytest
 import torch
 from _tiny import VOCAB, make_test_engine
 
+from cohort.fastpath import FastConfig
 from cohort.rollout import SamplingParams, draw, filter_logits
 
 PROMPT = [5, 17, 3, 22, 9]
@@ -185,6 +186,70 @@ def test_torchs_refusal_of_non_finite_probabilities_is_a_typed_error(monkeypatch
     with pytest.raises(RuntimeError, match="another failure") as caught:
         sampling.sample_next(torch.zeros(2, VOCAB), SamplingParams(max_completion_length=1))
     assert type(caught.value) is RuntimeError  # finite probabilities: not recognised as the non-finite case
+
+
+def test_rows_that_are_no_distribution_become_uniform_for_multinomial_and_the_others_stay():
+    from cohort.rollout.sampling import drawable
+
+    good = torch.tensor([0.2, 0.3, 0.5, 0.0])
+    probs = torch.stack(
+        [
+            good,
+            torch.tensor([0.2, float("nan"), 0.5, 0.3]),
+            torch.tensor([float("inf"), 0.0, 0.0, 0.0]),
+            torch.tensor([0.5, -0.1, 0.3, 0.3]),
+            torch.zeros(4),
+        ]
+    )
+    with pytest.raises(RuntimeError):  # what CUDA's multinomial turns into a device-side assert
+        torch.multinomial(probs, 1)
+    safe = drawable(probs)
+    assert torch.equal(safe[0], good)  # a distribution is left as it is
+    assert torch.equal(safe[1:], torch.ones(4, 4))  # the four bad rows: uniform
+    assert torch.multinomial(safe, 1).shape == (5, 1)  # accepted
+
+
+@pytest.mark.parametrize("accelerator_branch", [True, False], ids=["multinomial", "inverse-cdf"])
+def test_the_builtin_engine_reports_non_finite_logits_whatever_draws_them(monkeypatch, accelerator_branch):
+    from cohort.errors import NonFiniteSamplingError
+    from cohort.rollout import sampling
+
+    if accelerator_branch:
+        # draw's accelerator branch, on this CPU: multinomial on drawable rows, which never refuses
+        def accelerator_draw(probs, generator):
+            return torch.multinomial(sampling.drawable(probs), 1).squeeze(-1)
+
+        monkeypatch.setattr(sampling, "draw", accelerator_draw)
+    engine = make_test_engine("builtin", fast=FastConfig.all("off"))  # no fast path's probe on a NaN model
+    with pytest.raises(NonFiniteSamplingError, match="probability tensor contains either `inf`, `nan`"):
+        engine.generate(_nan_model(), [PROMPT], 2, SamplingParams(max_completion_length=3))
+
+
+def test_the_hf_recorder_hands_generate_drawable_scores_and_remembers_the_bad_rows():
+    from cohort.rollout.hf import _LogprobRecorder
+
+    rec = _LogprobRecorder(1.0)
+    scores = torch.tensor([[0.0, 1.0, float("-inf")], [float("nan"), 0.0, 0.0], [float("inf"), 0.0, 0.0]])
+    out = rec(torch.zeros(3, 1, dtype=torch.long), scores)
+    assert torch.equal(out[0], scores[0])  # a masked token (-inf) is not a bad row
+    assert torch.equal(out[1:], torch.zeros(2, 3))  # the NaN and +inf rows: flat scores, drawable
+    assert rec.undrawable.tolist() == [False, True, True]
+    rec(torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 3))
+    assert rec.undrawable.tolist() == [False, True, True]  # remembered over the later steps
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["builtin", "hf"])
+def test_non_finite_logits_on_cuda_are_a_typed_error_and_cuda_still_works(name):
+    from cohort.errors import NonFiniteSamplingError
+
+    model = _nan_model().to("cuda")
+    options = {"fast": FastConfig.all("off")} if name == "builtin" else {}
+    engine, generator = make_test_engine(name, **options), torch.Generator("cuda").manual_seed(0)
+    with pytest.raises(NonFiniteSamplingError, match="probability tensor contains either `inf`, `nan`"):
+        engine.generate(model, [PROMPT], 2, SamplingParams(max_completion_length=3), generator)
+    torch.cuda.synchronize()  # a device-side assert would surface here, and in every later CUDA call
+    assert torch.ones(3, device="cuda").sum().item() == 3.0
 
 
 def test_the_hf_engine_reports_non_finite_logits_as_a_typed_error():

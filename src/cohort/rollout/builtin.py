@@ -33,7 +33,7 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad
-from cohort.rollout.sampling import sample_next
+from cohort.rollout.sampling import check_finite_logprobs, sample_next
 
 
 class BuiltinEngine(RolloutEngine):
@@ -171,6 +171,9 @@ class BuiltinEngine(RolloutEngine):
                 )
                 logits = out.logits[:, -1, :]  # [n, V]
                 pos = pos + 1
+        # One host sync per rollout: on an accelerator sample_next draws from non-finite logits without
+        # refusing (a CUDA kernel's refusal would end the process's CUDA context) and flags them here.
+        check_finite_logprobs(logps)
         if paths is not None:
             paths.update(shared_prefix=bool(shared), preallocated_kv=prealloc, packed_weights=packed > 0)
         return tokens, lengths, ended, logps

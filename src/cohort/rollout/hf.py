@@ -59,6 +59,11 @@ class HFEngine(RolloutEngine):
                 if recorder.pending is not None and bool(torch.isnan(recorder.pending).any()):
                     raise NonFiniteSamplingError(str(e)) from e
                 raise
+            if recorder.undrawable is not None and bool(recorder.undrawable.any()):
+                raise NonFiniteSamplingError(
+                    "probability tensor contains either `inf`, `nan` or element < 0: the policy's next-token "
+                    "logits were not finite while sampling"
+                )
             new_tokens = sequences[:, input_ids.shape[1] :]  # [N, T']
             logps = recorder.finish(new_tokens)  # [N, T']
         lengths, truncated = completion_ends(new_tokens, self.eos_token_ids, params.max_completion_length)
@@ -72,12 +77,19 @@ class _LogprobRecorder(LogitsProcessor):
         self.temperature = temperature
         self.pending: torch.Tensor | None = None  # [N, V] log-probs of the step whose token is not yet known
         self.steps: list[torch.Tensor] = []  # each [N]
+        # [N] bool: a row's scores had a NaN or +inf, or were all -inf, at some step
+        self.undrawable: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
         self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [N, V]
-        return scores
+        # CUDA's multinomial asserts inside its kernel on NaN / inf probabilities (no exception, and the process's
+        # CUDA context is lost): such rows are sampled from flat scores and reported after generate, no host sync.
+        bad = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1)  # [N]
+        bad = bad | torch.isneginf(scores).all(-1)  # [N]
+        self.undrawable = bad if self.undrawable is None else self.undrawable | bad
+        return torch.where(bad[:, None], torch.zeros_like(scores), scores)
 
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """Returns the log-probs [N, T'] of the generated tokens new_tokens [N, T']."""

@@ -35,7 +35,9 @@ def sample_next(
 
     The log-prob is log_softmax(logits / temperature) at the chosen token, before top-k / top-p
     filtering (the distribution a trainer recomputes); for greedy it is log_softmax(logits).
-    Raises NonFiniteSamplingError when torch refuses to draw from non-finite probabilities.
+    Raises NonFiniteSamplingError when torch refuses to draw from non-finite probabilities. On an
+    accelerator nothing is refused (see `draw`): a row whose logits are not finite gets a non-finite
+    log-prob, which the engine checks once per rollout (`check_finite_logprobs`).
     """
     logits = logits.float()  # [n, V]
     if params.greedy:
@@ -69,10 +71,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None, block: i
     that block, so float64 cumulative sums cover only the block masses and one block per row (28 ->
     0.7 ms per step for 32 rows of a 152k vocabulary), and rounding cannot absorb a small token's
     mass into a large running sum. A zero-probability token is never chosen. On
-    accelerators torch.multinomial is fast and needs no float64 buffer.
+    accelerators torch.multinomial is fast and needs no float64 buffer; it gets `drawable(probs)`,
+    because CUDA's multinomial checks its input inside the kernel: a NaN, an inf or a negative entry is a
+    device-side assert that no except clause catches and after which every CUDA call of the process fails.
     """
     if probs.device.type != "cpu":
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [n]
+        return torch.multinomial(drawable(probs), 1, generator=generator).squeeze(-1)  # [n]
     n, V = probs.shape
     if V <= block:
         cdf = probs.double().cumsum(dim=-1)  # [n, V]
@@ -94,3 +98,20 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None, block: i
     # Summation order can leave u - before a hair above the block's own cumsum: take its last live token.
     last = (inner > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # [n, 1]
     return (b * block + torch.minimum(t, last)).squeeze(-1)  # [n]
+
+
+def drawable(probs: torch.Tensor) -> torch.Tensor:
+    """Returns probs [n, V] with each row that is no distribution (a NaN, an inf or a negative entry, or a sum
+    of 0) replaced by a uniform one, without a host sync: what torch.multinomial on CUDA accepts."""
+    ok = (torch.isfinite(probs) & (probs >= 0)).all(-1, keepdim=True)  # [n, 1]
+    ok = ok & (probs.sum(-1, keepdim=True) > 0)  # [n, 1]
+    return torch.where(ok, probs, torch.ones_like(probs))  # [n, V]
+
+
+def check_finite_logprobs(logprobs: torch.Tensor) -> None:
+    """Raises NonFiniteSamplingError when a sampled token's log-prob [N, T] is NaN or inf (non-finite logits)."""
+    if not bool(torch.isfinite(logprobs).all()):
+        raise NonFiniteSamplingError(
+            "probability tensor contains either `inf`, `nan` or element < 0: the policy's next-token logits "
+            "were not finite while sampling"
+        )
