@@ -16,6 +16,31 @@ REWARD = str(Path(__file__).parent / "digit_reward.py") + ":digit_fraction"
 PARITY = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
 
 
+@pytest.fixture(autouse=True)
+def _processes_on_the_cpu(monkeypatch):
+    """The launched processes see no GPU: these tests are about gloo on the CPU (one GPU cannot host two ranks)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def test_more_processes_than_gpus_is_one_clear_error_before_the_process_group(monkeypatch):
+    from cohort import distributed
+    from cohort.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(distributed.tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.tdist, "init_process_group", lambda **kw: pytest.fail("group started"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 but only 1 CUDA GPU\(s\) are visible"):
+        distributed.init_from_env()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    distributed.check_local_gpu()  # local rank 0 has its GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    distributed.check_local_gpu()  # no CUDA: gloo processes on the CPU, any number
+
+
 def _small_run(model_dir: Path, out: Path) -> list[str]:
     """Returns the overrides of a small run on the tiny model (a few seconds a step on one thread)."""
     return [
@@ -27,6 +52,7 @@ def _small_run(model_dir: Path, out: Path) -> list[str]:
         "rollout.batch_size=8",
         "rollout.max_completion_length=5",
         "optim.lr=1e-3",
+        "model.device=cpu",  # gloo processes on the CPU, also where a GPU is visible (_processes_on_the_cpu)
         "progress=false",
         "eval_at_ends=false",
         "threads=1",

@@ -34,6 +34,12 @@ CASES.update(
 )
 
 
+@pytest.fixture(autouse=True)
+def _processes_on_the_cpu(monkeypatch):
+    """The spawned gloo processes see no GPU, as one_process computes on the CPU (one GPU cannot host K ranks)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture(scope="module")
 def one_process():
     return {name: run_case(case, 0, 1) for name, case in CASES.items()}

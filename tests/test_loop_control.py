@@ -88,7 +88,7 @@ def test_curriculum_sets_aside_always_and_never_solved_prompts_then_retries_them
 
 def _logits(model, ids):
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits
+        return model(torch.tensor([ids], device=next(model.parameters()).device)).logits
 
 
 def test_reference_sync_copies_or_mixes_every_weight_once():

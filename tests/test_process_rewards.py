@@ -39,7 +39,7 @@ def _no_eos(trainer):
     # Every completion runs to max_completion_length: the step ends above need 4 tokens.
     eos = trainer.tokenizer.eos_token_id
     trainer.model.lm_head.register_forward_hook(
-        lambda mod, args, out: out.index_fill(-1, torch.tensor([eos]), -1e4)
+        lambda mod, args, out: out.index_fill(-1, torch.tensor([eos], device=out.device), -1e4)
     )
 
 

@@ -155,8 +155,9 @@ def test_metrics_are_finite_and_named(tiny_model_dir, tmp_path):
 
 def test_lora_reference_is_the_base_model(tiny_model_dir, tmp_path):
     pytest.importorskip("peft")
-    # packed_weights=on: rollouts decode through packed base weights under the adapters
+    # packed_weights=on: rollouts decode through packed base weights under the adapters (a CPU lever)
     over = {"algo.beta": 0.1, "model.lora.enabled": True, "model.lora.r": 4, "fast.packed_weights": "on"}
+    over["model.device"] = "cpu"
     cfg = _cfg(tiny_model_dir, tmp_path / "lora", **over)
     t = GRPOTrainer(cfg)
     assert t.ref_model is None  # no second copy: the adapter is switched off instead
@@ -226,10 +227,12 @@ def test_unknown_model_path_is_clear(tmp_path):
 def test_every_fast_path_trains_like_the_plain_paths(tiny_model_dir, tmp_path):
     """One step through segment attention + shared-prefix decoding + packed decode weights samples the
     same completions and computes the same loss and gradient norm as every switch off; the metrics say
-    which paths ran."""
+    which paths ran. On the CPU: packed decode weights are a CPU lever, and float32 is what makes the
+    completions equal (CUDA runs under bf16 autocast)."""
     runs = []
     for name in ("off", "on"):
         over = {f"fast.{s}": name for s in ("segments", "shared_prefix", "packed_weights", "chunked_head")}
+        over["model.device"] = "cpu"
         t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / name, steps=1, **{"algo.beta": 0.04}, **over))
         t.train()
         runs.append(json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0]))

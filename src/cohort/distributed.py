@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from cohort.errors import ConfigError
+
 _MESHES: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = {}
 """Device meshes by shape and dimension names, made once per process group (FSDP units share them)."""
 
@@ -29,6 +31,7 @@ def init_from_env(backend: str = "auto") -> None:
 
     backend: "auto" (nccl with GPUs, gloo without), "nccl" or "gloo"."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and tdist.is_available() and not tdist.is_initialized():
+        check_local_gpu()
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         tdist.init_process_group(backend=backend)
@@ -36,6 +39,22 @@ def init_from_env(backend: str = "auto") -> None:
         atexit.register(_destroy)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def check_local_gpu() -> None:
+    """Raises ConfigError when CUDA is visible but this process's LOCAL_RANK names no GPU of this machine.
+
+    Each process of a CUDA run takes the GPU of its local rank; without this check a second process on a one-GPU
+    machine stops inside torch.cuda.set_device with "invalid device ordinal", after the process group is up."""
+    if not torch.cuda.is_available():
+        return
+    rank, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if rank >= count:
+        raise ConfigError(
+            f"this process has LOCAL_RANK={rank} but only {count} CUDA GPU(s) are visible on this machine: each "
+            f"process of a CUDA run takes one GPU, so start at most {count} per machine (torchrun "
+            "--nproc-per-node), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run the processes on the CPU (gloo)"
+        )
 
 
 def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
