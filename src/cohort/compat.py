@@ -139,6 +139,8 @@ class GRPOConfig:
             out["algo.ref_mixup_alpha"] = self.ref_model_mixup_alpha
         if self.reward_weights is not None:
             out["reward_weights"] = list(self.reward_weights)
+        if self.max_tool_calling_iterations is not None:
+            out["episodes.max_tool_calling_iterations"] = self.max_tool_calling_iterations
         out["optim.lr"] = self.learning_rate
         out["optim.schedule"] = self.lr_scheduler_type
         out["optim.weight_decay"] = self.weight_decay
@@ -421,11 +423,13 @@ def trl_arguments(
     eval_rows,
     tokenizer,
     owns_data: bool = False,
+    routed: bool = False,
 ):
     """Returns (config, train rows, eval rows, model, tokenizer) for GRPOTrainer's TRL form: model, args,
     datasets, processing_class and peft_config mapped onto cohort's config in this one place. `owns_data`: one
     environment factory was given, whose reset() may write the prompts, so no train_dataset is needed (train
-    rows are then None and the run's length is max_steps)."""
+    rows are then None and the run's length is max_steps). `routed`: a dict of environment factories was given,
+    whose rows name their environment, so a dataset is needed."""
     if model is None:
         raise ConfigError(
             "GRPOTrainer needs a model: model='Qwen/Qwen2.5-0.5B-Instruct', a local folder, or a model object"
@@ -438,6 +442,11 @@ def trl_arguments(
     if args.max_steps and args.max_steps > 0:
         limit = args.max_steps * max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps)
     train = dataset_rows(train_dataset, limit=limit) if train_rows is None else train_rows
+    if train is None and routed:
+        raise ConfigError(
+            "a dict of environment factories routes each row by its `environment` column, so it needs a "
+            "train_dataset with that column; or pass a single environment factory, whose reset() may write the prompts"
+        )
     if train is None and owns_data:
         if not (args.max_steps and args.max_steps > 0):
             raise ConfigError(

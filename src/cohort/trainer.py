@@ -12,6 +12,7 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,7 @@ class GRPOTrainer:
                 eval_rows,
                 tokenizer,
                 owns_data=environment_factory is not None and callable(environment_factory),
+                routed=isinstance(environment_factory, Mapping),
             )
         elif args is not None or train_dataset is not None or peft_config is not None:
             raise ConfigError(

@@ -33,27 +33,25 @@ assertion that holds for both is TRL 1.16's observable behaviour, which the drop
    is empty, so the string is the prompt; reward functions get those prompts;
 2. with one factory, `reset(**row)` receives the whole row, `prompt` included (without a dataset the row is
    `{"prompt": [{"role": "user", "content": ""}]}`); with a dict of factories the `environment` column is removed,
-   and a routing-only dataset (no prompt column) is accepted, reset then getting `{}` (cohort: xfail);
+   and a routing-only dataset (no prompt column) is accepted, reset then getting `{}`;
 3. `get_reward` is one more reward of weight 1 named after the class (`rewards/<Class>/mean`); rollouts of another
    class score None (`rewards/<Class>/mean` is the mean over that class's rollouts); `reward_weights` has one weight
    per function of `reward_funcs` and applies to them only;
 4. completions are lists of messages: assistant turns with `tool_calls` (arguments a dict), `tool` messages
    `{"role": "tool", "name", "content"}` with the result as text, a failed call's `"{'error': ...}"` holding the text
-   of the exception the call raised (cohort: its own wording for bad arguments, xfail); a call past
-   `max_tool_calling_iterations` stays, unexecuted, in the last assistant message (cohort: only when the limit is
-   given through `cohort=`, xfail for the GRPOConfig keyword);
+   of the exception the call raised; a call past `max_tool_calling_iterations` stays, unexecuted, in the last
+   assistant message;
 5. the order of one turn's tool messages: TRL appends the sync tools' results (failures included) first and the async
    ones' after them; cohort keeps the order of the calls (a deliberate difference, not asserted);
 6. `tools/call_frequency` is calls per rollout, `tools/failure_frequency` failures per call; `completions/mean_length`
    counts the sampled tokens only, while the `completion_ids` reward functions see hold the tool turns too;
 7. with a dict of factories only the rollout's environment's tools are offered: a call to another environment's tool
    fails with `{'error': 'Tool move not found.'}`;
-8. reward functions get `environments` only when an environment_factory is given (cohort: always in a multi-turn run,
-   xfail); cohort adds `episodes`;
+8. reward functions get `environments` only when an environment_factory is given; cohort adds `episodes`;
 9. the closing `log_history` row (`train_loss`, ...) carries the metrics of the steps not logged yet, so a run shorter
-   than `logging_steps` logs them (cohort: xfail).
+   than `logging_steps` logs them.
 
-Where cohort differs, the cohort run is `xfail(strict=True)`; its reason says what differs and the fix.
+The six points where cohort first differed (1.16's behaviour found by these tests) are fixed in src/.
 """
 
 from __future__ import annotations
@@ -266,46 +264,6 @@ def _assistant_calls(completion) -> list[list[dict]]:
     return [m.get("tool_calls") or [] for m in completion if m["role"] == "assistant"]
 
 
-def _cohort_xfail(reason: str):
-    """Returns the `cohort` parameter of a test whose expectation (TRL's behaviour) cohort does not meet yet."""
-    return pytest.param("cohort", marks=pytest.mark.xfail(strict=True, reason=reason))
-
-
-ITERATIONS_DROPPED = (
-    "GRPOConfig(max_tool_calling_iterations=N) is dropped: it is in TRL_FIELDS (-> episodes.max_tool_calling_iterations) "
-    "but GRPOConfig.to_train_config never writes it, so episodes run until the token budget. Fix (compat.py, "
-    "to_train_config): if self.max_tool_calling_iterations is not None: "
-    "out['episodes.max_tool_calling_iterations'] = self.max_tool_calling_iterations"
-)
-ROUTING_ONLY_DATASET = (
-    "a dataset without a prompt column is refused (validate_rows: DataError 'no prompt column'); TRL defaults the "
-    "prompt to an empty user message when an environment_factory is given, keeping the placeholder out of reset(). "
-    "Fix: build_rows gives rows without the column one shared EMPTY_PROMPT list when episodes.environments, and "
-    "EpisodeGeneration._prompt_messages leaves the column out of reset's kwargs when it `is EMPTY_PROMPT`"
-)
-MISSING_ARGUMENT_TEXT = (
-    "cohort words arguments that do not bind with inspect.Signature.bind's message ('missing a required argument'); "
-    "TRL returns str() of the TypeError the call itself raises. Fix (execution.py, ToolExecutor._run_one): keep the "
-    "bind check for the failure kind only and make the call anyway (it raises before the tool's body runs), so "
-    "str(exc) is the text"
-)
-ENVIRONMENTS_WITHOUT_FACTORY = (
-    "cohort passes environments=[None, ...] to reward functions in every multi-turn run; TRL passes the keyword "
-    "only when an environment_factory is given. Fix (train/scoring.py, Scorer.score): add 'environments' to `live` "
-    "only when some record.environment is not None"
-)
-CLOSING_ROW = (
-    "cohort's closing log_history row (train_loss, train_runtime, ...) leaves out the metrics of the steps since the "
-    "last logging step; TRL's GRPOTrainer.log merges them into it, so a run shorter than logging_steps logs them. "
-    "Fix (train/loop.py, _log_summary): flush callbacks.window into the closing row when it holds rows"
-)
-DICT_WITHOUT_DATASET = (
-    "a dict environment_factory without a train_dataset gets the generic 'GRPOTrainer needs train_dataset=' error; "
-    "TRL's names the `environment` routing column. Fix: GRPOTrainer passes routed=isinstance(environment_factory, "
-    "Mapping) to compat.trl_arguments, which raises that message when train is None and routed"
-)
-
-
 # --------------------------------------------------------------------------------------------- example 1: tools
 
 
@@ -401,7 +359,7 @@ def test_tools_sync_and_async_run_and_their_results_reach_the_reward(impl, tools
     assert {"completion_ids", "trainer_state", "log_extra", "log_metric"} <= set(recorder.last)
 
 
-@pytest.mark.parametrize("impl", [_cohort_xfail(MISSING_ARGUMENT_TEXT), "trl"])
+@pytest.mark.parametrize("impl", ["cohort", "trl"])
 def test_a_call_with_a_missing_argument_reads_as_pythons_own_error(impl, tools_run):
     _, recorder = tools_run(impl)
     failed = [
@@ -410,7 +368,7 @@ def test_a_call_with_a_missing_argument_reads_as_pythons_own_error(impl, tools_r
     assert failed == [str({"error": "multiply() missing 1 required positional argument: 'b'"})]
 
 
-@pytest.mark.parametrize("impl", [_cohort_xfail(ENVIRONMENTS_WITHOUT_FACTORY), "trl"])
+@pytest.mark.parametrize("impl", ["cohort", "trl"])
 def test_reward_functions_get_no_environments_without_an_environment_factory(impl, tools_run):
     _, recorder = tools_run(impl)
     assert "environments" not in recorder.last
@@ -657,7 +615,7 @@ def test_several_environments_routed_by_the_environment_column(impl, caller, tmp
     assert all(set(r) == {"prompt"} for r in CodingEnv.resets + GameEnv.resets)
 
 
-@pytest.mark.parametrize("impl", [_cohort_xfail(ROUTING_ONLY_DATASET), "trl"])
+@pytest.mark.parametrize("impl", ["cohort", "trl"])
 def test_a_routing_only_dataset_needs_no_prompt_column(impl, caller, tmp_path):
     """TRL's "Multiple environments" example as written: `Dataset.from_dict({"environment": [...]})`, no prompt."""
     rows = [{"environment": name} for name in ("coding", "game")]
@@ -763,7 +721,7 @@ def plain_run(caller, tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("impl", [_cohort_xfail(ITERATIONS_DROPPED), "trl"])
+@pytest.mark.parametrize("impl", ["cohort", "trl"])
 def test_max_tool_calling_iterations_from_grpo_config(impl, plain_run):
     """TRL's keyword alone: one executed call per rollout, the next one left unexecuted in the last message."""
     _, recorder = plain_run(impl)
@@ -772,7 +730,7 @@ def test_max_tool_calling_iterations_from_grpo_config(impl, plain_run):
         assert completion[-1]["tool_calls"]
 
 
-@pytest.mark.parametrize("impl", [_cohort_xfail(CLOSING_ROW), "trl"])
+@pytest.mark.parametrize("impl", ["cohort", "trl"])
 def test_the_closing_log_row_holds_the_metrics_not_logged_yet(impl, plain_run):
     """One step under logging_steps=10: TRL's closing row (train_loss, ...) carries that step's metrics."""
     trainer, _ = plain_run(impl)
@@ -869,7 +827,6 @@ def test_several_environments_without_a_dataset_are_refused(tmp_path):
         _cohort_trainer(tmp_path, reward_funcs=kind_reward, environment_factory={"coding": CodingEnv})
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_WITHOUT_DATASET)
 def test_several_environments_without_a_dataset_are_told_about_the_routing_column(tmp_path):
     """TRL: "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an `environment`
     column to route each example to its environment"."""

@@ -201,7 +201,7 @@ def test_unknown_tools_and_bad_arguments_are_failed_calls_not_exceptions():
     )
     assert [r.failure for r in results] == ["unknown_tool", "bad_arguments", "bad_arguments", "bad_arguments"]
     assert results[0].content == "{'error': 'Tool divide not found.'}"  # TRL's words
-    assert "multiply() missing a required argument: 'b'" in results[1].content
+    assert "multiply() missing 1 required positional argument: 'b'" in results[1].content  # Python's, as TRL
     assert "unexpected keyword argument 'c'" in results[2].content
     assert "must be an object of named arguments, got list" in results[3].content
 

@@ -93,6 +93,20 @@ def _check_arguments(tool: Tool, arguments: Any) -> str | None:
     return None
 
 
+def _binding_error(tool: Tool, arguments: Any, problem: str) -> str:
+    """Returns the text of a call whose arguments do not bind: Python's own TypeError, as TRL's call gives it
+    (arguments that do not bind fail before the tool's body runs), or `problem` for non-object arguments."""
+    if not isinstance(arguments, Mapping):
+        return problem
+    try:
+        result = tool.callable(**arguments)
+    except TypeError as exc:
+        return str(exc)
+    if inspect.iscoroutine(result):  # bound after all (a wrapper's *args): never awaited
+        result.close()
+    return problem
+
+
 def _run_in_daemon_thread(
     loop: asyncio.AbstractEventLoop, function: Callable[..., Any], arguments: Mapping[str, Any]
 ) -> asyncio.Future[Any]:
@@ -204,7 +218,7 @@ class ToolExecutor:
             return self._failed(call, f"Tool {call.name} not found.", "unknown_tool", 0.0)
         problem = _check_arguments(tool, call.arguments)
         if problem is not None:
-            return self._failed(call, problem, "bad_arguments", 0.0)
+            return self._failed(call, _binding_error(tool, call.arguments, problem), "bad_arguments", 0.0)
         if tool.is_async:
             future: asyncio.Future[Any] = asyncio.ensure_future(_guarded(tool.callable(**call.arguments)))
             start = time.perf_counter()

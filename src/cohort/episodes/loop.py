@@ -40,6 +40,10 @@ from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.sharding import gathered
 
+EMPTY_PROMPT: list[dict[str, Any]] = [{"role": "user", "content": ""}]
+"""The prompt given to rows of a routing-only dataset (an `environment` column and no prompt): the environment's
+reset writes the task, and, as in TRL, the placeholder is not passed to reset."""
+
 COUNTERS = ("episodes", "turns", "calls", "failures", "malformed", "budget_stops", "env_errors")
 """What the loop counts over a run (kept in checkpoints): episodes, sampled turns, executed tool calls,
 failed ones, unparsable calls, insertions that did not fit the token budget, environment steps that failed."""
@@ -245,7 +249,12 @@ class EpisodeGeneration:
         if env is None:
             return messages
         # One factory: the row as it is (prompt included); several: without the routing column, as TRL.
-        kwargs = {k: v for k, v in row.items() if not (self.spec.routed and k == "environment")}
+        kwargs = {
+            k: v
+            for k, v in row.items()
+            if not (self.spec.routed and k == "environment")
+            and not (k == self.prompt_column and v is EMPTY_PROMPT)
+        }
         try:
             observation = env_reset(instance.reset(**kwargs), env_label=instance)
         except Exception as exc:

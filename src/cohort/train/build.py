@@ -15,7 +15,7 @@ from cohort.algo import POLICY_LOSSES
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
-from cohort.episodes.loop import EpisodeGeneration, prompt_messages
+from cohort.episodes.loop import EMPTY_PROMPT, EpisodeGeneration, prompt_messages
 from cohort.episodes.spec import EpisodeSpec, check_routing
 from cohort.episodes.templates import render_prompt
 from cohort.errors import ConfigError, TrainingError
@@ -130,6 +130,9 @@ def build_rows(
     if train_rows is None:
         train_rows, loaded_eval = load_prompt_rows(cfg)
         eval_rows = loaded_eval if eval_rows is None else eval_rows
+    if episodes is not None and episodes.environments:  # the environment's reset may write the prompt
+        train_rows = [r if column in r else {**r, column: EMPTY_PROMPT} for r in train_rows]
+        eval_rows = [r if column in r else {**r, column: EMPTY_PROMPT} for r in eval_rows or []]
     if episodes is not None and episodes.routed:
         check_routing(episodes, train_rows, "the training data")
         if eval_rows:

@@ -205,8 +205,15 @@ def _log_summary(trainer: GRPOTrainer, summary: dict[str, Any], losses: list[flo
     updates = (trainer.step_idx - summary["start_step"]) * trainer.updates_per_step
     completions = trainer.cfg.rollout.batch_size * dist.world_size() // trainer.cfg.algo.num_minibatches
     seconds = max(seconds, 1e-9)
+    # Metrics of steps since the last logged row close the run's log, as TRL's log() merges what it holds.
+    pending = (
+        trainer.callbacks.window.flush(trainer.optimizer.param_groups[0]["lr"])
+        if trainer.callbacks.window.rows
+        else {}
+    )
     trainer.callbacks.log(
         {
+            **pending,
             "train_runtime": seconds,
             "train_samples_per_second": updates * completions / seconds,
             "train_steps_per_second": updates / seconds,

@@ -79,10 +79,11 @@ class Scorer:
         live: dict[str, list[Any]] = {}
         if rollout.episodes is not None:  # each rollout's own conversation and environment
             prompts = [record.prompt for record in rollout.episodes]
-            live = {
-                "environments": [record.environment for record in rollout.episodes],
-                "episodes": list(rollout.episodes),
-            }
+            live = {"episodes": list(rollout.episodes)}
+            if any(
+                record.environment is not None for record in rollout.episodes
+            ):  # TRL passes it with a factory
+                live["environments"] = [record.environment for record in rollout.episodes]
         logs = RewardLogs()  # log_metric → this step's metrics, log_extra → its samples
         steps: dict[int, list[StepRewards | None]] = {}  # filled by a function that returns step rewards
         scores = score(
