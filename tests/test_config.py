@@ -305,3 +305,14 @@ def test_iterative_reward_model_takes_an_optimizer_section_and_the_old_key():
     del old["iterative"]["optim"]
     old["iterative"]["rm_lr"] = 1e-4
     assert current_keys(old) == to_dict(TrainConfig())
+
+
+def test_packed_weights_on_is_refused_where_auto_picks_a_gpu():
+    from cohort.config import RunEnvironment
+
+    cfg = load_config(None, _valid(**{"fast.packed_weights": "on"}))
+    assert cfg.validate(environment=RunEnvironment(cuda_available=False)) is cfg  # auto stays on the CPU
+    with pytest.raises(ConfigError, match="fast.packed_weights=on needs the builtin engine decoding float32"):
+        load_config(None, _valid(**{"fast.packed_weights": "on"})).validate(
+            environment=RunEnvironment(cuda_available=True)
+        )

@@ -151,7 +151,7 @@ def validate_config(
         )
     _check_ranges(cfg)
     _check_objective(cfg)
-    _check_fast(cfg)
+    _check_fast(cfg, cuda_available)
     for key, value, why, error in inert_options(cfg, world_size=world_size):
         message = f"{key}={value!r} changes nothing in this configuration: {why}"
         if error:
@@ -542,7 +542,7 @@ def _check_health(cfg: TrainConfig) -> None:
     _check_rules(rules)
 
 
-def _check_fast(cfg: TrainConfig) -> None:
+def _check_fast(cfg: TrainConfig, cuda_available: bool = False) -> None:
     """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
     f, m = cfg.fast, cfg.model
     try:
@@ -566,7 +566,10 @@ def _check_fast(cfg: TrainConfig) -> None:
         )
     float32 = DTYPE_NAMES.get(str(m.dtype).lower()) in ("float32", "auto")
     if f.packed_weights == "on" and (
-        cfg.rollout.engine != "builtin" or not float32 or m.device.startswith("cuda")
+        cfg.rollout.engine != "builtin"
+        or not float32
+        or m.device.startswith("cuda")
+        or (m.device == "auto" and cuda_available)  # auto picks the GPU: it would fail mid-run
     ):
         raise ConfigError(
             "fast.packed_weights=on needs the builtin engine decoding float32 weights on a CPU "
