@@ -90,3 +90,29 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def build_tool_model(folder, *, max_positions: int = 256):
+    """Returns `folder` after saving a tiny Qwen2 with cohort's Hermes tool template whose turns end after ~11
+    tokens: every hidden state gets a shared component that only the EOS row of the LM head reads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cohort.models import build_tiny_model
+
+    folder = build_tiny_model(
+        folder,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        tool_format="hermes",
+        max_position_embeddings=max_positions,
+    )
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    eos = AutoTokenizer.from_pretrained(folder).eos_token_id
+    direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    direction /= direction.norm()
+    with torch.no_grad():
+        model.model.embed_tokens.weight += 0.5 * direction
+        model.lm_head.weight[eos] = 3.4 / model.config.hidden_size**0.5 * direction
+    model.save_pretrained(folder)
+    return folder

@@ -63,11 +63,11 @@ import shutil
 
 import pytest
 import torch
+from _tiny import build_tool_model
 from transformers import AddedToken, AutoModelForCausalLM, AutoTokenizer
 
 from cohort import GRPOConfig, GRPOTrainer
 from cohort.errors import ConfigError
-from cohort.models import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -78,23 +78,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def tool_model_dir(tmp_path_factory):
     """A tiny model with the Hermes tool template whose turns end after ~11 tokens (EOS made likely); copied from
     tests/train/test_train_episodes.py, with 2048 positions (a prompt with two tool schemas is ~1150 tokens)."""
-    folder = build_tiny_model(
-        tmp_path_factory.mktemp("tools") / "model",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        tool_format="hermes",
-        max_position_embeddings=2048,
-    )
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    eos = AutoTokenizer.from_pretrained(folder).eos_token_id
-    direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    direction /= direction.norm()
-    with torch.no_grad():  # a shared component in every hidden state, read by the EOS row only
-        model.model.embed_tokens.weight += 0.5 * direction
-        model.lm_head.weight[eos] = 3.4 / model.config.hidden_size**0.5 * direction
-    model.save_pretrained(folder)
-    return folder
+    return build_tool_model(tmp_path_factory.mktemp("tools") / "model", max_positions=2048)
 
 
 def _call_text(*calls: tuple[str, dict]) -> str:

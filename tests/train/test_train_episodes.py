@@ -6,35 +6,19 @@ import json
 
 import pytest
 import torch
+from _tiny import build_tool_model
 from episode_envs import small_game
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cohort import GRPOConfig, GRPOTrainer
 from cohort.config import load_config
 from cohort.episodes.environments import GuessNumber
 from cohort.errors import ConfigError
-from cohort.models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory):
     """A tiny model with the Hermes tool template whose turns end after ~11 tokens (EOS made likely)."""
-    folder = build_tiny_model(
-        tmp_path_factory.mktemp("tools") / "model",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        tool_format="hermes",
-    )
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    eos = AutoTokenizer.from_pretrained(folder).eos_token_id
-    direction = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    direction /= direction.norm()
-    with torch.no_grad():  # a shared component in every hidden state, read by the EOS row only
-        model.model.embed_tokens.weight += 0.5 * direction
-        model.lm_head.weight[eos] = 3.4 / model.config.hidden_size**0.5 * direction
-    model.save_pretrained(folder)
-    return folder
+    return build_tool_model(tmp_path_factory.mktemp("tools") / "model")
 
 
 def _cfg(model_dir, out, **over):
