@@ -26,7 +26,7 @@ class ScriptedAgent:
         return block if len(block) < room else None
 
 
-def run(model, prompts, params, agent, extend, seed=0):
+def run(model, prompts, params, agent, extend, seed=0, preallocate=True):
     return decode_episodes(
         model,
         prompts,
@@ -37,6 +37,7 @@ def run(model, prompts, params, agent, extend, seed=0):
         pad_token_id=PAD,
         device=torch.device("cpu"),
         extend_cache=extend,
+        preallocate=preallocate,
     )
 
 
@@ -47,12 +48,13 @@ def blocks(row, turn):
     return [20 + row, 21, 22 + turn][: 1 + (row + turn) % 3]
 
 
+@pytest.mark.parametrize("preallocate", [True, False])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_extended_cache_equals_reencoding(greedy):
+def test_extended_cache_equals_reencoding(greedy, preallocate):
     model = tiny_model(eos_bias=2.5, logit_scale=4.0)
     params = SamplingParams(max_completion_length=24, greedy=greedy, temperature=0.9)
-    a = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=True)
-    b = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=False)
+    a = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=True, preallocate=preallocate)
+    b = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=False, preallocate=False)
     assert a.tokens == b.tokens
     assert a.masks == b.masks
     assert a.truncated == b.truncated

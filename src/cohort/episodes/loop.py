@@ -114,12 +114,14 @@ class EpisodeGeneration:
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         extend_cache: bool = True,
         fresh: bool = False,
+        preallocate: bool = True,
     ) -> None:
         """fresh: make this loop's own environment instances (a held-out loop must not touch the training ones)."""
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.end_ids, self.pad_id = list(end_of_turn_ids), pad_token_id
         self.prompt_column, self.template_kwargs = prompt_column, chat_template_kwargs or None
         self.sampler_copy, self.autocast, self.extend_cache = sampler_copy, autocast, extend_cache
+        self.preallocate = preallocate
         if spec.tools or any(env.tools for env in spec.environments.values()):
             check_tool_template(tokenizer, chat_template_kwargs=self.template_kwargs)
             self.parser: ToolParser | None = parser_for(
@@ -178,6 +180,7 @@ class EpisodeGeneration:
                         device=device,
                         extend_cache=self.extend_cache,
                         budgets=budgets,
+                        preallocate=self.preallocate,
                     )
             except NonFiniteSamplingError as e:
                 raise NonFiniteError(

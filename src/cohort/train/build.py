@@ -258,6 +258,7 @@ def build_episodes(
         sampler_copy=sampler_copy,
         autocast=autocast,
         fresh=fresh,
+        preallocate=cfg.fast.preallocated_kv != "off",
     )
 
 
