@@ -58,7 +58,9 @@ def ids(tok, text):
 
 
 def call_turn(tok, name="multiply", args='{"a": 3, "b": 4}'):
-    return ids(tok, f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>') + [tok.eos_token_id]
+    return ids(tok, f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>') + [
+        tok.eos_token_id
+    ]
 
 
 def call_message(name="multiply", arguments=None):
@@ -78,7 +80,9 @@ def episode(tok, spec, pieces, *, G=2, budget=300, rows=None, env=None):
     row = rows or {"prompt": PROMPT}
     prompt = render_prompt(tok, PROMPT, tools=spec.schemas(env) or None)
     model = ScriptedLM(len(tok), tok.eos_token_id, script_of(len(prompt), pieces))
-    loop = EpisodeGeneration(spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    loop = EpisodeGeneration(
+        spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+    )
     try:
         return loop.generate(
             [prompt], G, SamplingParams(max_completion_length=budget), torch.Generator(), rows=[row]
@@ -103,7 +107,9 @@ def test_a_tool_call_is_executed_inserted_and_masked(tok):
     batch, loop = episode(tok, spec, [(True, turn1), (False, insert), (True, turn2)])
     for row in range(2):
         assert batch.completion_ids[row] == turn1 + insert + turn2
-        assert batch.token_mask(row).tolist() == [True] * len(turn1) + [False] * len(insert) + [True] * len(turn2)
+        assert batch.token_mask(row).tolist() == [True] * len(turn1) + [False] * len(insert) + [True] * len(
+            turn2
+        )
         assert batch.sampling_logprobs[row][len(turn1) : len(turn1) + len(insert)].abs().sum() == 0
         record = batch.episodes[row]
         assert record.messages == [
@@ -195,8 +201,12 @@ def test_a_text_environment_steps_on_each_turn_and_scores_per_turn(tok):
         end_of_turn=[tok.eos_token_id],
     )
     full = render_prompt(tok, prompt)
-    model = ScriptedLM(len(tok), tok.eos_token_id, script_of(len(full), [(True, turn1), (False, insert), (True, turn2)]))
-    loop = EpisodeGeneration(spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    model = ScriptedLM(
+        len(tok), tok.eos_token_id, script_of(len(full), [(True, turn1), (False, insert), (True, turn2)])
+    )
+    loop = EpisodeGeneration(
+        spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+    )
     batch = loop.generate(
         [full], 2, SamplingParams(max_completion_length=100), torch.Generator(), rows=[{"prompt": PROMPT}]
     )
