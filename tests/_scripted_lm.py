@@ -16,7 +16,9 @@ class ScriptedLM(torch.nn.Module):
         self.vocab_size, self.eos, self.script = vocab_size, eos, dict(script)
         self.bias = torch.nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None
+    ):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1])[None, :].expand_as(input_ids)
         nxt = [[self.script.get(int(p) + 1, self.eos) for p in row] for row in position_ids.tolist()]

@@ -380,7 +380,11 @@ def test_the_cli_compares_runs_and_refuses_bad_report_arguments(tmp_path, monkey
 
 def test_the_report_shows_an_episode_turn_by_turn(tmp_path):
     turns = [
-        {"role": "assistant", "content": "", "tool_calls": [{"name": "multiply", "arguments": {"a": 3, "b": 4}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"name": "multiply", "arguments": {"a": 3, "b": 4}}],
+        },
         {"role": "tool", "name": "multiply", "content": "12"},
         {"role": "assistant", "content": "The answer is <12>"},
         {"role": "user", "content": "correct"},
