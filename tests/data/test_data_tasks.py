@@ -26,8 +26,9 @@ def test_seeded_reproducible_and_disjoint(name):
     assert again == (train, held)
     other = make_task(name, n_train=300, n_eval=100, seed=4)
     assert other[0] != train
-    train_prompts = {r["prompt"] for r in train}
-    held_prompts = {r["prompt"] for r in held}
+    # repr: the multiply task's prompts are conversations (lists), which a set cannot hold
+    train_prompts = {repr(r["prompt"]) for r in train}
+    held_prompts = {repr(r["prompt"]) for r in held}
     assert len(train_prompts) == 300 and len(held_prompts) == 100  # no duplicates inside a split
     assert not train_prompts & held_prompts
 
@@ -90,7 +91,9 @@ def test_sft_completions():
 
 
 def test_task_errors():
-    with pytest.raises(ValueError, match=r"unknown task 'subtraction'.*\['addition', 'code', 'multistep'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown task 'subtraction'.*\['addition', 'code', 'multiply', 'multistep'\]"
+    ):
         make_task("subtraction", n_train=1, n_eval=1)
     with pytest.raises(ValueError, match="n_eval=-1"):
         make_task("addition", n_train=1, n_eval=-1)

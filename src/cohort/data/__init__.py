@@ -2,12 +2,13 @@
 
 from cohort.data.code_tasks import CodeTask
 from cohort.data.loading import RESERVED_COLUMNS, DataError, load_json, load_jsonl, load_rows, validate_rows
+from cohort.data.multiply_task import MultiplyTask
 from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
 
-TASKS[CodeTask.name] = (
-    CodeTask  # defined apart from tasks.py (on top of its Task), registered with the others
-)
+# defined apart from tasks.py (on top of its Task), registered with the others
+TASKS[CodeTask.name] = CodeTask
+TASKS[MultiplyTask.name] = MultiplyTask
 
 __all__ = [
     "RESERVED_COLUMNS",
@@ -15,6 +16,7 @@ __all__ = [
     "AdditionTask",
     "CodeTask",
     "DataError",
+    "MultiplyTask",
     "MultistepTask",
     "Task",
     "as_completions",

@@ -2,7 +2,9 @@
 
 Each is called as ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns)`` and
 returns one ``float | None`` per completion (None = not applicable to that row). Completions may be
-strings or conversational lists ``[{"role": "assistant", "content": ...}]``.
+strings or conversational lists ``[{"role": "assistant", "content": ...}]``; a multi-turn episode's
+completion is TRL's list of its assistant turns and tool messages, whose answer is its last assistant
+message (``final_text``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from cohort.rewards.answers import answers_match
 __all__ = [
     "accuracy_reward",
     "completion_text",
+    "final_text",
     "format_reward",
     "make_length_reward",
     "make_overlong_reward",
@@ -29,7 +32,9 @@ def completion_text(completion: Any) -> str:
     if isinstance(completion, str):
         return completion
     if isinstance(completion, dict):
-        content = completion.get("content", "")
+        content = completion.get("content")
+        if content is None:  # an assistant message that only calls tools may carry content None
+            return ""
         if isinstance(content, list):  # multimodal-style content parts
             return "".join(part.get("text", "") for part in content if isinstance(part, dict))
         return str(content)
@@ -41,6 +46,23 @@ def completion_text(completion: Any) -> str:
     )
 
 
+def final_text(completion: Any) -> str:
+    """Returns the text a completion answers with: for a conversation (messages with roles) the content of its
+    last assistant message, "" when it has none; else the whole completion's text (completion_text).
+
+    In a multi-turn episode the tool results are messages too: their text (the product a tool returned) is
+    never the policy's answer, and an episode that ends on a tool call answers with what it wrote last.
+    """
+    if isinstance(completion, (list, tuple)) and any(
+        isinstance(message, dict) and "role" in message for message in completion
+    ):
+        for message in reversed(completion):
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                return completion_text(message)
+        return ""
+    return completion_text(completion)
+
+
 def accuracy_reward(
     completions: Sequence[Any],
     answer: Sequence[Any] | None = None,
@@ -49,6 +71,9 @@ def accuracy_reward(
 ) -> list[float | None]:
     """Returns 1.0 where the completion's final answer (last ``\\boxed{}``, else last number) equals
     the reference, else 0.0; None where the row's reference is None.
+
+    The answer is read from the completion's text, or from its last assistant message when it is a
+    conversation (``final_text``): a multi-turn episode's tool results never count as its answer.
 
     The reference is the ``answer`` column, or TRL's ``solution`` column when there is no ``answer``.
     Numbers compare exactly (``46`` = ``46.0``, ``3/4`` = ``0.75``, ``1,000`` = ``1{,}000`` = ``1000``,
@@ -66,7 +91,7 @@ def accuracy_reward(
             "column must hold one entry per completion"
         )
     return [
-        None if gold is None else float(answers_match(completion_text(c), str(gold)))
+        None if gold is None else float(answers_match(final_text(c), str(gold)))
         for c, gold in zip(completions, gold_answers)
     ]
 
