@@ -121,7 +121,7 @@ def test_a_missing_base_model_is_refused_before_anything_runs(tmp_path):
         ({"name": "grpo", "command": "sft", "args": {"task": "addition"}}, "two stages are called 'grpo'"),
         (
             {"name": "x", "command": "sample", "args": {"k": 2}},
-            "give args task (addition, multistep, code) or data",
+            "give args task (addition, multistep, code, multiply) or data",
         ),
     ],
 )

@@ -112,7 +112,9 @@ def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False, 
         if args.n:
             rows = rows[: args.n]
     else:
-        raise ValueError("give --task NAME (addition, multistep, code) or --data FILE.jsonl / dataset name")
+        raise ValueError(
+            "give --task NAME (addition, multistep, code, multiply) or --data FILE.jsonl / dataset name"
+        )
     if need_completion and args.completion_column not in rows[0]:
         raise ValueError(
             f"SFT data needs a {args.completion_column!r} column; found {sorted(rows[0])}. "

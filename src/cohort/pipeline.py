@@ -206,7 +206,7 @@ def _check_stage(pipe: Pipeline, i: int) -> None:
         ) from None
     if not (ns.task or ns.data):
         raise ConfigError(
-            f"pipeline stage {stage.name!r}: give args task (addition, multistep, code) or data (a file)"
+            f"pipeline stage {stage.name!r}: give args task (addition, multistep, code, multiply) or data (a file)"
         )
 
 

@@ -130,7 +130,7 @@ class DataConfig:
     """Where prompts come from."""
 
     task: str | None = None
-    """Built-in task (addition, multistep, code); used when `path` is empty."""
+    """Built-in task (addition, multistep, code, multiply); used when `path` is empty."""
     path: str | None = None
     """JSONL file, or a `datasets` name / folder, with a prompt column."""
     split: str = "train"

@@ -147,7 +147,7 @@ def validate_config(
     if need_data and not cfg.data.task and not cfg.data.path:
         raise ConfigError(
             "no prompts: set data.path to a JSONL file / datasets name, or data.task to a built-in "
-            "task (addition, multistep, code)"
+            "task (addition, multistep, code, multiply)"
         )
     _check_ranges(cfg)
     _check_objective(cfg)
