@@ -16,7 +16,7 @@
 3. Measures on held-out problems, greedy: (a) first turns that are one well-formed `multiply` call with the
    row's factors; (b) answers right when the right tool result is given; (c) answers right in a whole episode
    with the model's own call executed; and answers right without any tool call (the task's floor).
-4. GRPO on the accuracy reward with the tool (`grpo_stage`, wired when the episode loop lands).
+4. GRPO on the accuracy reward with the tool (`grpo_stage`): held-out greedy episodes before and after.
 
     python examples/tool_task.py --out runs/tool --threads 1
 
@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from cohort.config import OptimConfig
+from cohort import GRPOTrainer
+from cohort.config import OptimConfig, load_config
 from cohort.data import make_task
 from cohort.data.tool_sft import multiply_sft_pairs, multiply_tool_schemas
 from cohort.episodes import HermesParser, error_text, install_tool_format, render_result, render_tool_turn
@@ -56,6 +57,8 @@ FORMAT = "hermes"
 # the longest call, '<tool_call>\n{"name": "multiply", "arguments": {"a": 9999, "b": 9999}}\n</tool_call>'
 CALL_TOKENS = 96
 ANSWER_TOKENS = 16  # an 8-digit product and <|im_end|>
+# An episode after its prompt: the call, the tool turn (~50 tokens) and the answer; prompt + this fits MAX_POSITIONS.
+GRPO_COMPLETION = 160
 VAL_ROWS = 50  # training problems each stage checks its progress on (never held-out ones)
 
 
@@ -222,13 +225,43 @@ def measure(
     }
 
 
+def grpo_config(sft_dir: Path, out: Path, *, steps: int, seed: int) -> Any:
+    """Returns the GRPO run's config: the multiply tool (one call per episode), the accuracy reward on the last
+    assistant message, DAPO's loss, G = 8 and 4 problems a step, held-out greedy episodes every steps / 5."""
+    return load_config(
+        None,
+        {
+            "model": {"name_or_path": str(sft_dir)},
+            "data": {"task": "multiply", "n_train": 2000, "n_eval": 50},
+            "rollout": {"group_size": 8, "batch_size": 32, "max_completion_length": GRPO_COMPLETION},
+            "algo": {"loss_type": "dapo", "beta": 0.0, "eps_low": 0.2, "eps_high": 0.28},
+            "optim": {"lr": 3e-4, "warmup_steps": 5, "schedule": "constant", "max_grad_norm": 1.0},
+            "rewards": ["accuracy"],
+            "episodes": {"tools": ["multiply"], "max_tool_calling_iterations": 1},
+            "steps": steps,
+            "eval_every": max(1, steps // 5),
+            "eval_limit": 50,
+            "save_every": 0,
+            "out_dir": str(out / "grpo"),
+            "seed": seed,
+        },
+    )
+
+
 def grpo_stage(sft_dir: Path, out: Path, *, steps: int, seed: int) -> dict[str, Any]:
     """Returns the GRPO run's summary: the warm-started model trained with the multiply tool on the accuracy
-    reward, held-out tool use and accuracy before and after.
-
-    STUB: the only unfinished part of this example; it is replaced once the episode loop lands (issue 27).
-    """
-    raise NotImplementedError("wired when the episode loop lands")
+    reward, held-out greedy episodes (accuracy, tool calls per episode) before and after."""
+    trainer = GRPOTrainer(grpo_config(sft_dir, out, steps=steps, seed=seed))
+    summary = trainer.train()
+    evals = [json.loads(line) for line in (out / "grpo" / "evals.jsonl").read_text().splitlines()]
+    return {
+        "steps": summary["steps"],
+        "seconds": round(summary["seconds_train"], 1),
+        "held_out": [
+            {k: e.get(k) for k in ("step", "accuracy", "tool_calls", "tool_failures", "mean_length")}
+            for e in evals
+        ],
+    }
 
 
 def copy_pairs(tokenizer: Any, n: int, *, seed: int) -> list[tuple[list[int], list[int]]]:
