@@ -34,7 +34,7 @@ def test_the_rollout_section_samples_the_same_tokens_both_ways_and_writes_its_re
     assert row["same_tokens"] and row["shape"] == "tiny" and row["episodes"] == 4
     assert row["sampled_tokens"]["median"] > 0 and row["turns"]["median"] >= 4
     assert row["inserted_tokens"]["median"] > 0  # some episode went past its first turn
-    # all four modes (extension / re-encoding, shipped / preallocated cache) sampled the same tokens
+    # all four modes (extension / re-encoding, preallocated / dynamic cache) sampled the same tokens
     assert row["modes"] == list(bench.MODES) and set(row["tokens_per_s"]) == set(bench.MODES)
     assert row["speedup"]["reencode"]["median"] == 1.0 and row["speedup"]["extend"]["median"] > 0
     saved = json.loads((tmp_path / "out" / "results.json").read_text())

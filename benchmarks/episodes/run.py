@@ -14,10 +14,9 @@ Sections (benchmarks/episodes/README.md has the numbers and what each column mea
   are cohort's tiny Qwen2 with the Hermes tool template (`build_tiny_model(tool_format="hermes")`), edited as
   benchmarks/bench_models.py does so that the end of a turn comes at a fixed rate (mean turn length about
   max_completion_length / 8): random models whose turns end at random, like the tests' `tool_model_dir`.
-  Two more modes (`extend_prealloc`, `reencode_prealloc`) run the same decoder with cohort's preallocated
-  KV cache (cohort.fastpath.kv_cache, the single-turn engine's) patched in for the run: what the decoder
-  would do with it, not what src ships (it uses transformers' DynamicCache, which copies the whole cache at
-  every step).
+  Both run with the decoder's default cache, cohort's preallocated one (written in place); two more modes
+  (`extend_dynamic`, `reencode_dynamic`) run with transformers' DynamicCache (`preallocate=False`, what
+  fast.preallocated_kv=off gives), which copies the whole cache at every step.
 - `overlap`: a tool that sleeps 50 ms (standing for a sandboxed execution). A random model never writes a
   tool call, so this section uses the real model's forward (its cost and its KV cache) with the logits
   replaced by a script by position (as tests/_scripted_lm.py): every episode calls the tool three times and
@@ -62,7 +61,6 @@ import torch  # noqa: E402
 from benchmarks import bench_models, bench_tasks  # noqa: E402
 from benchmarks.common import MODEL_SHAPES, busy_seconds, others_cpu_share, own_cpu_seconds  # noqa: E402
 from cohort.config import AlgoConfig, EpisodeConfig  # noqa: E402
-from cohort.episodes import decoding  # noqa: E402
 from cohort.episodes import loop as episode_loop  # noqa: E402
 from cohort.episodes.environments import EnvStep, TextEnvironment  # noqa: E402
 from cohort.episodes.loop import EpisodeGeneration, prompt_messages  # noqa: E402
@@ -70,15 +68,15 @@ from cohort.episodes.parsers import parser_for  # noqa: E402
 from cohort.episodes.spec import build_episode_spec  # noqa: E402
 from cohort.episodes.templates import render_prompt, render_tool_turn  # noqa: E402
 from cohort.fastpath import FastConfig  # noqa: E402
-from cohort.fastpath.kv_cache import preallocated_cache  # noqa: E402
 from cohort.fastpath.memory import bound_heap  # noqa: E402
 from cohort.models import build_tiny_model, cache_kwargs, load_model, load_tokenizer  # noqa: E402
 from cohort.rollout import RolloutBatch, SamplingParams  # noqa: E402
 from cohort.train.update import PolicyBatch, PolicyUpdater  # noqa: E402
 
 SECTIONS = ("rollout", "overlap", "update")
-MODES = ("extend", "reencode", "extend_prealloc", "reencode_prealloc")
-"""Rollout modes: KV extension / re-encoding, with the decoder's DynamicCache or cohort's preallocated cache."""
+MODES = ("extend", "reencode", "extend_dynamic", "reencode_dynamic")
+"""Rollout modes: KV extension / re-encoding, with the decoder's preallocated KV cache (its default) or with
+transformers' DynamicCache (`EpisodeGeneration(preallocate=False)`, what fast.preallocated_kv=off gives)."""
 SHAPES: dict[str, dict[str, int]] = {
     # benchmarks/common.py's tiny Qwen2 shapes (cohort.models.TINY_SIZES), plus a smaller one for the smoke test
     "0.5m": MODEL_SHAPES["0.5m"],
@@ -126,7 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--overlap-repeats",
         type=int,
         default=None,
-        help="measured rounds of the overlap section (default 2; quick 1)",
+        help="measured rounds of the overlap section (default 2)",
     )
     p.add_argument(
         "--update-prompts", type=int, default=None, help="prompts of the update batches (default 4)"
@@ -134,7 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default=None,
-        help=f"rollout modes, comma list of {list(MODES)} (default all; quick the first three)",
+        help=f"rollout modes, comma list of {list(MODES)} including reencode (default all; quick the first three)",
     )
     p.add_argument(
         "--threads",
@@ -169,7 +167,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if set(a.modes) - set(MODES) or "reencode" not in a.modes:
         p.error(f"--modes takes a comma list of {list(MODES)} including reencode (the reference)")
     a.repeats = a.repeats if a.repeats is not None else (2 if a.quick else 3)
-    a.overlap_repeats = a.overlap_repeats if a.overlap_repeats is not None else (1 if a.quick else 2)
+    a.overlap_repeats = a.overlap_repeats if a.overlap_repeats is not None else 2
     a.update_length = a.update_length or (128 if a.quick else 256)
     a.update_prompts = a.update_prompts or 4
     return a
@@ -451,28 +449,41 @@ def same_tokens(a: RolloutBatch, b: RolloutBatch, what: str) -> None:
 
 
 # -------------------------------------------------------------------------------------------- 1. rollout
-@contextlib.contextmanager
-def decoder_cache(mode: str, capacity: int) -> Iterator[None]:
-    """Yields with the episode decoder's KV cache of `mode`: transformers' DynamicCache as shipped, or (modes
-    ending in "_prealloc") cohort's preallocated cache of the single-turn engine (cohort.fastpath.kv_cache),
-    patched into cohort.episodes.decoding for the run: what the decoder would do with it, not what it does."""
-    if not mode.endswith("_prealloc"):
-        yield
-        return
-    shipped = decoding.DynamicCache
-    decoding.DynamicCache = lambda config=None: preallocated_cache(config, capacity)
-    try:
-        yield
-    finally:
-        decoding.DynamicCache = shipped
+class ForwardProbe:
+    """Counts, through a forward pre-hook on the model, what the decoder feeds it: decode steps (one token per
+    slot) and the cache width each attends over (the attention mask's columns, holes included), and the token
+    positions of the other forwards (prefills, re-encodings, inserted blocks; padding included)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.reset()
+        model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def reset(self) -> dict[str, float]:
+        """Returns the counts so far and starts new ones."""
+        counts = dict(getattr(self, "counts", {}))
+        self.counts = {"steps": 0, "step_width": 0, "step_rows": 0, "block_positions": 0}
+        return counts
+
+    def _hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is None or mask is None:
+            return
+        if ids.shape[1] == 1:
+            self.counts["steps"] += 1
+            self.counts["step_width"] += mask.shape[1]
+            self.counts["step_rows"] += ids.shape[0]
+        else:
+            self.counts["block_positions"] += ids.numel()
 
 
-def timed_generate(loop: EpisodeGeneration, mode: str, capacity: int, *args: Any, **kwargs: Any):
-    """Returns (batch, wall seconds, CPU seconds of this process) of one loop.generate in `mode`'s cache."""
-    with decoder_cache(mode, capacity):
-        t0, c0 = time.perf_counter(), time.process_time()
-        batch = loop.generate(*args, **kwargs)
-        return batch, time.perf_counter() - t0, time.process_time() - c0
+def timed_generate(
+    loop: EpisodeGeneration, probe: ForwardProbe, *args: Any, **kwargs: Any
+) -> tuple[RolloutBatch, float, float, dict[str, float]]:
+    """Returns (batch, wall seconds, CPU seconds of this process, forward counts) of one loop.generate."""
+    probe.reset()
+    t0, c0 = time.perf_counter(), time.process_time()
+    batch = loop.generate(*args, **kwargs)
+    return batch, time.perf_counter() - t0, time.process_time() - c0, probe.reset()
 
 
 def rollout_section(args: argparse.Namespace, workdir: Path, log: Callable[[str], None]) -> list[dict]:
@@ -487,6 +498,7 @@ def rollout_section(args: argparse.Namespace, workdir: Path, log: Callable[[str]
             spec = build_episode_spec(
                 EpisodeConfig(), environment_factory=lambda: FixedObservations(TURNS, OBSERVATION_TOKENS)
             )
+            probe = ForwardProbe(model)
             loops = {
                 mode: EpisodeGeneration(
                     spec,
@@ -495,25 +507,25 @@ def rollout_section(args: argparse.Namespace, workdir: Path, log: Callable[[str]
                     end_of_turn_ids=[tok.eos_token_id],
                     pad_token_id=tok.pad_token_id,
                     extend_cache=mode.startswith("extend"),
+                    preallocate=not mode.endswith("_dynamic"),
                 )
                 for mode in modes
             }
             prompts = [render_prompt(tok, prompt_messages(r["prompt"])) for r in rows]
-            capacity = max(len(p) for p in prompts) + 2 * length  # holes may pass P + L: the cache then grows
             params = SamplingParams(max_completion_length=length)
-            for mode, loop in loops.items():  # warm-up: a small batch through every path
-                small = SamplingParams(max_completion_length=64)
-                timed_generate(loop, mode, capacity, prompts[:1], 2, small, torch.Generator(), rows=rows[:1])
+            small = SamplingParams(max_completion_length=64)
+            for loop in loops.values():  # warm-up: a small batch through every path
+                loop.generate(prompts[:1], 2, small, torch.Generator(), rows=rows[:1])
             rounds = []
             with Contention() as busy:
                 for rnd in range(args.repeats):
-                    wall, cpu, batches = {}, {}, {}
+                    wall, cpu, batches, fed = {}, {}, {}, {}
                     for mode in (
                         modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
                     ):  # each round another first
                         gen = torch.Generator().manual_seed(args.seed * 1000 + rnd)
-                        batches[mode], wall[mode], cpu[mode] = timed_generate(
-                            loops[mode], mode, capacity, prompts, args.group, params, gen, rows=rows
+                        batches[mode], wall[mode], cpu[mode], fed[mode] = timed_generate(
+                            loops[mode], probe, prompts, args.group, params, gen, rows=rows
                         )
                     for mode in modes[1:]:
                         same_tokens(
@@ -527,6 +539,11 @@ def rollout_section(args: argparse.Namespace, workdir: Path, log: Callable[[str]
                             "seconds": {m: round(wall[m], 3) for m in modes},
                             "cpu_seconds": {m: round(cpu[m], 3) for m in modes},
                             "tokens_per_s": {m: counts["sampled_tokens"] / wall[m] for m in modes},
+                            "decode_steps": fed[modes[0]]["steps"],
+                            "mean_step_width": {
+                                m: fed[m]["step_width"] / max(fed[m]["steps"], 1) for m in modes
+                            },
+                            "block_positions": {m: fed[m]["block_positions"] for m in modes},
                         }
                     )
                     log(
@@ -553,6 +570,13 @@ def rollout_section(args: argparse.Namespace, workdir: Path, log: Callable[[str]
                     "tokens_per_s": {m: spread([r["tokens_per_s"][m] for r in rounds], 1) for m in modes},
                     "seconds": {m: spread([r["seconds"][m] for r in rounds]) for m in modes},
                     "cpu_seconds": {m: spread([r["cpu_seconds"][m] for r in rounds]) for m in modes},
+                    "decode_steps": spread([float(r["decode_steps"]) for r in rounds], 1),
+                    "mean_step_width": {
+                        m: spread([r["mean_step_width"][m] for r in rounds], 1) for m in modes
+                    },
+                    "block_positions": {
+                        m: spread([float(r["block_positions"][m]) for r in rounds], 1) for m in modes
+                    },
                     # each mode against re-encoding as shipped: wall-clock and CPU-time ratios, round by round
                     "speedup": {
                         m: spread([r["seconds"]["reencode"] / r["seconds"][m] for r in rounds])
@@ -915,13 +939,14 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "### Rollout: KV-cache extension vs re-encoding each turn",
             "",
-            "tok/s: sampled (policy) tokens per wall-clock second; speed-up: re-encoding's time over the mode's, "
-            "wall clock and CPU time of the process, round by round. `_prealloc`: the decoder with cohort's "
-            "preallocated KV cache patched in by the benchmark (not what src ships).",
+            "tok/s: sampled (policy) tokens per wall-clock second; speed-up: re-encoding's time over the mode's "
+            "(both with the decoder's default preallocated KV cache), wall clock and CPU time of the process, "
+            "round by round. `_dynamic`: with transformers' DynamicCache instead (`preallocate=False`).",
             "",
-            "| model | L | episodes | sampled tok | inserted tok | turns | truncated | re-encoded tok | mode | tok/s "
-            "| wall s | CPU s | speed-up (wall) | speed-up (CPU) | others' CPU |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| model | L | episodes | sampled tok | inserted tok | turns | truncated | decode steps | mode | tok/s "
+            "| wall s | CPU s | speed-up (wall) | speed-up (CPU) | cache width / step | block positions "
+            "| others' CPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in results["rollout"]:
             for i, m in enumerate(r["modes"]):
@@ -929,14 +954,15 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {r['shape']} ({r['parameters'] / 1e6:.2f} M) | {r['max_completion_length']} | "
                     f"{r['episodes']} | {r['sampled_tokens']['median']:.0f} | {r['inserted_tokens']['median']:.0f} | "
                     f"{r['turns']['median']:.0f} | {r['truncated']['median']:.0f} | "
-                    f"{r['reencoded_tokens']['median']:.0f} "
+                    f"{r['decode_steps']['median']:.0f} "
                     if i == 0
                     else "| | | | | | | | "
                 )
                 lines.append(
                     f"{head}| {m} | {fmt(r['tokens_per_s'][m])} | {fmt(r['seconds'][m], 1)} | "
                     f"{fmt(r['cpu_seconds'][m], 1)} | {fmt(r['speedup'][m], 2, 'x')} | "
-                    f"{fmt(r['cpu_speedup'][m], 2, 'x')} | {r['others_cpu']:.2f} |"
+                    f"{fmt(r['cpu_speedup'][m], 2, 'x')} | {r['mean_step_width'][m]['median']:.0f} | "
+                    f"{r['block_positions'][m]['median']:.0f} | {r['others_cpu']:.2f} |"
                 )
     if "overlap" in results:
         lines += [
