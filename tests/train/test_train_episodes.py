@@ -13,6 +13,7 @@ from cohort import GRPOConfig, GRPOTrainer
 from cohort.config import load_config
 from cohort.episodes.environments import GuessNumber
 from cohort.errors import ConfigError
+from cohort.rewards import final_text
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +113,31 @@ def test_rows_routed_to_several_environments_each_get_their_own(tool_model_dir, 
         else None
     )
     assert kinds in (None, {"GuessNumber", "Other"})
+
+
+def test_held_out_pass_at_k_and_maj_at_k_are_measured_on_sampled_episodes(tool_model_dir, tmp_path):
+    calls: list[tuple[list, list[float]]] = []
+
+    def even_answer(completions, **kw):
+        """1.0 when the episode's last assistant message has an even length: a reward that splits episodes."""
+        scores = [float(len(final_text(c)) % 2 == 0) for c in completions]
+        calls.append((completions, scores))
+        return scores
+
+    rows = [{"prompt": f"Play {i}."} for i in range(3)]
+    t = GRPOTrainer(
+        _cfg(tool_model_dir, tmp_path / "k", steps=1),
+        reward_funcs=[even_answer],
+        train_rows=ROWS,
+        eval_rows=rows,
+    )
+    calls.clear()
+    ev = t.evaluate(k=4, sampled=False)
+    assert ev["n"] == 3 and 0 <= ev["accuracy"] <= 1 and "tool_calls" in ev
+    greedy, sampled = calls[0][1], [s for _, scores in calls[1:] for s in scores]
+    assert len(greedy) == 3 and len(sampled) == 12  # 1 greedy + 4 sampled episodes per held-out row
+    assert all(isinstance(c, list) and c and "role" in c[0] for c in calls[1][0])  # episodes as messages
+    assert ev["accuracy"] == sum(greedy) / 3
+    assert ev["pass@4"] == sum(any(s == 1.0 for s in sampled[4 * i : 4 * i + 4]) for i in range(3)) / 3
+    assert 0 <= ev["maj@4"] <= ev["pass@4"]
+    assert t.evaluate(k=4, sampled=False) == ev  # seeded by the step: the same episodes again

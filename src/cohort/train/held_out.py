@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,9 @@ from cohort import seeds
 from cohort.algo import zero_std_group_mask
 from cohort.episodes.loop import episode_metrics
 from cohort.evaluation import evaluate
+from cohort.rewards import extract_answer, final_text
 from cohort.rollout import SamplingParams
-from cohort.rollout.base import RolloutEngine
+from cohort.rollout.base import EpisodeRecord, RolloutEngine
 from cohort.sharding import gathered
 from cohort.train.accumulate import WeightedMeans
 from cohort.train.advantages import outcome_advantages
@@ -117,7 +119,7 @@ class HeldOut:
         """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
         cfg = self.cfg
         if self.multi_turn:
-            return self._greedy_episodes(step)
+            return self._greedy_episodes(step, k)
         with self.autocast(), gathered(self.model):
             return evaluate(
                 self.model,
@@ -134,31 +136,58 @@ class HeldOut:
                 generator=seeds.generator(seeds.logged_samples(cfg.seed, step), self.device),
             )
 
-    def _greedy_episodes(self, step: int) -> dict[str, float]:
+    def _greedy_episodes(self, step: int, k: int) -> dict[str, float]:
         """Returns a multi-turn run's held-out metrics: greedy episodes scored by the first reward (accuracy: the
-        share scoring 1 or more), their policy tokens (mean_length) and tool use; pass@k is not measured."""
+        share scoring 1 or more), their policy tokens (mean_length) and tool use; with k > 1, pass@k and maj@k of
+        k sampled episodes per row (maj@k: the most common answer of the episodes' last assistant messages)."""
         cfg = self.cfg
         params = SamplingParams(max_completion_length=cfg.rollout.max_completion_length, greedy=True)
         generator = seeds.generator(seeds.logged_samples(cfg.seed, step), self.device)
-        per_call = max(1, cfg.eval_batch_size)
-        correct, lengths, records = 0, 0, []
-        for start in range(0, len(self.rows), per_call):
-            rows = self.rows[start : start + per_call]
-            rollout = self.source.generate(
-                self.prompt_ids[start : start + per_call], 1, params, generator, rows=rows
-            )
-            per_func, _, _ = self.scorer.score(
-                rows, rollout, self.scorer.decode(rollout, rows), self.trainer_state, steps_only_mean=True
-            )
-            correct += int((per_func[:, 0].nan_to_num(0.0) >= 1.0).sum())
-            lengths += int(rollout.loss_lengths.sum())
-            records += rollout.episodes or []
+        greedy = self._episodes(params, 1, generator, max(1, cfg.eval_batch_size))
         n = len(self.rows)
-        tools = episode_metrics(records)
-        return {
-            "accuracy": correct / n,
-            "mean_length": lengths / n,
+        tools = episode_metrics([r for _, _, _, records in greedy for r in records])
+        out = {
+            "accuracy": sum(rewards[0] >= 1.0 for rewards, _, _, _ in greedy) / n,
+            "mean_length": sum(lengths[0] for _, _, lengths, _ in greedy) / n,
             "n": float(n),
             "tool_calls": tools["tools/call_frequency"],
             "tool_failures": tools["tools/failure_frequency"],
         }
+        if k > 1:
+            params = SamplingParams(
+                max_completion_length=cfg.rollout.max_completion_length,
+                temperature=cfg.rollout.logprob_temperature(),
+            )
+            sampled = self._episodes(params, k, generator, max(1, cfg.eval_batch_size // k))
+            out[f"pass@{k}"] = sum(any(x >= 1.0 for x in rewards) for rewards, _, _, _ in sampled) / n
+            maj = 0
+            for rewards, answers, _, _ in sampled:
+                counts = Counter(a for a in answers if a is not None)
+                if counts:
+                    maj += rewards[answers.index(counts.most_common(1)[0][0])] >= 1.0
+            out[f"maj@{k}"] = maj / n
+        return out
+
+    def _episodes(
+        self, params: SamplingParams, k: int, generator: torch.Generator, per_call: int
+    ) -> list[tuple[list[float], list[str | None], list[int], list[EpisodeRecord]]]:
+        """Returns per held-out row (first-reward scores of its k episodes, their final answers, their policy
+        tokens, their records), played by the episode source with its own environments."""
+        out = []
+        for start in range(0, len(self.rows), per_call):
+            rows = self.rows[start : start + per_call]
+            rollout = self.source.generate(
+                self.prompt_ids[start : start + per_call], k, params, generator, rows=rows
+            )
+            completions = self.scorer.decode(rollout, rows)
+            per_func, _, _ = self.scorer.score(
+                rows, rollout, completions, self.trainer_state, steps_only_mean=True
+            )
+            rewards = per_func[:, 0].nan_to_num(0.0).tolist()
+            answers = [extract_answer(final_text(c)) for c in completions]
+            lengths = rollout.loss_lengths.tolist()
+            records = rollout.episodes or []
+            for i in range(len(rows)):
+                sl = slice(i * k, (i + 1) * k)
+                out.append((rewards[sl], answers[sl], lengths[sl], records[sl]))
+        return out
