@@ -322,3 +322,29 @@ def test_shared_prefix_decoding_only_where_the_copies_it_avoids_are_large(n_prom
         model, prompts, group, params
     )
     assert batch.paths["shared_prefix"] is shares
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_on_finished_hears_each_eos_completion_as_returned(eos_model, name):
+    heard: list[tuple[int, list[int]]] = []
+    prompts = random_prompts(3, seed=5)
+    params = SamplingParams(max_completion_length=20, temperature=1.0)
+    eng = engine(name)
+    batch = eng.generate(
+        eos_model,
+        prompts,
+        4,
+        params,
+        torch.Generator().manual_seed(0),
+        on_finished=lambda row, ids: heard.append((row, ids)),
+    )
+    ended = [r for r, t in enumerate(batch.truncated.tolist()) if not t]
+    assert 0 < len(ended) < 12  # some rows end with EOS, some are cut at the limit
+    assert sorted(r for r, _ in heard) == ended  # once each, truncated rows never
+    assert all(ids == batch.completion_ids[r] for r, ids in heard)
+    lengths = [len(ids) for _, ids in heard]
+    if eng.streams_finished:  # heard as each ended (shortest first), not after the batch (by row)
+        assert lengths == sorted(lengths) and [r for r, _ in heard] != ended
+    # the hook changes nothing sampled
+    again = eng.generate(eos_model, prompts, 4, params, torch.Generator().manual_seed(0))
+    assert again.completion_ids == batch.completion_ids

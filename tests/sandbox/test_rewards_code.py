@@ -121,6 +121,24 @@ def test_scores_are_the_fraction_of_tests_passed():
 
 
 @needs_bwrap
+def test_runs_started_early_by_prefetch_are_what_the_call_scores():
+    right, partial = "def add(a, b):\n    return a + b", "def add(a, b):\n    return abs(a) + b"
+    reward = make_code_reward(timeout=2.0)
+    reward.prefetch(right, {"tests": ADD})
+    reward.prefetch([{"role": "assistant", "content": partial}], {"tests": ADD})  # a conversational one
+    reward.prefetch("def add(a, b) return", {"tests": ADD})  # does not compile: nothing to run
+    reward.prefetch("print('never scored')", {"tests": ADD})  # not among the call's completions: ignored
+    reward.prefetch(right, {"prompt": "no tests column"})  # left to the call to report
+    completions = [right, partial, "def add(a, b) return", "def add(a, b):\n    return a - b"]
+    scores, outcomes, metrics = _call(reward, completions, [ADD] * 4)
+    assert scores == [1.0, pytest.approx(2 / 3), 0.0, pytest.approx(1 / 3)]
+    assert outcomes == ["passed", "wrong", "syntax_error", "wrong"]
+    assert metrics["executions"] == 3 and metrics["overlapped"] == pytest.approx(2 / 3)  # the last ran late
+    _, _, metrics = _call(reward, completions, [ADD] * 4)  # what was started early is used once
+    assert metrics["overlapped"] == 0.0 and metrics["executions"] == 3
+
+
+@needs_bwrap
 def test_stdin_stdout_cases_each_run_fresh():
     completions = [
         "print(int(input()) * 2)",

@@ -147,8 +147,10 @@ class EpisodeGeneration:
         params: SamplingParams,
         generator: torch.Generator | None,
         rows: list[dict] | None = None,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> RolloutBatch:
-        """Returns G episodes of each row (group-contiguous) with loss masks and episode records."""
+        """Returns G episodes of each row (group-contiguous) with loss masks and episode records (on_finished is
+        not called: an episode's reward reads its messages, known when the batch ends)."""
         if rows is None or len(rows) != len(prompt_ids):
             raise TrainingError(
                 "the episode loop needs the rows of the prompts (their environments reset from them)"

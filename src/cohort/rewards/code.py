@@ -22,6 +22,11 @@ exception or a signal: with stdin/stdout cases, on any case) scores 0. Each comp
 :data:`OUTCOMES`, logged per step as ``rewards/code_reward/<outcome>`` (the share of the step's completions),
 with ``rewards/code_reward/seconds`` (wall seconds per call) and ``.../executions`` (sandbox runs per call),
 and in the logged samples as ``code_outcome``. Identical (code, tests) pairs within a call run once.
+
+Overlap: ``code_reward.prefetch(completion, row)`` starts a finished completion's runs at once; the trainer
+calls it for each completion that ends while the rest of its batch is still being generated, so the sandbox
+works during generation, and the reward's call then waits only for what is left
+(``rewards/code_reward/overlapped``: the share of the call's runs started that way).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +223,17 @@ def _compiles(code: str) -> bool:
     return True
 
 
+def _job_kwargs(job: Job) -> dict[str, Any]:
+    """Returns `job` as the keyword arguments of Sandbox.submit."""
+    return {
+        "code": job.code,
+        "stdin": job.stdin,
+        "tests": job.tests,
+        "timeout": job.timeout,
+        "memory_mb": job.memory_mb,
+    }
+
+
 def _run_outcome(result: ExecResult) -> str | None:
     """Returns the outcome a run forces on its completion (None when it ran to the end normally)."""
     if result.error in _SYNTAX_ERRORS:
@@ -283,6 +300,34 @@ def make_code_reward(
                     )
             return holder[0]
 
+    # (code, tests) -> the runs started by `prefetch` while the rest of the batch was still being generated
+    # (None: it does not compile). Consumed, then emptied, by the next call of the reward.
+    early: dict[tuple[str, CodeTests], list[Future[ExecResult]] | None] = {}
+    early_lock = threading.Lock()
+
+    def plan(box: Sandbox, code: str, suite: CodeTests) -> list[Job] | None:
+        """Returns the sandbox runs that judge `code` against `suite` (None: it does not compile)."""
+        if box.interpreter.version >> 16 == sys.hexversion >> 16 and not _compiles(code):
+            return None
+        if suite.asserts:
+            return [Job(code, tests=suite.asserts)]
+        return [Job(code, stdin=stdin) for stdin, _ in suite.cases]
+
+    def prefetch(completion: Any, row: Mapping[str, Any]) -> None:
+        """Returns None after starting, in the sandbox's pool, the runs that will judge one finished completion of
+        `row`, so they overlap the generation of the others; the reward's call then waits on them."""
+        try:
+            suite = parse_tests(row[TESTS_COLUMN])
+        except (KeyError, DataError):
+            return  # the reward's own call reports it
+        key = (extract_code(completion_text(completion)), suite)
+        box = sandbox()
+        with early_lock:
+            if key in early:
+                return
+            runs = plan(box, *key)
+            early[key] = None if runs is None else [box.submit(**_job_kwargs(job)) for job in runs]
+
     def code_reward(completions: Sequence[Any], tests: Sequence[Any], **kwargs: Any) -> list[float]:
         """Returns per completion the fraction of its row's tests its code passes (0 when it does not compile,
         times out, runs out of memory or crashes), running it in the sandbox."""
@@ -293,42 +338,44 @@ def make_code_reward(
                 "column; give one per completion"
             )
         box = sandbox()
-        same_python = box.interpreter.version >> 16 == sys.hexversion >> 16
         suites = [parse_tests(t, f"code_reward: completion {i}'s row") for i, t in enumerate(tests)]
         codes = [extract_code(completion_text(c)) for c in completions]
-        # One list of runs per distinct (code, tests) pair; None: it does not compile, nothing to run.
-        planned: dict[tuple[str, CodeTests], list[Job] | None] = {}
-        for code, suite in zip(codes, suites):
-            if (code, suite) in planned:
+        with early_lock:
+            started_early = dict(early)
+            early.clear()
+        # One list of runs per distinct (code, tests) pair, started early or now; None: nothing to run.
+        planned: dict[tuple[str, CodeTests], list[Future[ExecResult]] | None] = {}
+        runs_early = runs_now = 0
+        for key in zip(codes, suites):
+            if key in planned:
                 continue
-            if same_python and not _compiles(code):
-                planned[(code, suite)] = None
-            elif suite.asserts:
-                planned[(code, suite)] = [Job(code, tests=suite.asserts)]
+            if key in started_early:
+                planned[key] = started_early[key]
+                runs_early += len(planned[key] or ())
             else:
-                planned[(code, suite)] = [Job(code, stdin=stdin) for stdin, _ in suite.cases]
-        jobs = [job for runs in planned.values() if runs for job in runs]
-        results = iter(box.run_many(jobs))
-        verdicts: dict[tuple[str, CodeTests], tuple[str, int]] = {}
-        for key, runs in planned.items():
-            verdicts[key] = (
-                ("syntax_error", 0) if runs is None else _judge(key[1], [next(results) for _ in runs])
-            )
+                runs = plan(box, *key)
+                planned[key] = None if runs is None else [box.submit(**_job_kwargs(j)) for j in runs]
+                runs_now += len(runs or ())
+        verdicts: dict[tuple[str, CodeTests], tuple[str, int]] = {
+            key: ("syntax_error", 0) if runs is None else _judge(key[1], [f.result() for f in runs])
+            for key, runs in planned.items()
+        }
         scores: list[float] = []
         outcomes: list[str] = []
-        for code, suite in zip(codes, suites):
-            outcome, passed = verdicts[(code, suite)]
+        for key in zip(codes, suites):
+            outcome, passed = verdicts[key]
             outcomes.append(outcome)
             if all_or_nothing:
                 scores.append(float(outcome == "passed"))
             else:
-                scores.append(passed / len(suite))
+                scores.append(passed / len(key[1]))
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             for outcome in outcomes:
                 for name in OUTCOMES:
                     log_metric(name, float(outcome == name))
-            log_metric("executions", float(len(jobs)))
+            log_metric("executions", float(runs_early + runs_now))
+            log_metric("overlapped", runs_early / max(runs_early + runs_now, 1))
             log_metric("seconds", time.perf_counter() - started)
         log_extra = kwargs.get("log_extra")
         if callable(log_extra):
@@ -341,6 +388,7 @@ def make_code_reward(
         sandbox()
 
     code_reward.check_rows = check_rows  # type: ignore[attr-defined]
+    code_reward.prefetch = prefetch  # type: ignore[attr-defined]
     code_reward.all_or_nothing = all_or_nothing  # type: ignore[attr-defined]
     return code_reward
 

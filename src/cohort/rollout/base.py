@@ -7,7 +7,7 @@ every engine, checks the request, runs `sample` without gradients in eval mode a
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +212,8 @@ class RolloutEngine(abc.ABC):
     """Generates group_size completions for every prompt; subclasses implement `sample`."""
 
     name: str = "?"
+    streams_finished: bool = False
+    """Whether `sample` takes `on_finished` and calls it as each completion ends (else generate calls it after)."""
 
     def __init__(self, *, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
@@ -235,14 +237,24 @@ class RolloutEngine(abc.ABC):
         group_size: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> RolloutBatch:
-        """Returns a RolloutBatch with group_size completions per prompt and their sampling log-probs."""
+        """Returns a RolloutBatch with group_size completions per prompt and their sampling log-probs.
+
+        on_finished(row, completion_ids) is called for each completion that ends with EOS, as soon as it has
+        when the engine streams (`streams_finished`), else after sampling: a caller starts work on finished
+        completions (a code reward's sandbox runs) while the others are still being generated."""
         validate_request(prompt_ids, group_size, params)
         device = input_device(model)
+        stream = {"on_finished": on_finished} if on_finished is not None and self.streams_finished else {}
         with torch.inference_mode(), eval_mode(model):
-            out = self.sample(model, prompt_ids, group_size, params, generator, device)
+            out = self.sample(model, prompt_ids, group_size, params, generator, device, **stream)
         # Out of inference mode, so the batch holds ordinary tensors a caller may change in place.
         lengths = out.lengths.tolist()
+        if on_finished is not None and not stream:
+            for row in (~out.truncated).nonzero().flatten().tolist():
+                on_finished(row, out.tokens[row, : lengths[row]].tolist())
         logps = out.logprobs.cpu()
         return RolloutBatch(
             prompt_ids=[list(p) for p in prompt_ids],

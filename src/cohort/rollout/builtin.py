@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
@@ -40,6 +41,7 @@ class BuiltinEngine(RolloutEngine):
     """KV-cache sampler: one prefill per unique prompt, shared by its G samples; ended rows are dropped."""
 
     name = "builtin"
+    streams_finished = True
 
     def __init__(self, *, eos_token_ids, pad_token_id: int, fast: FastConfig | None = None) -> None:
         super().__init__(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
@@ -55,8 +57,11 @@ class BuiltinEngine(RolloutEngine):
         params: SamplingParams,
         generator: torch.Generator | None,
         device: torch.device,
+        *,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> Sampled:
-        """Returns group_size sampled completions per prompt as Sampled rows, with the fast paths taken."""
+        """Returns group_size sampled completions per prompt as Sampled rows, with the fast paths taken
+        (on_finished: called with each completion that ends with EOS, at the step it ends)."""
         if generator is not None and generator.device.type != device.type:
             raise ValueError(
                 f"generator is on {generator.device} but the model is on {device}; create it with "
@@ -64,15 +69,27 @@ class BuiltinEngine(RolloutEngine):
             )
         paths: dict[str, bool] = {}
         tokens, lengths, ended, logps = self._decode(
-            model, prompt_ids, group_size, params, generator, device, paths=paths
+            model, prompt_ids, group_size, params, generator, device, paths=paths, on_finished=on_finished
         )
         return Sampled(tokens=tokens, lengths=lengths, truncated=~ended, logprobs=logps, paths=paths)
 
-    def _decode(self, model, prompt_ids, group_size, params, generator, device, shared=None, paths=None):
+    def _decode(
+        self,
+        model,
+        prompt_ids,
+        group_size,
+        params,
+        generator,
+        device,
+        shared=None,
+        paths=None,
+        on_finished=None,
+    ):
         """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`.
 
         shared: decode against one copy of each prompt's cache (None: as the switches decide). paths, when
-        given, receives which fast paths ran (shared_prefix, preallocated_kv, packed_weights).
+        given, receives which fast paths ran (shared_prefix, preallocated_kv, packed_weights); on_finished: as in
+        `sample`.
         """
         f = self.fast
         G, T = group_size, params.max_completion_length
@@ -149,6 +166,9 @@ class BuiltinEngine(RolloutEngine):
                 lengths[rows] = torch.where(hit, t + 1, lengths[rows])
                 ended[rows] = ended[rows] | hit
                 done = done | hit
+                if on_finished is not None:  # one more host sync a step, only when a caller listens
+                    for row in rows[hit].tolist():
+                        on_finished(row, tokens[row, : t + 1].tolist())
                 if t == T - 1:
                     break
                 n_live, n_done = done.numel(), int(done.sum())  # the step's only host sync

@@ -87,13 +87,16 @@ class Drawer:
     def generate(self, idx: list[int], step: int, generator: torch.Generator | None = None) -> RolloutBatch:
         """Returns G completions for each training prompt in `idx`, sampled from the current policy (on the
         training stream unless `generator` is given)."""
+        rows = [self.rows[i] for i in idx]
+        hook = self.scorer.prefetcher(rows, self.G)
         try:
             return self.source.generate(
                 [self.prompt_ids[i] for i in idx],
                 self.G,
                 self.params,
                 self.generator if generator is None else generator,
-                rows=[self.rows[i] for i in idx],
+                rows=rows,
+                **({"on_finished": hook} if hook is not None else {}),
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None

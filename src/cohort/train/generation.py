@@ -32,9 +32,12 @@ class GenerationSource(Protocol):
         params: SamplingParams,
         generator: torch.Generator | None,
         rows: list[dict] | None = None,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> RolloutBatch:
         """Returns G completions of each prompt (group-contiguous), sampled with `params` on `generator`;
-        `rows` are the prompts' dataset rows (a multi-turn source resets its environments from them)."""
+        `rows` are the prompts' dataset rows (a multi-turn source resets its environments from them);
+        `on_finished(row, completion_ids)`, where a source supports it, hears of each completion ending with EOS
+        while the others are generated (a source may ignore it: the rewards then start after generation)."""
         ...
 
 
@@ -58,12 +61,15 @@ class LocalGeneration:
         params: SamplingParams,
         generator: torch.Generator | None,
         rows: list[dict] | None = None,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> RolloutBatch:
         """Returns the engine's rollout of the current weights (gathered first when the model is sharded)."""
         with self.autocast(), gathered(self.model):
             model = self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model)
             try:
-                return self.engine.generate(model, prompt_ids, group_size, params, generator)
+                return self.engine.generate(
+                    model, prompt_ids, group_size, params, generator, on_finished=on_finished
+                )
             except NonFiniteSamplingError as e:
                 raise NonFiniteError(
                     f"the policy produced non-finite logits while sampling ({e}); usually half-precision "

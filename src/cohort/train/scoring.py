@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,6 +53,23 @@ class Scorer:
             return [record.messages for record in rollout.episodes]
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         return as_completions(texts, rows[0][self.prompt_column])
+
+    def prefetcher(self, rows: list[dict], G: int) -> Callable[[int, list[int]], None] | None:
+        """Returns the hook that hands each completion of `rows` finishing during generation to the reward
+        functions that can start on it early (a `prefetch(completion, row)` attribute, as the code reward's);
+        None when no function can, so generation pays nothing."""
+        early = [f for f in self.funcs if callable(getattr(f, "prefetch", None))]
+        if not early:
+            return None
+        prompt = rows[0][self.prompt_column]
+
+        def finished(row: int, completion_ids: list[int]) -> None:
+            text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+            (completion,) = as_completions([text], prompt)  # as `decode` gives it to the reward
+            for f in early:
+                f.prefetch(completion, rows[row // G])
+
+        return finished
 
     def inputs(self, rows: list[dict], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
         """Returns (prompts, other columns) for reward functions, each repeated once per completion of a group."""
