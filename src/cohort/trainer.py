@@ -188,6 +188,11 @@ class GRPOTrainer:
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )
+        if self.episode_spec is not None and cfg.rollout.workers is not None:
+            raise ConfigError(
+                "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
+                "trainer); unset rollout.workers, or drop tools= / environment_factory= (episodes.*)"
+            )
         rewards = build_rewards(
             cfg,
             reward_funcs,
@@ -272,7 +277,7 @@ class GRPOTrainer:
             cfg, self.episode_spec, self.model, self.tokenizer, self.engine, self.sampler_copy, self.autocast
         )
         # Rollout workers (rollout.workers): greeted, checked and sent the weights here, before training starts.
-        self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine, self.episodes is not None)
+        self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine)
         self.source: GenerationSource = (
             self.episodes
             or self.remote

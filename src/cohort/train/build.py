@@ -234,18 +234,13 @@ def build_engine(
 
 
 def build_remote(
-    cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine, episodes: bool
+    cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine
 ) -> RemoteGeneration | None:
     """Returns the generation source of rollout.workers, connected, checked and holding the policy's weights
     (None when rollout.workers is unset: the trainer samples in-process)."""
     r = cfg.rollout
     if r.workers is None:
         return None
-    if episodes:
-        raise ConfigError(
-            "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
-            "trainer); unset rollout.workers, or drop tools= / environment_factory="
-        )
     lora = cfg.model.lora
     return connect_workers(
         r.workers,
