@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from _serve_helpers import run_config
 
+from cohort.serve import weights
 from cohort.trainer import GRPOTrainer
 
 
@@ -48,3 +50,30 @@ def _initial(model_dir):
     from cohort.models import load_model
 
     return load_model(model_dir).state_dict()
+
+
+def test_lora_pushes_only_the_adapter_and_stays_exact(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    over = {
+        "model.lora.enabled": True,
+        "model.lora.r": 4,
+        "model.lora.alpha": 8,
+        "optim.lr": 5e-2,
+        "steps": 2,
+    }
+    plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain", **over))
+    plain.train()
+    remote = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "remote", **over, **{"rollout.workers": 1}))
+    try:
+        sent = weights.push_tensors(remote.model, full=False)
+        assert sent and all("lora_" in name for name, _ in sent)
+        remote.train()
+    finally:
+        if remote.remote is not None:
+            remote.remote.close()
+    a, b = _rows(tmp_path / "plain"), _rows(tmp_path / "remote")
+    for ra, rb in zip(a, b):
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    wa, wb = plain.model.state_dict(), remote.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -202,7 +202,6 @@ class RemoteGeneration:
         self.pushed: int | None = None
         self.push_seconds = 0.0
         self.store: Any = None
-        self.listener: Any = None
         self._finalizer = weakref.finalize(self, _shutdown, clients, local, context)
 
     @property
@@ -218,7 +217,7 @@ class RemoteGeneration:
         """Opens each worker's weight channel (a process group of two), raising ConfigError when one fails."""
         hosts = {c.address.rsplit(":", 1)[0] for c in self.clients}
         address = weights.local_address_towards(next(iter(hosts)))
-        self.store, self.listener = weights.host_store(address, timeout)
+        self.store = weights.host_store(address, timeout)
         for i, c in enumerate(self.clients):
             prefix = f"cohort-serve/{os.getpid()}/{i}/"
             try:

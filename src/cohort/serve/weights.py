@@ -40,9 +40,8 @@ def local_address_towards(host: str) -> str:
         return str(s.getsockname()[0])
 
 
-def host_store(address: str, timeout: float) -> tuple[tdist.TCPStore, socket.socket]:
-    """Returns (a TCPStore served by this process on `address` at an ephemeral port, its listening socket: keep
-    it as long as the store).
+def host_store(address: str, timeout: float) -> tdist.TCPStore:
+    """Returns a TCPStore served by this process on `address`, at an ephemeral port (read `.port`).
 
     The listening socket is bound here and handed over, so the store listens on that one address rather than
     on every interface of the machine."""
@@ -59,7 +58,8 @@ def host_store(address: str, timeout: float) -> tuple[tdist.TCPStore, socket.soc
         wait_for_workers=False,
         master_listen_fd=listener.fileno(),
     )
-    return store, listener
+    listener.detach()  # the store owns the descriptor now (and closes it)
+    return store
 
 
 def join_store(host: str, port: int, timeout: float) -> tdist.TCPStore:
