@@ -219,6 +219,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--groups", type=int, default=12, help="sample groups shown in a single run's report (default 12)"
     )
 
+    p = sub.add_parser(
+        "serve",
+        help="a rollout worker: sample completions for a trainer (rollout.workers) on this model's own copy",
+        description="Loads the model and answers a trainer's generate requests on a ZeroMQ socket; the trainer "
+        "pushes its weights after every optimizer step. See docs/serving.md.",
+    )
+    p.add_argument(
+        "--model", required=True, help="model folder or hub name (the trainer's model.name_or_path)"
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=5555, help="port to listen on (default 5555; 0: a free one)")
+    p.add_argument("--device", default="cpu", help="device to sample on (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--dtype", default="float32", help="parameter dtype (the trainer's model.dtype)")
+    p.add_argument(
+        "--attn-implementation",
+        default="sdpa",
+        help="attention kernel (the trainer's model.attn_implementation)",
+    )
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--parent-pid", type=int, default=None, help=argparse.SUPPRESS
+    )  # set by a trainer that starts it
+
     p = sub.add_parser("config", help="list every config key with its default and what it does")
     p.add_argument("prefix", nargs="?", default="", help="only keys starting with this (e.g. algo or fast.)")
     return parser

@@ -1,4 +1,4 @@
-"""`cohort demo | train | rm | sft | eval | sample | generate | chat | merge | report | config`: the command-line entry points."""
+"""`cohort demo | train | rm | sft | eval | sample | generate | chat | merge | report | config | serve`: the command-line entry points."""
 
 from __future__ import annotations
 
@@ -358,6 +358,23 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return chat_loop(session, write=lambda line: print(line, flush=True), show_prompt=args.show_prompt)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from cohort.serve.worker import serve
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} must be in 0 .. 65535 (0: a free port, printed on start)")
+    return serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        attn_implementation=args.attn_implementation,
+        threads=args.threads,
+        parent_pid=args.parent_pid,
+    )
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from cohort.config import describe_keys
 
@@ -419,6 +436,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "merge": _cmd_merge,
     "report": _cmd_report,
     "config": _cmd_config,
+    "serve": _cmd_serve,
 }
 """Each sub-command of cohort.arguments' parser and the function that runs it."""
 

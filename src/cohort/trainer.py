@@ -56,6 +56,7 @@ from cohort.train.build import (
     build_iterative,
     build_optimizer,
     build_reference,
+    build_remote,
     build_rewards,
     build_rows,
     check_context,
@@ -187,6 +188,11 @@ class GRPOTrainer:
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )
+        if self.episode_spec is not None and cfg.rollout.workers is not None:
+            raise ConfigError(
+                "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
+                "trainer); unset rollout.workers, or drop tools= / environment_factory= (episodes.*)"
+            )
         rewards = build_rewards(
             cfg,
             reward_funcs,
@@ -270,8 +276,14 @@ class GRPOTrainer:
         self.episodes = build_episodes(
             cfg, self.episode_spec, self.model, self.tokenizer, self.engine, self.sampler_copy, self.autocast
         )
-        self.source: GenerationSource = self.episodes or LocalGeneration(
-            self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
+        # Rollout workers (rollout.workers): greeted, checked and sent the weights here, before training starts.
+        self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine)
+        self.source: GenerationSource = (
+            self.episodes
+            or self.remote
+            or LocalGeneration(
+                self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
+            )
         )
         self.drawer = Drawer(
             self.source,
@@ -362,6 +374,8 @@ class GRPOTrainer:
         if not self._candidates:
             return
         self.step_idx = self.saved_step = self.checkpoints.load(self._candidates)
+        if self.remote is not None:  # the workers hold the weights of step 0
+            self.remote.push_weights(full=True)
         self.sync_state()
         if dist.is_main():
             for moved in set_aside_newer(self.run_dir, self.step_idx):
@@ -448,6 +462,9 @@ class GRPOTrainer:
         self._hold_signals()
         stats = self._update(batch, step)
         t_update = time.perf_counter()
+        if self.remote is not None:  # the workers sample the next batch with the weights of this update
+            self.remote.weights_changed()
+            self.remote.push_weights()
         self.health.check_gradient(step, stats.grad_norm, adv.advantages, adv.in_loss, self.cfg.optim.lr)
         self.step_idx = step
         # 6. Reference sync (recipes that let the anchor follow the policy), iterative GRPO's reward model.
@@ -455,6 +472,8 @@ class GRPOTrainer:
         it = self.cfg.iterative
         it_metrics = self._iterate() if self.iterative is not None and step % it.every == 0 else {}
         metrics = self._step_metrics(drawn, adv, stats, collapse, synced, it_metrics)
+        if self.remote is not None:
+            metrics.update(self.remote.metrics())
         metrics.update(
             {
                 "step_time": t_update - t0,

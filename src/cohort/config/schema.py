@@ -182,6 +182,21 @@ class RolloutConfig:
     sampler_dtype: str | None = None
     """Sample from a copy of the policy in this dtype (bfloat16, float16, float32), synced before every rollout,
     as an inference engine would; None samples with the training weights. See algo.sampler_correction."""
+    workers: int | list[str] | None = None
+    """Rollout workers (`cohort serve`) that generate instead of this process: a list of "host:port" addresses
+    of running workers, or a number of workers this trainer starts on this machine (and stops when it ends);
+    None samples in this process. Weights are pushed to them after every optimizer step (docs/serving.md).
+    Workers sample in rollout.sampler_dtype when it is set (local ones load in it; start listed ones with
+    `cohort serve --dtype`), else in model.dtype."""
+    max_staleness: int = 0
+    """With rollout.workers: how many optimizer steps older than the policy being trained the weights that
+    sample a batch may be (0: every batch samples the current weights, the same completions as in-process)."""
+    worker_timeout: float = 600.0
+    """Seconds a rollout worker may take to answer a request or receive a weight push before it counts as lost
+    (its requests go to the other workers)."""
+    connect_timeout: float = 60.0
+    """Seconds to wait for each rollout worker's first answer (a local worker's start-up included) and for its
+    weight channel to open."""
 
     def logprob_temperature(self) -> float:
         """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""

@@ -82,6 +82,7 @@ def validate_config(
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
+    _check_workers(cfg, world_size)
     if need_model and not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
     if r.group_size < 2:
@@ -267,6 +268,65 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
             raise ConfigError(
                 "iterative GRPO retrains its reward model on one process; set iterative.every=0 under torchrun"
             )
+
+
+def _check_workers(cfg: TrainConfig, world: int) -> None:
+    """Raises ConfigError for a rollout.workers / max_staleness / timeout value that cannot work, or rollout
+    workers combined with what they cannot serve yet (docs/serving.md says what is not built)."""
+    r = cfg.rollout
+    k = r.max_staleness
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(
+            f"rollout.max_staleness={k!r} must be an int >= 0: 0 samples every batch with the current weights "
+            "(the synchronous step); set rollout.max_staleness=0"
+        )
+    for key in ("worker_timeout", "connect_timeout"):
+        value = getattr(r, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise ConfigError(f"rollout.{key}={value!r} must be a positive number of seconds")
+    w = r.workers
+    if w is None:
+        if k > 0:
+            raise ConfigError(
+                f"rollout.max_staleness={k} lets batches be sampled with older weights, which only rollout "
+                "workers do; set rollout.workers (addresses or a number of local workers), or max_staleness=0"
+            )
+        return
+    if isinstance(w, bool) or (isinstance(w, int) and w < 1):
+        raise ConfigError(
+            f"rollout.workers={w!r}: give a number of local workers >= 1, a list of host:port addresses, or "
+            "null to sample in the trainer"
+        )
+    if not isinstance(w, int):
+        if not isinstance(w, list) or not w:
+            raise ConfigError(
+                f"rollout.workers={w!r}: give a list of host:port addresses (e.g. [127.0.0.1:5555]), a number "
+                "of local workers, or null"
+            )
+        for address in w:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(
+                    f"rollout.workers lists {address!r}, which is not host:port (e.g. 127.0.0.1:5555 or "
+                    "node5:5555, with the port `cohort serve --port` listens on)"
+                )
+        if len(set(w)) != len(w):
+            raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
+    if k > 0:
+        raise ConfigError(
+            f"rollout.max_staleness={k}: asynchronous steps (batches sampled with weights up to k steps old) "
+            "are not built yet; set rollout.max_staleness=0"
+        )
+    if world > 1:
+        raise ConfigError(
+            f"rollout.workers with {world} training processes is not built yet (one trainer process pushes "
+            "its weights); train on one process with workers, or unset rollout.workers under torchrun"
+        )
+    if cfg.episodes.enabled:
+        raise ConfigError(
+            "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
+            "trainer); unset rollout.workers, or episodes.*"
+        )
 
 
 def _check_objective(cfg: TrainConfig) -> None:

@@ -39,6 +39,7 @@ from cohort.rewards.process import ProcessRewardModel
 from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
+from cohort.serve.client import RemoteGeneration, connect_workers
 from cohort.sharding import gathered, shard
 from cohort.train.update import checkpointing_layers
 
@@ -230,6 +231,32 @@ def build_engine(
     sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
     copy = SamplerCopy(model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
     return engine, copy
+
+
+def build_remote(
+    cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine
+) -> RemoteGeneration | None:
+    """Returns the generation source of rollout.workers, connected, checked and holding the policy's weights
+    (None when rollout.workers is unset: the trainer samples in-process)."""
+    r = cfg.rollout
+    if r.workers is None:
+        return None
+    lora = cfg.model.lora
+    return connect_workers(
+        r.workers,
+        model,
+        tokenizer,
+        engine,
+        model_path=cfg.model.name_or_path,
+        dtype=str(r.sampler_dtype or cfg.model.dtype),
+        device="cpu" if resolve_device(cfg.model.device).type == "cpu" else cfg.model.device,
+        attn_implementation=cfg.model.attn_implementation or "sdpa",
+        lora={k: getattr(lora, k) for k in ("enabled", "r", "alpha", "dropout", "target_modules")}
+        if lora.enabled
+        else None,
+        timeout=r.worker_timeout,
+        connect_timeout=r.connect_timeout,
+    )
 
 
 def build_episodes(

@@ -1,0 +1,489 @@
+"""The trainer's side of rollout workers: `RemoteGeneration`, a generation source whose completions come from
+`cohort serve` processes, and the local workers a trainer starts itself (rollout.workers: N).
+
+A step's groups are split into one contiguous chunk per configured worker. With one worker the request
+carries the trainer's own sampling generator state and the worker hands back the advanced state: the run
+draws exactly what the in-process engine would (rollout.max_staleness: 0). With several, each chunk samples
+from a seed drawn from the trainer's generator, so the batch is the same whichever worker serves a chunk, and
+when one is lost its chunks are served by the others unchanged. A worker is lost when its process ends, its
+connection drops, or it does not answer within rollout.worker_timeout; the loss is reported as a warning and
+the run goes on with the others, or stops with WorkersLostError when none is left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import subprocess
+import sys
+import time
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from cohort import __version__
+from cohort.errors import ConfigError, NonFiniteError, TrainingError
+from cohort.models import stop_token_ids
+from cohort.rollout import RolloutBatch, SamplingParams, select_groups
+from cohort.rollout.base import RolloutEngine
+from cohort.serve import weights
+from cohort.serve.protocol import PROTOCOL, identity, mismatch, pack, params_to_dict, read_batch, unpack
+from cohort.serve.worker import READY, die_with_parent, zmq_module
+
+
+class WorkersLostError(TrainingError):
+    """Every rollout worker of the run is lost: nothing can generate the step's completions."""
+
+
+class _Lost(Exception):
+    """One worker stopped answering (its process ended, its connection dropped, or it timed out)."""
+
+
+class WorkerClient:
+    """One worker's connection: a DEALER socket (requests matched to replies by id) and its event monitor."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, context: Any, address: str, process: subprocess.Popen | None = None) -> None:
+        zmq = zmq_module()
+        self.zmq, self.address, self.process = zmq, address, process
+        self.sock = context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.sock.connect(f"tcp://{address}")
+        self.connected = False
+        self.lost: str | None = None
+        self.identity: dict[str, Any] = {}
+        self.channel: weights.Channel | None = None
+
+    def send(self, header: dict[str, Any], blobs: Sequence[bytes] = ()) -> int:
+        """Returns the id of the request sent."""
+        rid = next(self._ids)
+        self.sock.send_multipart(pack({**header, "id": rid}, list(blobs)))
+        return rid
+
+    def check(self) -> None:
+        """Returns None; raises _Lost when the worker's process ended or its connection dropped."""
+        if self.process is not None and self.process.poll() is not None:
+            raise _Lost(f"its process exited with code {self.process.returncode}")
+        while self.monitor.poll(0):
+            from zmq.utils.monitor import recv_monitor_message
+
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == self.zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif event == self.zmq.EVENT_DISCONNECTED and self.connected:
+                raise _Lost("its connection closed")
+
+    def receive(self, rid: int, timeout: float) -> tuple[dict[str, Any], list[bytes]]:
+        """Returns (header, blobs) of the reply to request `rid`; raises _Lost after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Lost(f"it did not answer within {timeout:g} s")
+            if self.sock.poll(int(min(left, 0.2) * 1000)):
+                header, blobs = unpack(self.sock.recv_multipart())
+                if header.get("id") == rid:
+                    return header, blobs
+
+    def request(self, header: dict[str, Any], blobs: Sequence[bytes] = (), *, timeout: float):
+        """Returns (header, blobs) of the reply to one request; raises _Lost as `receive`."""
+        return self.receive(self.send(header, blobs), timeout)
+
+    def close(self) -> None:
+        """Closes the sockets (the worker process, if this trainer started it, is stopped by LocalWorkers)."""
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
+class LocalWorkers:
+    """Rollout worker processes this trainer started; they end with it (stop(), or its death: prctl + watch)."""
+
+    def __init__(self, processes: list[subprocess.Popen], addresses: list[str]) -> None:
+        self.processes, self.addresses = processes, addresses
+
+    @classmethod
+    def start(
+        cls,
+        n: int,
+        model_path: str,
+        *,
+        device: str,
+        dtype: str,
+        attn_implementation: str,
+        threads: int,
+        timeout: float,
+    ) -> LocalWorkers:
+        """Returns n started workers on 127.0.0.1 (each on a free port), once each listens; ConfigError when one
+        does not start within `timeout` seconds."""
+        command = [
+            sys.executable, "-m", "cohort", "serve", "--model", model_path, "--host", "127.0.0.1", "--port", "0",
+            "--device", device, "--dtype", dtype, "--attn-implementation", attn_implementation,
+            "--threads", str(threads), "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        processes: list[subprocess.Popen] = []
+        workers = cls(processes, [])
+        try:
+            for _ in range(n):
+                processes.append(
+                    subprocess.Popen(command, stdout=subprocess.PIPE, preexec_fn=die_with_parent, text=True)
+                )
+            deadline = time.monotonic() + timeout
+            for p in processes:
+                workers.addresses.append(_read_address(p, deadline, timeout))
+        except BaseException:
+            workers.stop()
+            raise
+        return workers
+
+    def stop(self) -> None:
+        """Ends every worker process (SIGTERM, then SIGKILL after 5 s) and reaps it."""
+        for p in self.processes:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def _read_address(process: subprocess.Popen, deadline: float, timeout: float) -> str:
+    """Returns the host:port a started worker printed it listens on; ConfigError when it exits or is silent."""
+    assert process.stdout is not None
+    while True:
+        left = deadline - time.monotonic()
+        if process.poll() is not None:
+            raise ConfigError(
+                f"a local rollout worker (rollout.workers) exited with code {process.returncode} while starting "
+                "(its error is printed above); fix it, or set rollout.workers to null to sample in this process"
+            )
+        if left <= 0:
+            raise ConfigError(
+                f"a local rollout worker did not start within rollout.connect_timeout={timeout:g} s; raise "
+                "rollout.connect_timeout (a loaded machine imports torch slowly) or set rollout.workers to null"
+            )
+        ready, _, _ = select.select([process.stdout], [], [], min(left, 0.2))
+        if ready:
+            line = process.stdout.readline()
+            if line.startswith(READY):
+                return line[len(READY) :].split()[0].removeprefix("tcp://")
+
+
+class RemoteGeneration:
+    """A generation source whose completions come from rollout workers (cohort serve), weights pushed to them."""
+
+    def __init__(
+        self,
+        clients: list[WorkerClient],
+        model: torch.nn.Module,
+        *,
+        timeout: float,
+        local: LocalWorkers | None = None,
+        context: Any = None,
+    ) -> None:
+        self.clients, self.model, self.timeout = clients, model, timeout
+        self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
+        self.local, self.context = local, context
+        self.version = 0
+        self.pushed: int | None = None
+        self.push_seconds = 0.0
+        self.store: Any = None
+        self._finalizer = weakref.finalize(self, _shutdown, clients, local, context)
+
+    @property
+    def live(self) -> list[WorkerClient]:
+        """Returns the workers not lost yet."""
+        return [c for c in self.clients if c.lost is None]
+
+    def weights_changed(self) -> None:
+        """Records that the policy's weights changed (an optimizer step, a resume): the next push sends them."""
+        self.version += 1
+
+    def open_channels(self, timeout: float) -> None:
+        """Opens each worker's weight channel (a process group of two), raising ConfigError when one fails."""
+        hosts = {c.address.rsplit(":", 1)[0] for c in self.clients}
+        address = weights.local_address_towards(next(iter(hosts)))
+        self.store = weights.host_store(address, timeout)
+        for i, c in enumerate(self.clients):
+            prefix = f"cohort-serve/{os.getpid()}/{i}/"
+            try:
+                c.request(
+                    {
+                        "op": "channel",
+                        "store_host": address,
+                        "store_port": self.store.port,
+                        "prefix": prefix,
+                        "timeout": self.timeout,
+                    },
+                    timeout=timeout,
+                )
+                c.channel = weights.Channel(self.store, prefix, 0, address, self.timeout)
+            except (_Lost, RuntimeError) as e:
+                raise ConfigError(
+                    f"the weight channel to the rollout worker at {c.address} did not open ({e}); check that "
+                    f"it can reach this machine at {address} (firewall), or raise rollout.connect_timeout"
+                ) from None
+
+    def push_weights(self, *, full: bool = False) -> None:
+        """Sends the current weights to every live worker (the whole state dict when `full` or a worker has
+        none yet), losing a worker whose receive fails or times out."""
+        if self.pushed == self.version and not full:
+            return
+        t0 = time.perf_counter()
+        everything = full or self.pushed is None
+        spec, buffers = weights.flatten(weights.push_tensors(self.model, full=everything))
+        sent = []
+        for c in self.live:
+            try:
+                c.request({"op": "weights", "version": self.version, "spec": spec}, timeout=self.timeout)
+                assert c.channel is not None
+                sent.append((c, c.channel.broadcast(buffers)))
+            except (_Lost, RuntimeError) as e:
+                self._lose(c, f"weight push: {e}")
+        for c, works in sent:
+            try:
+                assert c.channel is not None
+                c.channel.wait(works)
+            except RuntimeError as e:
+                self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        self._require_live()
+        self.pushed = self.version
+        self.push_seconds += time.perf_counter() - t0
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        rows: list[dict] | None = None,
+    ) -> RolloutBatch:
+        """Returns the workers' rollout of the current weights: the same batch as the in-process engine with one
+        worker; chunk by chunk, each from its own seed, with several."""
+        self.push_weights()
+        n = min(self.chunks, len(prompt_ids))
+        bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
+        exact = n == 1 and generator is not None
+        if generator is not None and not all(
+            c.identity.get("device") == generator.device.type for c in self.live
+        ):
+            exact = False  # a generator state does not carry across device types: each chunk gets a seed
+        seeds: list[int | None] = [None] * n
+        if not exact and generator is not None:
+            seeds = torch.randint(2**62, (n,), generator=generator, device=generator.device).tolist()
+        requests: list[tuple[dict[str, Any], list[bytes]]] = []
+        for i in range(n):
+            header: dict[str, Any] = {
+                "op": "generate",
+                "prompt_ids": prompt_ids[bounds[i] : bounds[i + 1]],
+                "group_size": group_size,
+                "params": params_to_dict(params),
+                "version": self.pushed,
+                "seed": seeds[i],
+            }
+            blobs = [weights_bytes(generator.get_state())] if exact and generator is not None else []
+            requests.append((header, blobs))
+        replies = self._serve(requests)
+        parts = []
+        for (header, _), (reply, reply_blobs) in zip(requests, replies):
+            batch, state = read_batch(reply, reply_blobs, header["prompt_ids"], group_size)
+            parts.append((batch, range(batch.num_prompts)))
+            if exact and state is not None and generator is not None:
+                generator.set_state(state)
+        return select_groups(parts)
+
+    def _serve(self, requests: list[tuple[dict, list[bytes]]]) -> list[tuple[dict, list[bytes]]]:
+        """Returns each request's reply, sending every request to a live worker (round robin) and a lost worker's
+        requests to the others; WorkersLostError when none is left."""
+        replies: list[tuple[dict, list[bytes]] | None] = [None] * len(requests)
+        pending: dict[int, tuple[WorkerClient, int, float]] = {}  # request -> (worker, id, deadline)
+        queue = list(range(len(requests)))
+        turn = itertools.count()
+        while queue or pending:
+            while queue:
+                live = self._require_live()
+                busy = {id(w) for w, _, _ in pending.values()}
+                idle = [c for c in live if id(c) not in busy] or live
+                c = idle[next(turn) % len(idle)]
+                i = queue.pop(0)
+                pending[i] = (c, c.send(*requests[i]), time.monotonic() + self.timeout)
+            for i, (c, rid, deadline) in list(pending.items()):
+                try:
+                    c.check()
+                    if time.monotonic() > deadline:
+                        raise _Lost(f"it did not answer within rollout.worker_timeout={self.timeout:g} s")
+                    if not c.sock.poll(0):
+                        continue
+                    header, blobs = unpack(c.sock.recv_multipart())
+                except _Lost as e:
+                    self._lose(c, str(e))
+                    lost = [j for j, (w, _, _) in pending.items() if w is c]
+                    for j in lost:
+                        del pending[j]
+                    queue += lost
+                    break
+                if header.get("id") != rid:
+                    # a reply to another of this worker's requests: match it to its own
+                    match = [j for j, (w, r, _) in pending.items() if w is c and r == header.get("id")]
+                    if not match:
+                        continue
+                    i = match[0]
+                del pending[i]
+                replies[i] = (self._check_reply(c, header), blobs)
+            else:
+                if pending:
+                    time.sleep(0.002)  # the sockets have nothing yet; poll again shortly
+        return [r for r in replies if r is not None]
+
+    def _check_reply(self, c: WorkerClient, header: dict[str, Any]) -> dict[str, Any]:
+        """Returns a reply's header; raises the typed error of a worker that could not serve the request."""
+        if header.get("ok"):
+            return header
+        if header.get("kind") == "non_finite":
+            raise NonFiniteError(
+                f"the policy produced non-finite logits while sampling on the rollout worker at {c.address} "
+                f"({header.get('error')}); usually half-precision overflow (try model.dtype=float32 or bfloat16)"
+            )
+        raise TrainingError(f"the rollout worker at {c.address} failed: {header.get('error')}")
+
+    def _lose(self, c: WorkerClient, why: str) -> None:
+        """Marks a worker lost, with a warning naming it and what is left."""
+        c.lost = why
+        left = len(self.live)
+        warnings.warn(
+            f"the rollout worker at {c.address} is lost ({why}); "
+            + (f"{left} worker(s) left take over its requests" if left else "no worker is left"),
+            stacklevel=3,
+        )
+
+    def _require_live(self) -> list[WorkerClient]:
+        """Returns the live workers; WorkersLostError when there are none."""
+        live = self.live
+        if not live:
+            reasons = "; ".join(f"{c.address}: {c.lost}" for c in self.clients)
+            raise WorkersLostError(
+                f"every rollout worker is lost ({reasons}): the run stops; restart the workers (or set "
+                "rollout.workers to null to sample in the trainer) and continue from the last checkpoint with "
+                "resume=auto"
+            )
+        return live
+
+    def metrics(self) -> dict[str, float]:
+        """Returns the workers' share of the step's metrics (live workers, seconds spent pushing weights), and
+        resets the push time."""
+        out = {"serve/workers": float(len(self.live)), "time/weight_push": self.push_seconds}
+        self.push_seconds = 0.0
+        return out
+
+    def close(self) -> None:
+        """Closes the connections and stops the workers this trainer started (also done when it is collected)."""
+        self._finalizer()
+
+
+def weights_bytes(state: torch.Tensor) -> bytes:
+    """Returns a generator state's bytes."""
+    return state.contiguous().numpy().tobytes()
+
+
+def _shutdown(clients: list[WorkerClient], local: LocalWorkers | None, context: Any) -> None:
+    for c in clients:
+        c.close()
+    if local is not None:
+        local.stop()
+    if context is not None:
+        context.term()
+
+
+def connect_workers(
+    workers: int | list[str],
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: RolloutEngine,
+    *,
+    model_path: str,
+    dtype: str,
+    device: str,
+    attn_implementation: str,
+    lora: dict[str, Any] | None,
+    timeout: float,
+    connect_timeout: float,
+) -> RemoteGeneration:
+    """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
+    greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
+    weight channels and pushing the trainer's weights."""
+    zmq = zmq_module()
+    local = None
+    if isinstance(workers, int):
+        if not model_path:
+            raise ConfigError(
+                "rollout.workers starts local workers from model.name_or_path, which is empty (the model was "
+                "given as an object); set model.name_or_path, or list running workers' addresses"
+            )
+        local = LocalWorkers.start(
+            workers,
+            model_path,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            threads=torch.get_num_threads(),  # the trainer's: the same float reductions as in-process sampling
+            timeout=connect_timeout,
+        )
+        addresses = local.addresses
+    else:
+        addresses = list(workers)
+    context = zmq.Context()
+    processes = local.processes if local is not None else [None] * len(addresses)
+    clients = [WorkerClient(context, a, p) for a, p in zip(addresses, processes)]
+    source = RemoteGeneration(clients, model, timeout=timeout, local=local, context=context)
+    try:
+        eos, pad = stop_token_ids(model, tokenizer)
+        mine = identity(model, tokenizer, eos, pad)
+        hello = {
+            "op": "hello",
+            "cohort": __version__,
+            "protocol": PROTOCOL,
+            "engine": engine.name,
+            "fast": asdict(engine.fast) if hasattr(engine, "fast") else None,
+            "lora": lora,
+        }
+        for c in clients:
+            try:
+                reply, _ = c.request(hello, timeout=connect_timeout)
+            except _Lost as e:
+                raise ConfigError(
+                    f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
+                    f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
+                ) from None
+            if not reply.get("ok"):
+                raise ConfigError(
+                    f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
+                )
+            c.identity = reply["identity"]
+            problem = mismatch(mine, c.identity, c.address)
+            if problem is not None:
+                raise ConfigError(problem)
+            if dtype != "auto" and c.identity.get("dtype") != dtype:
+                raise ConfigError(
+                    f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
+                    f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
+                )
+        source.open_channels(connect_timeout)
+        source.push_weights(full=True)
+    except BaseException:
+        source.close()
+        raise
+    return source

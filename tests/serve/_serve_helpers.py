@@ -1,0 +1,74 @@
+"""Shared helpers of the rollout-worker tests: a tiny run's config, worker processes started and always ended."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from cohort.config import load_config
+from cohort.serve.worker import READY
+
+DIGITS = str(Path(__file__).parent.parent / "digit_reward.py") + ":digit_fraction"
+
+
+def run_config(model_dir, out, **over):
+    """Returns a 3-step run's TrainConfig on the tiny model (dotted keys in `over` override it)."""
+    base = {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"task": "addition", "n_train": 64, "n_eval": 16},
+        "rollout": {"group_size": 4, "batch_size": 16, "max_completion_length": 6, "connect_timeout": 60},
+        "optim": {"lr": 5e-3},
+        "rewards": [DIGITS],
+        "steps": 3,
+        "out_dir": str(out),
+        "progress": False,
+        "eval_at_ends": False,
+        "save_every": 0,
+    }
+    for k, v in over.items():
+        node = base
+        *path, last = k.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return load_config(None, base)
+
+
+@contextlib.contextmanager
+def serving(model_dir, *extra: str, timeout: float = 60.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yields (host:port, process) of a `cohort serve` on 127.0.0.1 and a free port; SIGKILLs it on exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cohort", "serve", "--model", str(model_dir), "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            if line.startswith(READY):
+                break
+            assert line and time.monotonic() < deadline, f"the worker did not start (exit {proc.poll()})"
+        yield line[len(READY) :].split()[0].removeprefix("tcp://"), proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def alive(pid: int) -> bool:
+    """Returns whether a process with this pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,92 @@
+"""Bad rollout-worker settings fail before training with one line naming the fix: staleness below 0 (or above 0
+without workers, or not built yet), malformed or silent addresses, a worker serving another model, another
+cohort version."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from _serve_helpers import run_config, serving
+
+from cohort.config import ConfigError
+from cohort.serve import protocol
+from cohort.trainer import GRPOTrainer
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (
+            {"rollout.max_staleness": -1},
+            r"rollout.max_staleness=-1 must be an int >= 0.*set rollout.max_staleness=0",
+        ),
+        ({"rollout.max_staleness": 1}, r"only rollout workers do; set rollout.workers"),
+        ({"rollout.max_staleness": 1, "rollout.workers": 1}, r"not built yet; set rollout.max_staleness=0"),
+        ({"rollout.workers": 0}, r"rollout.workers=0: give a number of local workers >= 1"),
+        ({"rollout.workers": ["nohost"]}, r"'nohost', which is not host:port"),
+        ({"rollout.workers": ["127.0.0.1:5555", "127.0.0.1:5555"]}, r"lists an address twice"),
+        (
+            {"rollout.worker_timeout": 0},
+            r"rollout.worker_timeout=0(\.0)? must be a positive number of seconds",
+        ),
+    ],
+)
+def test_bad_worker_settings_are_config_errors(tiny_model_dir, tmp_path, over, match):
+    with pytest.raises(ConfigError, match=match):
+        run_config(tiny_model_dir, tmp_path, **over).validate()
+
+
+def test_workers_parse_from_overrides(tiny_model_dir, tmp_path):
+    assert run_config(tiny_model_dir, tmp_path, **{"rollout.workers": "2"}).rollout.workers == 2
+    cfg = run_config(tiny_model_dir, tmp_path, **{"rollout.workers": "127.0.0.1:5555,node5:5556"})
+    assert cfg.rollout.workers == ["127.0.0.1:5555", "node5:5556"]
+
+
+def test_an_address_that_does_not_answer(tiny_model_dir, tmp_path):
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    over = {"rollout.workers": [f"127.0.0.1:{port}"], "rollout.connect_timeout": 1}
+    with pytest.raises(
+        ConfigError, match=rf"no rollout worker answered at 127.0.0.1:{port} .*cohort serve --model"
+    ):
+        GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory):
+    from cohort.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("other") / "m", hidden_size=16, num_layers=1, num_heads=2)
+
+
+def test_a_worker_of_another_model_or_version_is_refused(
+    tiny_model_dir, other_model_dir, tmp_path, monkeypatch
+):
+    with serving(other_model_dir) as (address, _):
+        over = {"rollout.workers": [address]}
+        with pytest.raises(
+            ConfigError, match=rf"worker at {address} serves .*tensors differ.*cohort serve --model"
+        ):
+            GRPOTrainer(run_config(tiny_model_dir, tmp_path / "model", **over))
+    with serving(tiny_model_dir) as (address, _):
+        monkeypatch.setattr(protocol, "__version__", "0.0.1")
+        with pytest.raises(
+            ConfigError, match=r"runs cohort 0.1.0 and the trainer cohort 0.0.1: install the same"
+        ):
+            GRPOTrainer(run_config(tiny_model_dir, tmp_path / "version", **{"rollout.workers": [address]}))
+
+
+def shout(text: str) -> str:
+    """Returns the text in capitals.
+
+    Args:
+        text: what to shout
+    """
+    return text.upper()
+
+
+def test_multi_turn_episodes_are_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="cannot roll out multi-turn episodes yet"):
+        GRPOTrainer(run_config(tiny_model_dir, tmp_path, **{"rollout.workers": 1}), tools=[shout])

@@ -1,0 +1,79 @@
+"""At rollout.max_staleness 0 a run whose completions come from one rollout worker is the in-process run, to the
+bit: the same metrics rows (timings aside) and the same final weights. Guards the generator-state round trip,
+the weight push (every tensor, every step) and the RolloutBatch's transport (log-probs as raw float32 bytes)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from _serve_helpers import run_config
+
+from cohort.serve import weights
+from cohort.trainer import GRPOTrainer
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def test_one_local_worker_equals_the_in_process_run(tiny_model_dir, tmp_path):
+    plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain"))
+    plain.train()
+    remote = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "remote", **{"rollout.workers": 1}))
+    try:
+        assert remote.remote is not None and len(remote.remote.live) == 1
+        remote.train()
+    finally:
+        if remote.remote is not None:
+            remote.remote.close()
+    a, b = _rows(tmp_path / "plain"), _rows(tmp_path / "remote")
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b):
+        extra = set(rb) - set(ra)
+        assert extra == {"serve/workers", "time/weight_push"}, extra
+        assert rb["serve/workers"] == 1.0
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    wa, wb = plain.model.state_dict(), remote.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], plain_init) for k, plain_init in _initial(tiny_model_dir).items())
+
+
+def _initial(model_dir):
+    from cohort.models import load_model
+
+    return load_model(model_dir).state_dict()
+
+
+def test_lora_pushes_only_the_adapter_and_stays_exact(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    over = {
+        "model.lora.enabled": True,
+        "model.lora.r": 4,
+        "model.lora.alpha": 8,
+        "optim.lr": 5e-2,
+        "steps": 2,
+    }
+    plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain", **over))
+    plain.train()
+    remote = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "remote", **over, **{"rollout.workers": 1}))
+    try:
+        sent = weights.push_tensors(remote.model, full=False)
+        assert sent and all("lora_" in name for name, _ in sent)
+        remote.train()
+    finally:
+        if remote.remote is not None:
+            remote.remote.close()
+    a, b = _rows(tmp_path / "plain"), _rows(tmp_path / "remote")
+    for ra, rb in zip(a, b):
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    wa, wb = plain.model.state_dict(), remote.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
