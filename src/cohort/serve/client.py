@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -271,9 +271,11 @@ class RemoteGeneration:
         params: SamplingParams,
         generator: torch.Generator | None,
         rows: list[dict] | None = None,
+        on_finished: Callable[[int, list[int]], None] | None = None,
     ) -> RolloutBatch:
         """Returns the workers' rollout of the current weights: the same batch as the in-process engine with one
-        worker; chunk by chunk, each from its own seed, with several."""
+        worker; chunk by chunk, each from its own seed, with several (on_finished hears each completion that
+        ended with EOS once the batch is back: the workers do not stream)."""
         self.push_weights()
         n = min(self.chunks, len(prompt_ids))
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
@@ -304,7 +306,11 @@ class RemoteGeneration:
             parts.append((batch, range(batch.num_prompts)))
             if exact and state is not None and generator is not None:
                 generator.set_state(state)
-        return select_groups(parts)
+        batch = select_groups(parts)
+        if on_finished is not None:
+            for row in (~batch.truncated).nonzero().flatten().tolist():
+                on_finished(row, batch.completion_ids[row])
+        return batch
 
     def _serve(self, requests: list[tuple[dict, list[bytes]]]) -> list[tuple[dict, list[bytes]]]:
         """Returns each request's reply, sending every request to a live worker (round robin) and a lost worker's
