@@ -19,8 +19,10 @@
 4. GRPO on the accuracy reward with the tool (`grpo_stage`): held-out greedy episodes before and after.
 
     python examples/tool_task.py --out runs/tool --threads 1
+    python examples/tool_task.py --out runs/tool-again --warm-start runs/tool/sft-model --grpo-seed 1
 
-Writes OUT/base-model, OUT/sft-model and OUT/summary.json (the measurements, SFT stages and timings).
+Writes OUT/base-model, OUT/sft-model, OUT/grpo (the GRPO run's folder: metrics.jsonl, evals.jsonl, samples.jsonl,
+report.html) and OUT/summary.json (the measurements, SFT stages, held-out evaluations and timings).
 """
 
 from __future__ import annotations
@@ -344,7 +346,13 @@ def main() -> None:
     )
     parser.add_argument("--sft-target", type=float, default=0.2, help="stage c: whole episodes right")
     parser.add_argument("--n-eval", type=int, default=100, help="held-out problems measured")
-    parser.add_argument("--steps", type=int, default=200, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=150, help="GRPO steps")
+    parser.add_argument("--grpo-seed", type=int, default=None, help="the GRPO run's seed (default: --seed)")
+    parser.add_argument(
+        "--warm-start",
+        default=None,
+        help="a warm-started model folder (OUT/sft-model of an earlier run): no SFT, straight to GRPO",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -360,6 +368,14 @@ def main() -> None:
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    grpo_seed = args.seed if args.grpo_seed is None else args.grpo_seed
+    if args.warm_start:
+        summary = {"task": "multiply", "warm_start_from": args.warm_start, "grpo_seed": grpo_seed}
+        summary["grpo"] = grpo_stage(Path(args.warm_start), out, steps=args.steps, seed=grpo_seed)
+        summary["seconds_total"] = round(time.perf_counter() - t0, 1)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"GRPO from {args.warm_start} done; {summary['seconds_total']:.0f} s in all", flush=True)
+        return
     seed_globals(args.seed)
     with quiet_hf_progress():
         base = build_tool_model(out / "base-model", seed=args.seed)
@@ -439,7 +455,7 @@ def main() -> None:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # kept if the GRPO stage fails
     if not args.no_grpo:
-        summary["grpo"] = grpo_stage(sft_dir, out, steps=args.steps, seed=args.seed)
+        summary["grpo"] = grpo_stage(sft_dir, out, steps=args.steps, seed=grpo_seed)
     summary["seconds_total"] = round(time.perf_counter() - t0, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
