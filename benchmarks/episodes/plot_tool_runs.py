@@ -10,7 +10,7 @@ means). A run folder is examples/tool_task.py's --out (or its grpo/ folder itsel
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -18,18 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def _rows(path: Path) -> list[dict]:
-    """Returns the JSON objects of a .jsonl file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _running_mean(values: list[float], window: int) -> list[float]:
-    """Returns the mean of each value and the up to `window` - 1 before it."""
-    return [
-        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
-        for i in range(len(values))
-    ]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
+from benchmarks.plotting import jsonl_rows, running_mean  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +33,7 @@ def main() -> None:
     fig, (held, train) = plt.subplots(1, 2, figsize=(10, 3.6))
     for folder, label in zip(args.runs[::2], args.runs[1::2]):
         run = Path(folder) / "grpo" if (Path(folder) / "grpo").is_dir() else Path(folder)
-        evals = _rows(run / "evals.jsonl")
+        evals = jsonl_rows(run / "evals.jsonl")
         steps = [e["step"] for e in evals]
         line = held.plot(steps, [100 * e["accuracy"] for e in evals], marker="o", label=f"{label}: accuracy")
         color = line[0].get_color()
@@ -55,17 +45,17 @@ def main() -> None:
             marker="x",
             label=f"{label}: tool calls / episode",
         )
-        metrics = _rows(run / "metrics.jsonl")
+        metrics = jsonl_rows(run / "metrics.jsonl")
         steps = [m["step"] for m in metrics]
         train.plot(
             steps,
-            [100 * v for v in _running_mean([m["rewards/accuracy_reward/mean"] for m in metrics], 20)],
+            [100 * v for v in running_mean([m["rewards/accuracy_reward/mean"] for m in metrics], 20)],
             color=color,
             label=f"{label}: accuracy reward",
         )
         train.plot(
             steps,
-            [100 * v for v in _running_mean([m["tools/call_frequency"] for m in metrics], 20)],
+            [100 * v for v in running_mean([m["tools/call_frequency"] for m in metrics], 20)],
             color=color,
             linestyle="--",
             label=f"{label}: tool calls / episode",

@@ -9,7 +9,7 @@ the share of completions that passed every test, as 20-step running means).
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -17,18 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def _rows(path: Path) -> list[dict]:
-    """Returns the JSON objects of a .jsonl file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _running_mean(values: list[float], window: int) -> list[float]:
-    """Returns the mean of each value and the up to `window` - 1 before it."""
-    return [
-        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
-        for i in range(len(values))
-    ]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
+from benchmarks.plotting import jsonl_rows, running_mean  # noqa: E402
 
 
 def main() -> None:
@@ -42,20 +32,20 @@ def main() -> None:
     fig, (held, train) = plt.subplots(1, 2, figsize=(10, 3.6))
     for folder, label in zip(args.runs[::2], args.runs[1::2]):
         run = Path(folder)
-        evals = _rows(run / "evals.jsonl")
+        evals = jsonl_rows(run / "evals.jsonl")
         line = held.plot(
             [e["step"] for e in evals], [100 * e["accuracy"] for e in evals], marker="o", label=label
         )
-        metrics = _rows(run / "metrics.jsonl")
+        metrics = jsonl_rows(run / "metrics.jsonl")
         steps = [m["step"] for m in metrics]
         color = line[0].get_color()
         train.plot(
             steps,
-            _running_mean([m["rewards/code_reward/mean"] for m in metrics], 20),
+            running_mean([m["rewards/code_reward/mean"] for m in metrics], 20),
             color=color,
             label=f"{label}: reward",
         )
-        passed = _running_mean([m["rewards/code_reward/passed"] for m in metrics], 20)
+        passed = running_mean([m["rewards/code_reward/passed"] for m in metrics], 20)
         train.plot(steps, passed, color=color, linestyle="--", label=f"{label}: all tests passed")
     held.set(xlabel="GRPO step", ylabel="held-out greedy pass rate (%)", title="Held-out problems (100)")
     train.set(xlabel="GRPO step", ylabel="mean over 20 steps", title="Training completions (64 a step)")
