@@ -170,18 +170,6 @@ def first_turns(
     return prompts, turns, [parser.parse(tokenizer.decode(ids, skip_special_tokens=False)) for ids in turns]
 
 
-def right_call_rate(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    engine: RolloutEngine,
-    rows: Sequence[Mapping[str, Any]],
-    schemas: list[dict[str, Any]],
-) -> float:
-    """Returns the share of rows whose greedy first turn is one well-formed multiply call with the row's factors."""
-    _, _, parsed = first_turns(model, tokenizer, engine, rows, schemas)
-    return sum(_call_is_right(turn, row) for turn, row in zip(parsed, rows)) / len(rows)
-
-
 def measure(
     model: torch.nn.Module,
     tokenizer: Any,

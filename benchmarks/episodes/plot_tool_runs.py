@@ -9,7 +9,6 @@ means). A run folder is examples/tool_task.py's --out (or its grpo/ folder itsel
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,20 +18,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
-from benchmarks.plotting import jsonl_rows, running_mean  # noqa: E402
+from benchmarks.plotting import jsonl_rows, labelled_runs, running_mean, save_figure  # noqa: E402
 
 
 def main() -> None:
     """Writes the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="pairs of run folder and label")
-    parser.add_argument("--out", default="docs/img/tool_task.png")
-    args = parser.parse_args()
-    if len(args.runs) % 2:
-        parser.error("give a label after every run folder")
+    runs, out = labelled_runs(__doc__.split("\n")[0], "docs/img/tool_task.png")
     fig, (held, train) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for folder, label in zip(args.runs[::2], args.runs[1::2]):
-        run = Path(folder) / "grpo" if (Path(folder) / "grpo").is_dir() else Path(folder)
+    for folder, label in runs:
+        run = folder / "grpo" if (folder / "grpo").is_dir() else folder
         evals = jsonl_rows(run / "evals.jsonl")
         steps = [e["step"] for e in evals]
         line = held.plot(steps, [100 * e["accuracy"] for e in evals], marker="o", label=f"{label}: accuracy")
@@ -62,13 +56,7 @@ def main() -> None:
         )
     held.set(xlabel="GRPO step", ylabel="% (calls: x100)", title="Held-out problems (50), greedy episodes")
     train.set(xlabel="GRPO step", ylabel="mean over 20 steps (%)", title="Training episodes (32 a step)")
-    for ax in (held, train):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
-    print(args.out)
+    save_figure(fig, (held, train), out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ the share of completions that passed every test, as 20-step running means).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,20 +17,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
-from benchmarks.plotting import jsonl_rows, running_mean  # noqa: E402
+from benchmarks.plotting import jsonl_rows, labelled_runs, running_mean, save_figure  # noqa: E402
 
 
 def main() -> None:
     """Writes the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="pairs of run folder and label")
-    parser.add_argument("--out", default="docs/img/code_task.png")
-    args = parser.parse_args()
-    if len(args.runs) % 2:
-        parser.error("give a label after every run folder")
+    runs, out = labelled_runs(__doc__.split("\n")[0], "docs/img/code_task.png")
     fig, (held, train) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for folder, label in zip(args.runs[::2], args.runs[1::2]):
-        run = Path(folder)
+    for folder, label in runs:
+        run = folder
         evals = jsonl_rows(run / "evals.jsonl")
         line = held.plot(
             [e["step"] for e in evals], [100 * e["accuracy"] for e in evals], marker="o", label=label
@@ -49,13 +43,7 @@ def main() -> None:
         train.plot(steps, passed, color=color, linestyle="--", label=f"{label}: all tests passed")
     held.set(xlabel="GRPO step", ylabel="held-out greedy pass rate (%)", title="Held-out problems (100)")
     train.set(xlabel="GRPO step", ylabel="mean over 20 steps", title="Training completions (64 a step)")
-    for ax in (held, train):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
-    print(args.out)
+    save_figure(fig, (held, train), out)
 
 
 if __name__ == "__main__":

@@ -9,35 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-from cohort.config import load_config
+# a tiny 3-step run's config (dotted keys override it), as the trainer tests build it
+from test_trainer import _cfg as run_config  # noqa: F401
+
 from cohort.serve.worker import READY
-
-DIGITS = str(Path(__file__).parent.parent / "digit_reward.py") + ":digit_fraction"
-
-
-def run_config(model_dir, out, **over):
-    """Returns a 3-step run's TrainConfig on the tiny model (dotted keys in `over` override it)."""
-    base = {
-        "model": {"name_or_path": str(model_dir)},
-        "data": {"task": "addition", "n_train": 64, "n_eval": 16},
-        "rollout": {"group_size": 4, "batch_size": 16, "max_completion_length": 6, "connect_timeout": 60},
-        "optim": {"lr": 5e-3},
-        "rewards": [DIGITS],
-        "steps": 3,
-        "out_dir": str(out),
-        "progress": False,
-        "eval_at_ends": False,
-        "save_every": 0,
-    }
-    for k, v in over.items():
-        node = base
-        *path, last = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = v
-    return load_config(None, base)
 
 
 @contextlib.contextmanager
