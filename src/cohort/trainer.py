@@ -50,6 +50,7 @@ from cohort.sharding import (
 )
 from cohort.train.advantages import Advantaged, advantage_batch, own_rows
 from cohort.train.build import (
+    build_ahead,
     build_curriculum,
     build_engine,
     build_episodes,
@@ -278,6 +279,7 @@ class GRPOTrainer:
         )
         # Rollout workers (rollout.workers): greeted, checked and sent the weights here, before training starts.
         self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine)
+        self.ahead = build_ahead(cfg, self.remote)  # rollout.max_staleness > 0: batches requested ahead
         self.source: GenerationSource = (
             self.episodes
             or self.remote
@@ -299,6 +301,7 @@ class GRPOTrainer:
             max_rounds=cfg.algo.max_sampling_rounds,
             live_state=self._live_state,
             warn_once=self._warn_once,
+            ahead=self.ahead,
         )
         self.held_out = HeldOut(
             self.eval_rows,
@@ -438,6 +441,15 @@ class GRPOTrainer:
             parts.register("iterative", self.iterative, file="iterative.pt")
         if self.episodes is not None:  # episode counters and the pooled environments' own state
             parts.register("episodes", self.episodes, per_process=True, rewinds=True)
+        if self.ahead is not None:  # the batches requested ahead: saved whole, rewound by reference
+            parts.register(
+                "ahead",
+                self.ahead,
+                per_process=True,
+                rewinds=True,
+                mark=self.ahead.snapshot,
+                back=self.ahead.rewind,
+            )
         return parts
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -493,7 +505,7 @@ class GRPOTrainer:
         want = self.cfg.prompts_per_step
         # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
         with gathered(self.model):
-            drawn = self.drawer.draw(want, step)
+            drawn = self.drawer.draw(want, step, first=True)
             collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
             groups = len(drawn.rollout.prompt_ids)
             if self.cfg.algo.dynamic_sampling:
@@ -569,7 +581,8 @@ class GRPOTrainer:
             gather,
         )
         for k, v in drawn.metrics().items():  # over every process: the most rounds any took, summed counts
-            metrics[k] = float(dist.all_max_int(int(v))) if k == "sampling/rounds" else dist.all_sum_float(v)
+            most = k in ("sampling/rounds", "serve/staleness")
+            metrics[k] = float(dist.all_max_int(int(v))) if most else dist.all_sum_float(v)
         if drawn.steps is not None:
             metrics.update(process_metrics(drawn.steps))
         if rollout.episodes is not None:

@@ -54,11 +54,16 @@ def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
     """Returns `cfg` with the fields that follow from others set, in place, for a run on `world_size` processes.
 
     - rollout.batch_size: each process's share of distributed.global_batch_size, when one is given;
-    - fast.*: a switch given as a boolean (a bare YAML on / off, or True / False from Python) as on / off.
+    - fast.*: a switch given as a boolean (a bare YAML on / off, or True / False from Python) as on / off;
+    - algo.sampler_correction=auto: token_tis when rollout.max_staleness > 0 (the batches' sampler is an older
+      policy), else none.
 
     Deriving twice gives the same config, so a config that was derived may be derived again."""
     share = per_process_batch(cfg, world_size)
     if share is not None:
         cfg.rollout.batch_size = share
     cfg.fast.normalise_switches()
+    if cfg.algo.sampler_correction == "auto":
+        stale = isinstance(cfg.rollout.max_staleness, int) and cfg.rollout.max_staleness > 0
+        cfg.algo.sampler_correction = "token_tis" if stale else "none"
     return cfg

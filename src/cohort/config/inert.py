@@ -107,10 +107,12 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         "algo.sampler_correction",
         lambda c, _: (
             None
-            if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype)) or c.rollout.engine == "vllm"
+            if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype))
+            or c.rollout.engine == "vllm"
+            or c.rollout.max_staleness != 0
             else "the completions are sampled by the weights being trained, in their precision, so the sampler and "
-            "the trainer differ only by rounding; set rollout.sampler_dtype (a low-precision sampling copy) or "
-            "rollout.engine=vllm, or drop this key"
+            "the trainer differ only by rounding; set rollout.sampler_dtype (a low-precision sampling copy), "
+            "rollout.engine=vllm or rollout.max_staleness, or drop this key"
         ),
     ),
     Inert(

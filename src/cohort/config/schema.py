@@ -250,10 +250,11 @@ class AlgoConfig:
     """clip_cov draws its tokens among those whose covariance lies in [low, high] (the paper's 1 and 5)."""
     kl_cov_coef: float = 1.0
     """kl_cov's penalty coefficient (the paper's 1)."""
-    sampler_correction: str = "none"
-    """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype):
-    none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis, sequence_mis (drop
-    tokens / sequences whose ratio leaves [sampler_is_min, sampler_is_max])."""
+    sampler_correction: str = "auto"
+    """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype,
+    rollout.max_staleness): none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis,
+    sequence_mis (drop tokens / sequences whose ratio leaves [sampler_is_min, sampler_is_max]); auto is
+    token_tis with rollout.max_staleness > 0 (batches sampled by older weights), else none."""
     sampler_is_max: float = 2.0
     """Upper bound of the sampler importance ratio (TIS's C = 2)."""
     sampler_is_min: float | None = None

@@ -312,10 +312,10 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
-    if k > 0:
+    if k > 0 and world > 1:
         raise ConfigError(
-            f"rollout.max_staleness={k}: asynchronous steps (batches sampled with weights up to k steps old) "
-            "are not built yet; set rollout.max_staleness=0"
+            f"rollout.max_staleness={k} with {world} training processes is not built (batches are requested "
+            "ahead by one trainer process); set rollout.max_staleness=0 under torchrun"
         )
     if world > 1:
         raise ConfigError(

@@ -6,8 +6,12 @@ carries the trainer's own sampling generator state and the worker hands back the
 draws exactly what the in-process engine would (rollout.max_staleness: 0). With several, each chunk samples
 from a seed drawn from the trainer's generator, so the batch is the same whichever worker serves a chunk, and
 when one is lost its chunks are served by the others unchanged. A worker is lost when its process ends, its
-connection drops, or it does not answer within rollout.worker_timeout; the loss is reported as a warning and
-the run goes on with the others, or stops with WorkersLostError when none is left.
+connection drops, or it makes no progress (answers nothing) for rollout.worker_timeout; the loss is reported
+as a warning and the run goes on with the others, or stops with WorkersLostError when none is left.
+
+Asynchronous steps (rollout.max_staleness > 0) send requests ahead (`submit`, later `collect`) and do not
+wait for a weight push to land: a worker serves its requests in the order they were sent, so a request sent
+after a push is sampled with the pushed weights, and one sent before it with the older ones.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -62,12 +66,43 @@ class WorkerClient:
         self.lost: str | None = None
         self.identity: dict[str, Any] = {}
         self.channel: weights.Channel | None = None
+        self.inbox: dict[int, tuple[dict[str, Any], list[bytes]]] = {}  # replies not taken yet, by request id
+        self.awaited: set[int] = set()  # requests whose replies are wanted (others are dropped on arrival)
+        self.heard = time.monotonic()  # when it last answered anything: a busy worker still makes progress
 
     def send(self, header: dict[str, Any], blobs: Sequence[bytes] = ()) -> int:
         """Returns the id of the request sent."""
         rid = next(self._ids)
         self.sock.send_multipart(pack({**header, "id": rid}, list(blobs)))
+        self.awaited.add(rid)
         return rid
+
+    def pump(self) -> None:
+        """Returns None after moving every reply that arrived into the inbox (dropping those no one awaits);
+        raises _Lost as `check`."""
+        self.check()
+        while self.sock.poll(0):
+            header, blobs = unpack(self.sock.recv_multipart())
+            self.heard = time.monotonic()
+            if header.get("id") in self.awaited:
+                self.inbox[header["id"]] = (header, blobs)
+
+    def take(self, rid: int) -> tuple[dict[str, Any], list[bytes]] | None:
+        """Returns the reply to request `rid` when it has arrived (once), else None."""
+        reply = self.inbox.pop(rid, None)
+        if reply is not None:
+            self.awaited.discard(rid)
+        return reply
+
+    def forget(self, rid: int) -> None:
+        """Returns None; the reply to request `rid` is no longer wanted (dropped when it arrives)."""
+        self.awaited.discard(rid)
+        self.inbox.pop(rid, None)
+
+    def late(self, sent: float, timeout: float) -> bool:
+        """Returns whether a request sent at `sent` has waited `timeout` seconds with no answer from the worker
+        to anything since (requests are served in order: one queued behind others waits while they run)."""
+        return time.monotonic() - max(sent, self.heard) > timeout
 
     def check(self) -> None:
         """Returns None; raises _Lost when the worker's process ended or its connection dropped."""
@@ -86,14 +121,15 @@ class WorkerClient:
         """Returns (header, blobs) of the reply to request `rid`; raises _Lost after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            self.check()
+            self.pump()
+            reply = self.take(rid)
+            if reply is not None:
+                return reply
             left = deadline - time.monotonic()
             if left <= 0:
+                self.forget(rid)
                 raise _Lost(f"it did not answer within {timeout:g} s")
-            if self.sock.poll(int(min(left, 0.2) * 1000)):
-                header, blobs = unpack(self.sock.recv_multipart())
-                if header.get("id") == rid:
-                    return header, blobs
+            self.sock.poll(int(min(left, 0.2) * 1000))
 
     def request(self, header: dict[str, Any], blobs: Sequence[bytes] = (), *, timeout: float):
         """Returns (header, blobs) of the reply to one request; raises _Lost as `receive`."""
@@ -183,6 +219,29 @@ def _read_address(process: subprocess.Popen, deadline: float, timeout: float) ->
                 return line[len(READY) :].split()[0].removeprefix("tcp://")
 
 
+@dataclass
+class Ticket:
+    """A batch requested from the workers: its chunk requests, and for each its reply or where it waits."""
+
+    requests: list[tuple[dict[str, Any], list[bytes]]]
+    group_size: int
+    exact: bool
+    """One chunk carrying the trainer's generator state: `collect` hands the advanced state back."""
+    replies: list[tuple[dict[str, Any], list[bytes]] | None] = field(default_factory=list)
+    pending: dict[int, tuple[WorkerClient, int, float]] = field(default_factory=dict)
+    """chunk -> (worker, request id, when sent)."""
+
+
+@dataclass
+class _Push:
+    """A weight push on its way: per worker the id of its request and the transfers' works (and the buffers
+    they read, kept alive until they finish)."""
+
+    sent: list[tuple[WorkerClient, int, list]]
+    buffers: list[torch.Tensor]
+    started: float
+
+
 class RemoteGeneration:
     """A generation source whose completions come from rollout workers (cohort serve), weights pushed to them."""
 
@@ -194,14 +253,19 @@ class RemoteGeneration:
         timeout: float,
         local: LocalWorkers | None = None,
         context: Any = None,
+        pushes_in_flight: int = 0,
     ) -> None:
+        """pushes_in_flight: weight pushes that may still be landing while the trainer goes on (0: each push
+        is waited for; rollout.max_staleness > 0 lets that many land behind the requests queued before them)."""
         self.clients, self.model, self.timeout = clients, model, timeout
         self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
         self.local, self.context = local, context
+        self.pushes_in_flight = pushes_in_flight
         self.version = 0
         self.pushed: int | None = None
         self.push_seconds = 0.0
         self.store: Any = None
+        self._pushes: list[_Push] = []
         self._finalizer = weakref.finalize(self, _shutdown, clients, local, context)
 
     @property
@@ -240,29 +304,45 @@ class RemoteGeneration:
 
     def push_weights(self, *, full: bool = False) -> None:
         """Sends the current weights to every live worker (the whole state dict when `full` or a worker has
-        none yet), losing a worker whose receive fails or times out."""
+        none yet), losing a worker whose receive fails or times out. A full push, or any push without
+        pushes_in_flight, returns once the workers hold the weights; otherwise it returns at once, and the
+        push lands when each worker reaches it among its requests."""
         if self.pushed == self.version and not full:
             return
         t0 = time.perf_counter()
         everything = full or self.pushed is None
+        self._land(keep=max(self.pushes_in_flight - 1, 0) if not everything else 0)
         spec, buffers = weights.flatten(weights.push_tensors(self.model, full=everything))
         sent = []
         for c in self.live:
             try:
-                c.request({"op": "weights", "version": self.version, "spec": spec}, timeout=self.timeout)
                 assert c.channel is not None
-                sent.append((c, c.channel.broadcast(buffers)))
-            except (_Lost, RuntimeError) as e:
-                self._lose(c, f"weight push: {e}")
-        for c, works in sent:
-            try:
-                assert c.channel is not None
-                c.channel.wait(works)
+                rid = c.send({"op": "weights", "version": self.version, "spec": spec})
+                sent.append((c, rid, c.channel.broadcast(buffers)))
             except RuntimeError as e:
-                self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        self._require_live()
+                self._lose(c, f"weight push: {e}")
+        self._pushes.append(_Push(sent, buffers, time.monotonic()))
         self.pushed = self.version
+        self._land(keep=0 if everything else self.pushes_in_flight)
+        self._require_live()
         self.push_seconds += time.perf_counter() - t0
+
+    def _land(self, keep: int) -> None:
+        """Returns once at most `keep` pushes are still on their way (the oldest are waited for: each worker's
+        acknowledgement, then its transfers); a worker whose push fails or times out is lost."""
+        while len(self._pushes) > keep:
+            push = self._pushes.pop(0)
+            for c, rid, works in push.sent:
+                if c.lost is not None:
+                    continue
+                try:
+                    reply, _ = c.receive(rid, self.timeout)
+                    if not reply.get("ok"):
+                        raise RuntimeError(reply.get("error") or "refused")
+                    assert c.channel is not None
+                    c.channel.wait(works)
+                except (_Lost, RuntimeError) as e:
+                    self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
 
     def generate(
         self,
@@ -277,9 +357,56 @@ class RemoteGeneration:
         worker; chunk by chunk, each from its own seed, with several (on_finished hears each completion that
         ended with EOS once the batch is back: the workers do not stream)."""
         self.push_weights()
+        batch = self.collect(self._ticket(prompt_ids, group_size, params, generator, exact=True), generator)
+        if on_finished is not None:
+            for row in (~batch.truncated).nonzero().flatten().tolist():
+                on_finished(row, batch.completion_ids[row])
+        return batch
+
+    def submit(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Ticket:
+        """Returns the ticket of a batch requested now, sampled with the weights last pushed (each chunk from a
+        seed drawn from `generator`); `collect` waits for it."""
+        return self._ticket(prompt_ids, group_size, params, generator, exact=False)
+
+    def collect(self, ticket: Ticket, generator: torch.Generator | None = None) -> RolloutBatch:
+        """Returns the batch of a ticket once every chunk is back (a lost worker's chunks are sent to the others);
+        an exact ticket's advanced generator state is set on `generator`."""
+        self._wait(ticket)
+        parts = []
+        for (header, _), reply in zip(ticket.requests, ticket.replies):
+            assert reply is not None
+            batch, state = read_batch(reply[0], reply[1], header["prompt_ids"], ticket.group_size)
+            parts.append((batch, range(batch.num_prompts)))
+            if ticket.exact and state is not None and generator is not None:
+                generator.set_state(state)
+        return select_groups(parts)
+
+    def abandon(self, ticket: Ticket) -> None:
+        """Returns None; the ticket's replies are no longer wanted (the workers still serve its requests)."""
+        for c, rid, _ in ticket.pending.values():
+            c.forget(rid)
+        ticket.pending.clear()
+
+    def _ticket(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        exact: bool,
+    ) -> Ticket:
+        """Returns a sent ticket: one chunk per configured worker; `exact` with one worker carries the generator's
+        state (the in-process stream), else each chunk carries a seed drawn from it."""
         n = min(self.chunks, len(prompt_ids))
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
-        exact = n == 1 and generator is not None
+        exact = exact and n == 1 and generator is not None
         if generator is not None and not all(
             c.identity.get("device") == generator.device.type for c in self.live
         ):
@@ -294,66 +421,53 @@ class RemoteGeneration:
                 "prompt_ids": prompt_ids[bounds[i] : bounds[i + 1]],
                 "group_size": group_size,
                 "params": params_to_dict(params),
-                "version": self.pushed,
                 "seed": seeds[i],
             }
             blobs = [weights_bytes(generator.get_state())] if exact and generator is not None else []
             requests.append((header, blobs))
-        replies = self._serve(requests)
-        parts = []
-        for (header, _), (reply, reply_blobs) in zip(requests, replies):
-            batch, state = read_batch(reply, reply_blobs, header["prompt_ids"], group_size)
-            parts.append((batch, range(batch.num_prompts)))
-            if exact and state is not None and generator is not None:
-                generator.set_state(state)
-        batch = select_groups(parts)
-        if on_finished is not None:
-            for row in (~batch.truncated).nonzero().flatten().tolist():
-                on_finished(row, batch.completion_ids[row])
-        return batch
+        ticket = Ticket(requests, group_size, exact, [None] * n)
+        for i in range(n):
+            self._dispatch(ticket, i)
+        return ticket
 
-    def _serve(self, requests: list[tuple[dict, list[bytes]]]) -> list[tuple[dict, list[bytes]]]:
-        """Returns each request's reply, sending every request to a live worker (round robin) and a lost worker's
-        requests to the others; WorkersLostError when none is left."""
-        replies: list[tuple[dict, list[bytes]] | None] = [None] * len(requests)
-        pending: dict[int, tuple[WorkerClient, int, float]] = {}  # request -> (worker, id, deadline)
-        queue = list(range(len(requests)))
-        turn = itertools.count()
-        while queue or pending:
-            while queue:
-                live = self._require_live()
-                busy = {id(w) for w, _, _ in pending.values()}
-                idle = [c for c in live if id(c) not in busy] or live
-                c = idle[next(turn) % len(idle)]
-                i = queue.pop(0)
-                pending[i] = (c, c.send(*requests[i]), time.monotonic() + self.timeout)
-            for i, (c, rid, deadline) in list(pending.items()):
+    def _dispatch(self, ticket: Ticket, chunk: int) -> None:
+        """Sends a chunk's request to the live worker with the fewest requests awaited; WorkersLostError when none
+        is left. The request names the weights last pushed, which the worker holds when it reaches it."""
+        live = self._require_live()
+        c = min(live, key=lambda w: len(w.awaited))
+        header, blobs = ticket.requests[chunk]
+        header["version"] = self.pushed
+        ticket.pending[chunk] = (c, c.send(header, blobs), time.monotonic())
+
+    def _wait(self, ticket: Ticket) -> None:
+        """Returns once every chunk of the ticket has its reply, sending a lost worker's chunks to the others."""
+        while ticket.pending:
+            progressed = False
+            for i, (c, rid, sent) in list(ticket.pending.items()):
                 try:
-                    c.check()
-                    if time.monotonic() > deadline:
-                        raise _Lost(f"it did not answer within rollout.worker_timeout={self.timeout:g} s")
-                    if not c.sock.poll(0):
+                    if c.lost is not None:
+                        raise _Lost(c.lost)
+                    c.pump()
+                    reply = c.take(rid)
+                    if reply is not None and reply[0].get("kind") == "StaleWeightsError":
+                        raise _Lost(f"a weight push did not land ({reply[0].get('error')})")
+                    if reply is None:
+                        if c.late(sent, self.timeout):
+                            raise _Lost(f"it did not answer within rollout.worker_timeout={self.timeout:g} s")
                         continue
-                    header, blobs = unpack(c.sock.recv_multipart())
                 except _Lost as e:
-                    self._lose(c, str(e))
-                    lost = [j for j, (w, _, _) in pending.items() if w is c]
-                    for j in lost:
-                        del pending[j]
-                    queue += lost
-                    break
-                if header.get("id") != rid:
-                    # a reply to another of this worker's requests: match it to its own
-                    match = [j for j, (w, r, _) in pending.items() if w is c and r == header.get("id")]
-                    if not match:
-                        continue
-                    i = match[0]
-                del pending[i]
-                replies[i] = (self._check_reply(c, header), blobs)
-            else:
-                if pending:
-                    time.sleep(0.002)  # the sockets have nothing yet; poll again shortly
-        return [r for r in replies if r is not None]
+                    if c.lost is None:
+                        self._lose(c, str(e))
+                    c.forget(rid)
+                    del ticket.pending[i]
+                    self._dispatch(ticket, i)
+                    progressed = True
+                    continue
+                del ticket.pending[i]
+                ticket.replies[i] = (self._check_reply(c, reply[0]), reply[1])
+                progressed = True
+            if ticket.pending and not progressed:
+                time.sleep(0.002)  # the sockets have nothing yet; poll again shortly
 
     def _check_reply(self, c: WorkerClient, header: dict[str, Any]) -> dict[str, Any]:
         """Returns a reply's header; raises the typed error of a worker that could not serve the request."""
@@ -427,6 +541,7 @@ def connect_workers(
     lora: dict[str, Any] | None,
     timeout: float,
     connect_timeout: float,
+    pushes_in_flight: int = 0,
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
     greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
@@ -454,7 +569,9 @@ def connect_workers(
     context = zmq.Context()
     processes = local.processes if local is not None else [None] * len(addresses)
     clients = [WorkerClient(context, a, p) for a, p in zip(addresses, processes)]
-    source = RemoteGeneration(clients, model, timeout=timeout, local=local, context=context)
+    source = RemoteGeneration(
+        clients, model, timeout=timeout, local=local, context=context, pushes_in_flight=pushes_in_flight
+    )
     try:
         eos, pad = stop_token_ids(model, tokenizer)
         mine = identity(model, tokenizer, eos, pad)

@@ -76,6 +76,10 @@ def watch_parent(parent_pid: int, every: float = 0.5) -> threading.Thread:
     return thread
 
 
+class StaleWeightsError(RuntimeError):
+    """A generate request names weights this worker does not hold (the push before it failed)."""
+
+
 @dataclass
 class Worker:
     """A worker's model and what the trainer configured on it."""
@@ -154,9 +158,9 @@ class Worker:
         if self.engine is None:
             raise RuntimeError("a generate request arrived before hello")
         if header.get("version") != self.version:
-            raise RuntimeError(
+            raise StaleWeightsError(
                 f"this worker holds weights of version {self.version}, the request needs {header.get('version')} "
-                "(a weight push failed); the trainer pushes again"
+                "(the weight push before it failed)"
             )
         generator = torch.Generator(device=self.device)
         if header.get("seed") is not None:

@@ -41,6 +41,7 @@ from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.serve.client import RemoteGeneration, connect_workers
 from cohort.sharding import gathered, shard
+from cohort.train.ahead import AheadQueue
 from cohort.train.update import checkpointing_layers
 
 
@@ -256,7 +257,16 @@ def build_remote(
         else None,
         timeout=r.worker_timeout,
         connect_timeout=r.connect_timeout,
+        pushes_in_flight=r.max_staleness,
     )
+
+
+def build_ahead(cfg: TrainConfig, remote: RemoteGeneration | None) -> AheadQueue | None:
+    """Returns the queue of batches requested ahead of their step (None at rollout.max_staleness 0: each step
+    samples its own batch with the current weights)."""
+    if remote is None or cfg.rollout.max_staleness == 0:
+        return None
+    return AheadQueue(remote, cfg.rollout.max_staleness, cfg.steps)
 
 
 def build_episodes(

@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,10 @@ from cohort.rollout import RolloutBatch, SamplingParams, select_groups
 from cohort.train.generation import GenerationSource
 from cohort.train.sampling import PromptSampler
 from cohort.train.scoring import Scorer, StepSpans
+
+if TYPE_CHECKING:  # the serve package is imported only by runs with rollout workers (it needs pyzmq)
+    from cohort.serve.client import Ticket
+    from cohort.train.ahead import AheadQueue
 
 
 @dataclass
@@ -42,12 +46,18 @@ class Drawn:
     """Set by dynamic sampling only: groups generated over every round."""
     groups_kept: int | None = None
     completion_tokens: int | None = None
+    staleness: int | None = None
+    """Set for a batch requested ahead (rollout.max_staleness > 0): steps between the weights that sampled its
+    first round and the weights it trains (0 ... k)."""
 
     def metrics(self) -> dict[str, float]:
-        """Returns the dynamic-sampling metrics of a refilled batch ({} for a plain one)."""
+        """Returns the dynamic-sampling metrics of a refilled batch and the staleness of one requested ahead ({} for
+        a plain one)."""
+        out = {"serve/staleness": float(self.staleness)} if self.staleness is not None else {}
         if self.groups_generated is None:
-            return {}
+            return out
         return {
+            **out,
             "sampling/rounds": float(self.rounds),
             "sampling/groups_generated": float(self.groups_generated),
             "sampling/groups_kept": float(self.groups_kept or 0),
@@ -75,14 +85,17 @@ class Drawer:
         max_rounds: int = 1,
         live_state: Callable[[], Any] = lambda: None,
         warn_once: Callable[[str, str], None] = lambda key, message: None,
+        ahead: AheadQueue | None = None,
     ):
         """decoupled: rewards are normalised per function (GDPO), so any varying weighted column teaches;
-        live_state: returns TRL's trainer state brought to the step, for reward functions that read it."""
+        live_state: returns TRL's trainer state brought to the step, for reward functions that read it;
+        ahead: the queue of batches requested ahead (rollout.max_staleness > 0; the source is then remote)."""
         self.source, self.scorer, self.sampler, self.curriculum = source, scorer, sampler, curriculum
         self.rows, self.prompt_ids, self.G = rows, prompt_ids, group_size
         self.params, self.generator = params, generator
         self.decoupled, self.max_rounds = decoupled, max_rounds
         self.live_state, self.warn_once = live_state, warn_once
+        self.ahead = ahead
 
     def generate(self, idx: list[int], step: int, generator: torch.Generator | None = None) -> RolloutBatch:
         """Returns G completions for each training prompt in `idx`, sampled from the current policy (on the
@@ -101,24 +114,56 @@ class Drawer:
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
 
-    def draw(self, k: int, step: int) -> Drawn:
-        """Returns k new prompts from the sampler, their rollout and its rewards (the curriculum records them)."""
+    def take(self, k: int, step: int) -> list[int]:
+        """Returns k new prompts for `step` from the sampler, past the curriculum."""
         curriculum = self.curriculum
         allow = (lambda i: curriculum.active(i, step)) if curriculum is not None else None
-        idx = self.sampler.take(k, allow=allow)
-        rows = [self.rows[i] for i in idx]
+        return self.sampler.take(k, allow=allow)
+
+    def draw(self, k: int, step: int, *, first: bool = False) -> Drawn:
+        """Returns k new prompts from the sampler, their rollout and its rewards (the curriculum records them);
+        `first`: the step's first round, which comes from the queue of batches requested ahead when there is one."""
+        staleness = None
         t0 = time.perf_counter()
-        rollout = self.generate(idx, step)
+        if first and self.ahead is not None:
+            queued = self.ahead.take(step, lambda s: self._request(k, s))
+            idx, rollout = queued.idx, queued.rollout
+            assert rollout is not None
+            staleness = step - 1 - queued.weights_step
+        else:
+            idx = self.take(k, step)
+            t0 = time.perf_counter()
+            rollout = self.generate(idx, step)
+        rows = [self.rows[i] for i in idx]
         t1 = time.perf_counter()
         completions = self.scorer.decode(rollout, rows)
         # Reward functions get the live state, as in TRL, brought to the step being scored.
         per_func, logs, steps = self.scorer.score(rows, rollout, completions, self.live_state())
-        if curriculum is not None:
-            curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
+        if self.curriculum is not None:
+            self.curriculum.record(idx, per_func[:, 0].view(-1, rollout.group_size), step)
         reward = self.scorer.combine(per_func, rollout.group_size)
         return Drawn(
-            idx, rows, rollout, completions, per_func, reward, logs, t1 - t0, time.perf_counter() - t1, steps
+            idx,
+            rows,
+            rollout,
+            completions,
+            per_func,
+            reward,
+            logs,
+            t1 - t0,
+            time.perf_counter() - t1,
+            steps,
+            staleness=staleness,
         )
+
+    def _request(self, k: int, step: int) -> tuple[list[int], Ticket]:
+        """Returns the prompts picked for `step` and the ticket of their batch, requested from the workers now."""
+        assert self.ahead is not None
+        idx = self.take(k, step)
+        ticket = self.ahead.remote.submit(
+            [self.prompt_ids[i] for i in idx], self.G, self.params, self.generator
+        )
+        return idx, ticket
 
     def signal(self, drawn: Drawn) -> torch.Tensor:
         """Returns the rewards whose spread decides whether a group teaches anything: each function's column
@@ -201,4 +246,5 @@ def _assemble(
         groups_generated=generated,
         groups_kept=kept,
         completion_tokens=sum(int(d.rollout.loss_lengths.sum()) for d, _ in parts),
+        staleness=first.staleness,
     )

@@ -35,6 +35,8 @@ class Part:
     file: (
         str | None
     )  # saved as a file of its own in the checkpoint (large tensors), not inside trainer_state.pt
+    mark: Callable[[], Any] | None = None  # a cheap snapshot where `read` would cost (rewinds via `back`)
+    back: Callable[[Any], object] | None = None
 
 
 class StateRegistry:
@@ -53,8 +55,11 @@ class StateRegistry:
         per_process: bool = False,
         rewinds: bool = False,
         file: str | None = None,
+        mark: Callable[[], Any] | None = None,
+        back: Callable[[Any], object] | None = None,
     ) -> None:
-        """Adds a part: an object with state_dict/load_state_dict, or a `read` and `restore` pair."""
+        """Adds a part: an object with state_dict/load_state_dict, or a `read` and `restore` pair; a rewinding
+        part whose `read` is costly (it waits for work in flight) gives `mark` and `back` for its snapshots."""
         if name in self._parts:
             raise ValueError(f"a stateful part named {name!r} is already registered")
         if obj is not None:
@@ -67,7 +72,9 @@ class StateRegistry:
             raise ValueError(
                 f"stateful part {name!r}: a part saved as its own file is shared and not rewound"
             )
-        self._parts[name] = Part(name, read, restore, per_process, rewinds, file)
+        if (mark is None) != (back is None) or (mark is not None and not rewinds):
+            raise ValueError(f"stateful part {name!r}: mark and back come together, on a part that rewinds")
+        self._parts[name] = Part(name, read, restore, per_process, rewinds, file, mark, back)
 
     def names(self) -> list[str]:
         """Returns the registered parts' names in registration order."""
@@ -113,9 +120,10 @@ class StateRegistry:
 
     def snapshot(self) -> dict[str, Any]:
         """Returns the state of the parts that preparing a step changes (see `rewind`)."""
-        return {p.name: p.read() for p in self._parts.values() if p.rewinds}
+        return {p.name: (p.mark or p.read)() for p in self._parts.values() if p.rewinds}
 
     def rewind(self, snap: dict[str, Any]) -> None:
         """Restores a `snapshot`: the state at the start of the step being prepared."""
         for name, value in snap.items():
-            self._parts[name].restore(value)
+            part = self._parts[name]
+            (part.back or part.restore)(value)

@@ -186,7 +186,8 @@ class PolicyUpdater:
             cov_method=algo.cov_method,
             cov_ratio=algo.cov_ratio,
             clip_cov_bounds=(float(algo.clip_cov_bounds[0]), float(algo.clip_cov_bounds[1])),
-            sampler_correction=algo.sampler_correction,
+            # auto is resolved by the config's derive step; an AlgoConfig built by hand applies none
+            sampler_correction="none" if algo.sampler_correction == "auto" else algo.sampler_correction,
             sampler_is_max=algo.sampler_is_max,
             sampler_is_min=algo.sampler_is_min,
         )
@@ -403,7 +404,9 @@ class PolicyUpdater:
                     # measured there; the sampler's log-probs are stacked only where something reads them.
                     gap_here = it == 0 and mb_index == 0
                     sampled_mb = None
-                    if batch.sampling_logprobs is not None and (gap_here or a.sampler_correction != "none"):
+                    if batch.sampling_logprobs is not None and (
+                        gap_here or self.controls.sampler_correction != "none"
+                    ):
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
                         sampled_mb = self._stack(sampled, micro, width)
                     if gap_here and sampled_mb is not None:
