@@ -107,7 +107,8 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         "algo.sampler_correction",
         lambda c, _: (
             None
-            if c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype))
+            if c.algo.sampler_correction in ("auto", "none")  # what auto gives here (derive resolves it)
+            or c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype))
             or c.rollout.engine == "vllm"
             or c.rollout.max_staleness != 0
             else "the completions are sampled by the weights being trained, in their precision, so the sampler and "
