@@ -65,6 +65,29 @@ def test_snapshot_and_rewind_touch_only_parts_that_rewind():
     assert (kept.n, rewound.n) == (9, 0)
 
 
+def test_a_costly_part_rewinds_through_its_marks():
+    # read() of such a part waits for work in flight (a checkpoint needs it); snapshots must not call it
+    reads, queue = [], [1, 2]
+    reg = StateRegistry()
+    reg.register(
+        "queue",
+        read=lambda: reads.append(1) or list(queue),
+        restore=lambda s: queue.__init__(s),
+        rewinds=True,
+        mark=lambda: ("mark", list(queue)),
+        back=lambda m: queue.__init__(m[1]),
+    )
+    snap = reg.snapshot()
+    queue.append(3)
+    reg.rewind(snap)
+    assert queue == [1, 2] and not reads
+    assert reg.state_dict() == {"queue": [1, 2]} and reads
+    with pytest.raises(ValueError, match="mark and back come together"):
+        reg.register("half", Counter(), rewinds=True, mark=lambda: None)
+    with pytest.raises(ValueError, match="mark and back come together"):
+        reg.register("still", Counter(), mark=lambda: None, back=lambda m: None)
+
+
 def test_bad_registrations_are_refused():
     reg = StateRegistry()
     reg.register("x", Counter())

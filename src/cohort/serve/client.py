@@ -266,7 +266,7 @@ class RemoteGeneration:
         self.push_seconds = 0.0
         self.store: Any = None
         self._pushes: list[_Push] = []
-        self._finalizer = weakref.finalize(self, _shutdown, clients, local, context)
+        self._finalizer = weakref.finalize(self, _shutdown, clients, local, context, self._pushes)
 
     @property
     def live(self) -> list[WorkerClient]:
@@ -519,7 +519,19 @@ def weights_bytes(state: torch.Tensor) -> bytes:
     return state.contiguous().numpy().tobytes()
 
 
-def _shutdown(clients: list[WorkerClient], local: LocalWorkers | None, context: Any) -> None:
+def _shutdown(
+    clients: list[WorkerClient], local: LocalWorkers | None, context: Any, pushes: list[_Push]
+) -> None:
+    # A push still on its way must land before its worker stops: a gloo transfer cut short by the peer's exit
+    # can leave the process group's destructor waiting (the process would not exit).
+    for push in pushes:
+        for c, _, works in push.sent:
+            if c.lost is None and c.channel is not None:
+                try:
+                    c.channel.wait(works)
+                except RuntimeError:
+                    pass  # the worker failed it: it is being stopped anyway
+    pushes.clear()
     for c in clients:
         c.close()
     if local is not None:
