@@ -44,10 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("section", choices=["speed", "tta", "report"])
     p.add_argument("--workdir", default="runs/bench-serve", help="results and scratch (models are reused)")
     p.add_argument("--passes", type=int, default=2, help="passes over the configurations (speed)")
+    p.add_argument("--first-pass", type=int, default=0, help="number of the first pass (to add passes later)")
     p.add_argument("--workloads", default="a_demo:14m,b_gsm8k:14m", help="vs_trl workloads (speed)")
     p.add_argument("--seeds", default="0,1", help="seeds of the time-to-accuracy runs (tta)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma list of configurations")
-    p.add_argument("--tta-max-seconds", type=float, default=400.0, help="training-time budget per tta run")
+    p.add_argument("--tta-max-seconds", type=float, default=300.0, help="training-time budget per tta run")
     p.add_argument("--tta-target", type=float, default=MILESTONES[-1], help="stop a tta run at this accuracy")
     p.add_argument(
         "--idle-wait", type=float, default=300.0, help="before each run, wait up to this long for an idle machine"
@@ -73,7 +74,7 @@ def run_vs_trl(args, section: str, config: str, tag: str, extra: list[str]) -> N
 
 def speed(args) -> None:
     """Runs the speed section of each configuration, in alternation, `passes` times."""
-    for p in range(args.passes):
+    for p in range(args.first_pass, args.first_pass + args.passes):
         for config in args.configs.split(","):
             extra = ["--workloads", args.workloads, "--rounds", "1"]
             run_vs_trl(args, "speed", config, f"speed-{config}-p{p}", extra)
@@ -83,7 +84,7 @@ def tta(args) -> None:
     """Runs the time-to-accuracy section of each configuration for each seed (the seeds' warm starts are shared)."""
     for seed in args.seeds.split(","):
         for config in args.configs.split(","):
-            extra = ["--tta-seeds", seed, "--tta-target", str(args.tta_target)]
+            extra = ["--tta-seeds", seed, "--tta-target", str(args.tta_target), "--tta-warm-threads", "2"]
             extra += ["--tta-max-seconds", str(args.tta_max_seconds)]
             run_vs_trl(args, "tta", config, f"tta-{config}-s{seed}", extra)
 
@@ -102,8 +103,8 @@ def report(args) -> None:
         for entry in result.get("speed", []):
             by.setdefault((f"{entry['workload']} {entry['model']}", config), []).append(entry["cohort"])
     if by:
-        print("| workload | configuration | s/step (each pass) | completions/s | generate s | update s |")
-        print("|---|---|---|---|---|---|")
+        print("| workload | configuration | s/step (each pass) | completions/s | generate s | update s | others' CPU |")
+        print("|---|---|---|---|---|---|---|")
         for (workload, config), runs in sorted(by.items()):
             steps = [r["seconds_per_step"] for r in runs]
             step = statistics.median(steps)
@@ -111,7 +112,9 @@ def report(args) -> None:
                 f"| {workload} | {config} | {step:.3f} ({', '.join(f'{s:.3f}' for s in steps)}) | "
                 f"{statistics.median(r['completions_per_s'] for r in runs):.1f} | "
                 f"{statistics.median(r['seconds_generate'] for r in runs):.3f} | "
-                f"{statistics.median(r['seconds_update'] for r in runs):.3f} |"
+                f"{statistics.median(r['seconds_update'] for r in runs):.3f} | "
+                + ", ".join(f"{100 * max(r['others_cpu_during']):.0f} %" for r in runs)
+                + " |"
             )
     curves = {}
     for tag, result in _load(workdir, "tta-*.json").items():

@@ -115,6 +115,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--tta-seeds", default="0", help="comma list of seeds (one warm start each)")
     p.add_argument(
+        "--tta-warm-threads",
+        type=int,
+        default=None,
+        help="torch threads of the SFT warm start (default --threads): runs of other thread counts share it",
+    )
+    p.add_argument(
         "--idle-wait",
         type=float,
         default=0.0,
@@ -446,7 +452,8 @@ def section_tta(args, workdir: Path) -> dict:
     out = {"target": args.tta_target, "eval_every": args.tta_eval_every, "runs": []}
     for seed in [int(s) for s in args.tta_seeds.split(",")]:
         warm = workdir / f"tta-warmstart-s{seed}"
-        key = {"recipe": demo_recipe_key(), "seed": seed, "threads": args.threads}
+        warm_threads = args.tta_warm_threads or args.threads
+        key = {"recipe": demo_recipe_key(), "seed": seed, "threads": warm_threads}
         cached = warm / "warm_start.json"
         if cached.exists() and json.loads(cached.read_text()).get("key") == key:
             prep = json.loads(cached.read_text())["result"]
@@ -458,7 +465,7 @@ def section_tta(args, workdir: Path) -> dict:
                 "framework": "cohort",
                 "out_dir": str(warm),
                 "seed": seed,
-                "threads": args.threads,
+                "threads": warm_threads,
             }
             prep = run_worker(spec, workdir, f"tta-prepare-s{seed}", 0)["runs"][0]
             cached.write_text(json.dumps({"key": key, "result": prep}))

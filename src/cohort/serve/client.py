@@ -239,7 +239,6 @@ class _Push:
 
     sent: list[tuple[WorkerClient, int, list]]
     buffers: list[torch.Tensor]
-    started: float
 
 
 class RemoteGeneration:
@@ -321,7 +320,7 @@ class RemoteGeneration:
                 sent.append((c, rid, c.channel.broadcast(buffers)))
             except RuntimeError as e:
                 self._lose(c, f"weight push: {e}")
-        self._pushes.append(_Push(sent, buffers, time.monotonic()))
+        self._pushes.append(_Push(sent, buffers))
         self.pushed = self.version
         self._land(keep=0 if everything else self.pushes_in_flight)
         self._require_live()
