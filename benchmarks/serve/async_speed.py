@@ -49,6 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1", help="seeds of the time-to-accuracy runs (tta)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma list of configurations")
     p.add_argument("--tta-max-seconds", type=float, default=300.0, help="training-time budget per tta run")
+    p.add_argument("--tta-eval-every", type=int, default=25, help="evaluate every this many steps (tta)")
     p.add_argument("--tta-target", type=float, default=MILESTONES[-1], help="stop a tta run at this accuracy")
     p.add_argument(
         "--idle-wait", type=float, default=300.0, help="before each run, wait up to this long for an idle machine"
@@ -85,7 +86,7 @@ def tta(args) -> None:
     for seed in args.seeds.split(","):
         for config in args.configs.split(","):
             extra = ["--tta-seeds", seed, "--tta-target", str(args.tta_target), "--tta-warm-threads", "2"]
-            extra += ["--tta-max-seconds", str(args.tta_max_seconds)]
+            extra += ["--tta-max-seconds", str(args.tta_max_seconds), "--tta-eval-every", str(args.tta_eval_every)]
             run_vs_trl(args, "tta", config, f"tta-{config}-s{seed}", extra)
 
 
