@@ -31,9 +31,9 @@ def test_an_example_config_loads_and_validates(path, tmp_path, monkeypatch):
         cfg = load_config(path).validate()
     assert isinstance(cfg, TrainConfig)
     assert cfg.model.name_or_path and (cfg.data.task or cfg.data.path)
-    # The command line reads the same file to the same config.
+    # The command line reads the same file to the same config (validated alike: validation derives fields).
     args = build_parser().parse_args(["train", str(path)])
-    assert load_config(args.config, args.overrides) == cfg
+    assert load_config(args.config, args.overrides).validate() == cfg
 
 
 def test_an_example_takes_overrides_on_top(tmp_path, monkeypatch):
