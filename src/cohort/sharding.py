@@ -34,6 +34,7 @@ import pickle
 import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,52 @@ def _mesh(strategy: str, world: int) -> Any:
     return dist.device_mesh((world,), ("shard",))
 
 
-def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none") -> torch.nn.Module:
-    """Returns `model`, wrapped in place by fully_shard per decoder layer and at the root on the strategy's mesh."""
+@dataclass
+class Rank0Weights:
+    """The whole weights process 0 read, from which a model built on the meta device gets its shards (every
+    other process holds none)."""
+
+    state: dict[str, torch.Tensor]
+    """Process 0: the model's state dict; elsewhere empty."""
+    buffers: dict[str, torch.Tensor]
+    """Process 0: every buffer by name, those the state dict leaves out too (rotary `inv_freq`); elsewhere empty."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module | None) -> Rank0Weights:
+        """Returns the weights of `model` (process 0's loaded model; None elsewhere: empty)."""
+        if model is None:
+            return cls({}, {})
+        return cls(dict(model.state_dict()), dict(model.named_buffers()))
+
+
+def fill_from_rank0(model: torch.nn.Module, weights: Rank0Weights) -> None:
+    """Gives every process its shard of process 0's weights (a collective), in a model sharded on the meta device.
+
+    torch.distributed.checkpoint's `set_model_state_dict(broadcast_from_rank0=True)` sends one tensor at a time
+    and keeps each process's shard of it, so no process other than 0 ever holds the whole model. Buffers are
+    not sharded: process 0 broadcasts each one, those outside the state dict included (a rotary embedding's
+    inv_freq, computed when the model was built, which a meta-built model lacks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=dist.device())
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, dict(weights.state), options=options)  # it writes into the dict it is given
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if dist.is_main():
+                buffer.copy_(weights.buffers[name])
+            torch.distributed.broadcast(buffer, src=0)
+
+
+def shard(
+    model: torch.nn.Module,
+    strategy: str,
+    *,
+    mixed_precision: str = "none",
+    weights: Rank0Weights | None = None,
+) -> torch.nn.Module:
+    """Returns `model`, wrapped in place by fully_shard per decoder layer and at the root on the strategy's mesh;
+    a model built on the meta device gets its shards from `weights` (process 0's, see fill_from_rank0)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = _mesh(strategy, dist.world_size())
@@ -142,6 +187,8 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised
         m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PREMUL_SUM)
+    if weights is not None:
+        fill_from_rank0(model, weights)
     # FSDP initialises itself lazily at the root's first forward; the chunked LM head and its check call the
     # decoder unit directly, which must not come first. One token, no gradient, on every process together.
     with torch.no_grad():

@@ -166,6 +166,14 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             else None
         ),
     ),
+    Inert(
+        "distributed.load",
+        lambda c, world_size: (
+            "a one-process run reads its checkpoint itself (launch with torchrun to use it)"
+            if world_size == 1
+            else None
+        ),
+    ),
 )
 """Every option that can be accepted yet change nothing, with why: the one place such checks live."""
 

@@ -461,6 +461,10 @@ class DistributedConfig:
     """torch.distributed backend: auto (nccl with GPUs, gloo without), nccl, or gloo."""
     mixed_precision: str = "none"
     """FSDP's mixed-precision policy: none, bf16 or fp16 compute (gradients reduce in float32); meant for GPUs."""
+    load: str = "auto"
+    """How the processes load the model: rank0 (process 0 reads the checkpoint; the others build the model on
+    the meta device and receive their shards from it, one tensor at a time), every (each process reads the whole
+    checkpoint, then shards it), or auto (rank0 under fsdp, every otherwise)."""
     global_batch_size: int | None = None
     """Completions per step over all processes (each samples global_batch_size / processes); None: rollout.batch_size
     is each process's share. Keeps a run's batch when it is resumed on another number of processes."""

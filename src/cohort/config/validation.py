@@ -41,6 +41,7 @@ from cohort.choices import (
     DTYPE_NAMES,
     ENGINES,
     HEALTH_CHECKS,
+    LOAD_MODES,
     MIXED_PRECISIONS,
     SAMPLER_DTYPES,
     SCHEDULES,
@@ -226,6 +227,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
     strategy = resolve_strategy(d.strategy, world)
     _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
     _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
+    _check_choice("distributed.load", d.load, LOAD_MODES)
     if d.backend == "nccl" and world > 1 and not cuda_available:
         raise ConfigError(
             "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
+from cohort import distributed as dist
 from cohort.algo import POLICY_LOSSES
+from cohort.choices import resolve_load
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
@@ -40,7 +42,8 @@ from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.serve.client import RemoteGeneration, connect_workers
-from cohort.sharding import gathered, shard
+from cohort.sharding import Rank0Weights, gathered, shard
+from cohort.train.checkpoints import check_finite_weights
 from cohort.train.update import checkpointing_layers
 
 
@@ -201,8 +204,11 @@ def set_threads(cfg: TrainConfig) -> None:
     )
 
 
-def build_reference(cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> Reference | None:
-    """Returns the KL anchor (None at beta = 0), with the policy (and a reference copy) sharded under FSDP.
+def build_reference(
+    cfg: TrainConfig, model: torch.nn.Module, strategy: str, weights: Rank0Weights | None = None
+) -> Reference | None:
+    """Returns the KL anchor (None at beta = 0), with the policy (and a reference copy) sharded under FSDP; a
+    policy built on the meta device (distributed.load=rank0) gets its shards, and the copy's, from `weights`.
 
     With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off."""
     a = cfg.algo
@@ -212,9 +218,10 @@ def build_reference(cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> 
         else None
     )
     if strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
-        shard(model, strategy, mixed_precision=cfg.distributed.mixed_precision)
+        precision = cfg.distributed.mixed_precision
+        shard(model, strategy, mixed_precision=precision, weights=weights)
         if reference is not None and reference.copy is not None:
-            shard(reference.copy, strategy, mixed_precision=cfg.distributed.mixed_precision)
+            shard(reference.copy, strategy, mixed_precision=precision, weights=weights)
         # every process runs the fast paths' once-per-model checks together (as an update would see the model)
         with gathered(model), checkpointing_layers(model):
             warm_probes(model, cfg.fast)
@@ -360,17 +367,25 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     return train, held[: cfg.eval_limit] if held else held
 
 
-def load_policy(
-    cfg: TrainConfig, model: torch.nn.Module | None, tokenizer: Any, device: torch.device
-) -> tuple[torch.nn.Module, Any]:
-    """Returns (the policy to train, its tokenizer): the given ones or the config's, loaded, with LoRA when
-    configured, on `device`, in eval mode (no dropout) and with activation checkpointing when asked."""
-    tokenizer = tokenizer or load_tokenizer(
-        cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
-    )
-    given = model is not None
+def loading_path(cfg: TrainConfig, strategy: str, *, given: bool) -> str:
+    """Returns how this run's processes get the policy's weights: "rank0" (process 0 reads them and sends each
+    process its shard) or "every" (each process reads them, or was given the model object)."""
+    path = resolve_load(cfg.distributed.load, strategy)
+    if given and path == "rank0":
+        if cfg.distributed.load == "rank0":
+            raise ConfigError(
+                "distributed.load=rank0 reads model.name_or_path on process 0 only, but the model was given as an "
+                "object, which every process already holds; pass its folder instead, or set distributed.load=auto"
+            )
+        return "every"
+    return path
+
+
+def _read_policy(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """Returns the config's policy read from model.name_or_path (with LoRA when configured) on `device`
+    (meta: its modules without weights)."""
     with quiet_hf_progress():  # no "Loading weights" bar
-        policy = model or load_model(
+        return load_model(
             cfg.model.name_or_path,
             dtype=cfg.model.dtype,
             device=str(device),
@@ -379,9 +394,48 @@ def load_policy(
             lora=cfg.model.lora if cfg.model.lora.enabled else None,
             trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
         )
+
+
+def rank0_weights(cfg: TrainConfig) -> Rank0Weights:
+    """Returns the policy's weights as process 0 reads them from model.name_or_path into host memory, checked
+    finite (empty on the other processes); a process 0 that cannot read them raises its error on every process."""
+    full, error = None, None
+    if dist.is_main():
+        try:
+            full = _read_policy(cfg, torch.device("cpu"))  # each tensor moves to the device as it is sent
+            check_finite_weights(full, "the model to train")
+        except (ValueError, OSError, TrainingError) as e:
+            error = e
+    dist.raise_together(error)
+    return Rank0Weights.of(full)
+
+
+def load_policy(
+    cfg: TrainConfig,
+    model: torch.nn.Module | None,
+    tokenizer: Any,
+    device: torch.device,
+    *,
+    empty: bool = False,
+) -> tuple[torch.nn.Module, Any]:
+    """Returns (the policy to train, its tokenizer): the given ones or the config's, loaded, with LoRA when
+    configured, on `device`, in eval mode (no dropout) and with activation checkpointing when asked; `empty`:
+    built on the meta device, its weights read by process 0 only (rank0_weights)."""
+    tokenizer = tokenizer or load_tokenizer(
+        cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
+    )
+    given = model is not None
+    if model is not None:
+        policy = model
+    elif empty:
+        with torch.random.fork_rng(devices=[]):  # a LoRA adapter's init on the meta device keeps no value
+            policy = _read_policy(cfg, torch.device("meta"))
+    else:
+        policy = _read_policy(cfg, device)
     if given and cfg.model.lora.enabled and not hasattr(policy, "disable_adapter"):
         policy = wrap_lora(policy, cfg.model.lora)  # a model object given with a LoRA config
-    policy.to(device)
+    if not empty:
+        policy.to(device)
     policy.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
     if cfg.model.gradient_checkpointing:
         # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
