@@ -51,7 +51,9 @@ def _config(model_dir: str, out: str, overrides: list[str]):
     )
 
 
-def load_case(rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]) -> None:
+def load_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
+) -> None:
     """Builds a trainer per case (overrides), then records its whole weights and buffers after loading (and
     the reference copy's), one step's loss and the whole weights after it: OUT/<case>-<rank>.pt."""
     from cohort.sharding import full_state_dict
@@ -101,7 +103,9 @@ def unreachable_case(
             connect(self, context, dead, process)
 
         client.WorkerClient.__init__ = elsewhere  # type: ignore[method-assign]
-    error_case(rank, world, store, out, model_dir, [f"rollout.workers=[{address}]", "rollout.connect_timeout=3"])
+    error_case(
+        rank, world, store, out, model_dir, [f"rollout.workers=[{address}]", "rollout.connect_timeout=3"]
+    )
 
 
 def together_case(rank: int, world: int, store: str, out: str, failing: int) -> None:
@@ -120,4 +124,42 @@ def together_case(rank: int, world: int, store: str, out: str, failing: int) -> 
         seen = (type(e).__name__, str(e))
     dist.barrier()  # every process got past the agreement: none waits in a collective
     torch.save(seen, Path(out) / f"error-{rank}.pt")
+    exit_without_teardown(0)
+
+
+def step_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
+) -> None:
+    """Builds a trainer per case and runs one step, counting the explicit unshards of FSDP modules (what
+    `cohort.sharding.gathered` does to hold the whole model) during the step: OUT/<case>-<rank>.pt."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from cohort.trainer import GRPOTrainer
+
+    _join(rank, world, store)
+    unshard = FSDPModule.unshard
+    for name, overrides in cases.items():
+        trainer = GRPOTrainer(_config(model_dir, f"{out}/{name}", overrides))
+        calls: list[str] = []
+
+        def counted(self, *args, calls=calls, **kwargs):
+            calls.append(type(self).__name__)
+            return unshard(self, *args, **kwargs)
+
+        FSDPModule.unshard = counted  # type: ignore[method-assign]
+        try:
+            metrics = trainer.step().metrics
+        finally:
+            FSDPModule.unshard = unshard  # type: ignore[method-assign]
+        remote = trainer.remote
+        seen = {
+            "gathers": len(calls),
+            "reward": metrics["reward"],
+            "starts_workers": remote is not None and remote.local is not None,
+            "addresses": [c.address for c in remote.clients] if remote is not None else [],
+            "pushed": remote.pushed if remote is not None else None,
+        }
+        if remote is not None:
+            remote.close()
+        torch.save(seen, Path(out) / f"{name}-{rank}.pt")
     exit_without_teardown(0)

@@ -87,7 +87,9 @@ def test_load_settings_are_checked(monkeypatch):
     cfg = TrainConfig()
     cfg.model.name_or_path, cfg.data.task = "unused", "addition"
     cfg.distributed.load = "scatter"
-    with pytest.raises(ConfigError, match=r"distributed.load='scatter' is not valid; choose one of: auto, rank0"):
+    with pytest.raises(
+        ConfigError, match=r"distributed.load='scatter' is not valid; choose one of: auto, rank0"
+    ):
         cfg.validate()
     monkeypatch.setenv("WORLD_SIZE", "1")
     cfg.distributed.load = "rank0"

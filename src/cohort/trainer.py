@@ -501,7 +501,8 @@ class GRPOTrainer:
         collapsed onto one sub-par answer (None when that check is off), over every process."""
         want = self.cfg.prompts_per_step
         # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
-        with gathered(self.model):
+        # Rollout workers sample instead: nothing is gathered, and a process that loses them stops them all.
+        with gathered(self.model) if self.remote is None else dist.failing_together():
             drawn = self.drawer.draw(want, step)
             collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
             groups = len(drawn.rollout.prompt_ids)

@@ -167,6 +167,16 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        "rollout.push_bucket_mib",
+        lambda c, world_size: (
+            "only several training processes push in buckets (one process sends its weights at once)"
+            if world_size == 1
+            else "no rollout workers to push to; set rollout.workers"
+            if c.rollout.workers is None
+            else None
+        ),
+    ),
+    Inert(
         "distributed.load",
         lambda c, world_size: (
             "a one-process run reads its checkpoint itself (launch with torchrun to use it)"

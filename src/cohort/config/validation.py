@@ -282,10 +282,11 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
             f"rollout.max_staleness={k!r} must be an int >= 0: 0 samples every batch with the current weights "
             "(the synchronous step); set rollout.max_staleness=0"
         )
-    for key in ("worker_timeout", "connect_timeout"):
+    for key in ("worker_timeout", "connect_timeout", "push_bucket_mib"):
         value = getattr(r, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise ConfigError(f"rollout.{key}={value!r} must be a positive number of seconds")
+            unit = "MiB" if key == "push_bucket_mib" else "seconds"
+            raise ConfigError(f"rollout.{key}={value!r} must be a positive number of {unit}")
     w = r.workers
     if w is None:
         if k > 0:
@@ -314,15 +315,15 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
+    if k > 0 and world > 1:
+        raise ConfigError(
+            f"rollout.max_staleness={k} with {world} training processes is not built yet (every process samples "
+            "with the weights of the step it is in); set rollout.max_staleness=0, or train on one process"
+        )
     if k > 0:
         raise ConfigError(
             f"rollout.max_staleness={k}: asynchronous steps (batches sampled with weights up to k steps old) "
             "are not built yet; set rollout.max_staleness=0"
-        )
-    if world > 1:
-        raise ConfigError(
-            f"rollout.workers with {world} training processes is not built yet (one trainer process pushes "
-            "its weights); train on one process with workers, or unset rollout.workers under torchrun"
         )
     if cfg.episodes.enabled:
         raise ConfigError(

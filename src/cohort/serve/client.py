@@ -27,11 +27,12 @@ from typing import Any
 import torch
 
 from cohort import __version__
+from cohort import distributed as dist
 from cohort.errors import ConfigError, NonFiniteError, TrainingError
 from cohort.models import stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams, select_groups
 from cohort.rollout.base import RolloutEngine
-from cohort.serve import weights
+from cohort.serve import ranks, weights
 from cohort.serve.protocol import PROTOCOL, identity, mismatch, pack, params_to_dict, read_batch, unpack
 from cohort.serve.worker import READY, die_with_parent, zmq_module
 
@@ -194,8 +195,12 @@ class RemoteGeneration:
         timeout: float,
         local: LocalWorkers | None = None,
         context: Any = None,
+        bucket_bytes: int,
     ) -> None:
         self.clients, self.model, self.timeout = clients, model, timeout
+        self.bucket_bytes = (
+            bucket_bytes  # several training processes: what a push gathers and sends at a time
+        )
         self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
         self.local, self.context = local, context
         self.version = 0
@@ -242,6 +247,9 @@ class RemoteGeneration:
         """Sends the current weights to every live worker (the whole state dict when `full` or a worker has
         none yet), losing a worker whose receive fails or times out."""
         if self.pushed == self.version and not full:
+            return
+        if dist.is_distributed():  # every training process joins; process 0 sends, bucket by bucket
+            ranks.push(self, full=full)
             return
         t0 = time.perf_counter()
         everything = full or self.pushed is None
@@ -427,6 +435,7 @@ def connect_workers(
     lora: dict[str, Any] | None,
     timeout: float,
     connect_timeout: float,
+    bucket_bytes: int,
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
     greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
@@ -439,22 +448,30 @@ def connect_workers(
                 "rollout.workers starts local workers from model.name_or_path, which is empty (the model was "
                 "given as an object); set model.name_or_path, or list running workers' addresses"
             )
-        local = LocalWorkers.start(
-            workers,
-            model_path,
-            device=device,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            threads=torch.get_num_threads(),  # the trainer's: the same float reductions as in-process sampling
-            timeout=connect_timeout,
-        )
-        addresses = local.addresses
+
+        def start() -> list[str]:
+            nonlocal local
+            ranks.check_one_machine(workers)
+            local = LocalWorkers.start(
+                workers,
+                model_path,
+                device=device,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                threads=torch.get_num_threads(),  # the trainer's: the same float reductions as in-process sampling
+                timeout=connect_timeout,
+            )
+            return local.addresses
+
+        addresses = ranks.on_main(start)  # several training processes: process 0 starts them, all connect
     else:
         addresses = list(workers)
     context = zmq.Context()
     processes = local.processes if local is not None else [None] * len(addresses)
     clients = [WorkerClient(context, a, p) for a, p in zip(addresses, processes)]
-    source = RemoteGeneration(clients, model, timeout=timeout, local=local, context=context)
+    source = RemoteGeneration(
+        clients, model, timeout=timeout, local=local, context=context, bucket_bytes=bucket_bytes
+    )
     try:
         eos, pad = stop_token_ids(model, tokenizer)
         mine = identity(model, tokenizer, eos, pad)
@@ -466,28 +483,35 @@ def connect_workers(
             "fast": asdict(engine.fast) if hasattr(engine, "fast") else None,
             "lora": lora,
         }
-        for c in clients:
-            try:
-                reply, _ = c.request(hello, timeout=connect_timeout)
-            except _Lost as e:
-                raise ConfigError(
-                    f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
-                    f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
-                ) from None
-            if not reply.get("ok"):
-                raise ConfigError(
-                    f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
-                )
-            c.identity = reply["identity"]
-            problem = mismatch(mine, c.identity, c.address)
-            if problem is not None:
-                raise ConfigError(problem)
-            if dtype != "auto" and c.identity.get("dtype") != dtype:
-                raise ConfigError(
-                    f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
-                    f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
-                )
-        source.open_channels(connect_timeout)
+        failed = None
+        try:
+            for c in clients:
+                try:
+                    reply, _ = c.request(hello, timeout=connect_timeout)
+                except _Lost as e:
+                    raise ConfigError(
+                        f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
+                        f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
+                    ) from None
+                if not reply.get("ok"):
+                    raise ConfigError(
+                        f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
+                    )
+                c.identity = reply["identity"]
+                problem = mismatch(mine, c.identity, c.address)
+                if problem is not None:
+                    raise ConfigError(problem)
+                if dtype != "auto" and c.identity.get("dtype") != dtype:
+                    raise ConfigError(
+                        f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
+                        f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
+                    )
+        except ConfigError as e:
+            failed = e
+        dist.raise_together(
+            failed
+        )  # several training processes: each greets each worker, all learn of a failure
+        ranks.on_main(lambda: source.open_channels(connect_timeout))  # process 0 alone pushes
         source.push_weights(full=True)
     except BaseException:
         source.close()

@@ -87,6 +87,8 @@ class Worker:
     version: int | None = None
     """The trainer's weight version the model holds (None: none received yet, or a push that failed)."""
     channel: weights.Channel | None = None
+    received: int = 0
+    """Tensors received of the push in progress."""
 
     def ids(self) -> dict[str, Any]:
         """Returns this worker's identity (cohort.serve.protocol.identity) and its device type."""
@@ -148,7 +150,16 @@ class Worker:
         buffers = weights.empty_buffers(spec)
         self.channel.wait(self.channel.broadcast(buffers))
         weights.apply(self.model, spec, buffers)
-        self.version = int(header["version"])
+        self.received += len(spec)
+        # A push in buckets (several training processes) is whole with its last bucket.
+        if header.get("final", True):
+            self.version = int(header["version"])
+            print(
+                f"cohort serve: holds weights version {self.version} ({self.received} tensors received)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.received = 0
 
     def _generate(self, header: dict[str, Any], blobs: list[bytes]) -> list[bytes]:
         if self.engine is None:

@@ -263,6 +263,7 @@ def build_remote(
         else None,
         timeout=r.worker_timeout,
         connect_timeout=r.connect_timeout,
+        bucket_bytes=max(1, int(r.push_bucket_mib * 2**20)),
     )
 
 
