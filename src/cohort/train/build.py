@@ -42,7 +42,7 @@ from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.serve.client import RemoteGeneration, connect_workers
-from cohort.sharding import Rank0Weights, gathered, shard
+from cohort.sharding import Rank0Weights, fill_from_rank0, reshard, shard
 from cohort.train.checkpoints import check_finite_weights
 from cohort.train.update import checkpointing_layers
 
@@ -218,13 +218,17 @@ def build_reference(
         else None
     )
     if strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
-        precision = cfg.distributed.mixed_precision
-        shard(model, strategy, mixed_precision=precision, weights=weights)
-        if reference is not None and reference.copy is not None:
-            shard(reference.copy, strategy, mixed_precision=precision, weights=weights)
-        # every process runs the fast paths' once-per-model checks together (as an update would see the model)
-        with gathered(model), checkpointing_layers(model):
+        precision, empty = cfg.distributed.mixed_precision, weights is not None
+        models = [model] + ([reference.copy] if reference is not None and reference.copy is not None else [])
+        for m in models:
+            shard(m, strategy, mixed_precision=precision, empty=empty)
+        if weights is not None:
+            fill_from_rank0(models, weights)
+        # Every process runs the fast paths' once-per-model checks together (as an update would see the model):
+        # the same forward calls on each, so every layer's all-gather pairs up and no process gathers the model.
+        with checkpointing_layers(model):
             warm_probes(model, cfg.fast)
+        reshard(model)
     return reference
 
 
