@@ -230,7 +230,9 @@ def test_local_workers_need_every_training_process_on_one_machine(monkeypatch):
 
 
 def test_the_push_bucket_is_checked(tiny_model_dir, tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match=r"rollout.push_bucket_mib=0(\.0)? must be a positive number of MiB"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.push_bucket_mib=0(\.0)? must be a positive number of MiB"
+    ):
         run_config(
             tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 0}
         ).validate()
@@ -240,3 +242,28 @@ def test_the_push_bucket_is_checked(tiny_model_dir, tmp_path, monkeypatch):
         run_config(
             tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 8}
         ).validate()
+
+
+def test_flattening_one_tensor_at_a_time_lays_out_the_push_as_flatten_does():
+    from cohort.serve import weights
+
+    named = [
+        ("a", torch.arange(3.0)),
+        ("i", torch.arange(4)),
+        ("b", torch.ones(2, 2)),
+        ("j", torch.tensor([7])),
+    ]
+    calls: list[int] = []
+
+    def value(t):
+        calls.append(t.numel())
+        return t.clone()
+
+    spec, buffers = weights.flatten_each(named, value)
+    want_spec, want_buffers = weights.flatten(named)
+    assert spec == want_spec and len(buffers) == len(want_buffers) == 2  # one buffer per dtype
+    assert all(torch.equal(a, b) for a, b in zip(buffers, want_buffers))
+    assert calls == [3, 4, 4, 1]  # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    calls.clear()
+    assert weights.flatten_each(named, value, keep=False) == ([], [])
+    assert calls == [3, 4, 4, 1]  # a process that keeps nothing still joins every all-gather, in the same order

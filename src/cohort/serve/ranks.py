@@ -6,11 +6,12 @@ ROUTER socket serves every process's DEALER socket, one request at a time). Proc
 
 A push is collective. The processes first pool the workers any of them lost, so process 0 pushes only to
 workers every process still uses. Then, bucket by bucket (about rollout.push_bucket_mib of tensors each), every
-process joins the all-gather of each sharded tensor (`DTensor.full_tensor`), process 0 sends the bucket to the
-workers and every process drops it: no process holds more than one bucket of whole tensors on top of its
-shards, never the whole model. The push ends with process 0 telling every process which workers it lost; that
-exchange is also the barrier that keeps any process from asking for completions of the new version before
-every worker holds it (a worker refuses a generate request of a version other than its own).
+process joins the all-gather of each sharded tensor (`DTensor.full_tensor`), one tensor at a time; process 0
+copies each into the bucket's buffers and sends them to the workers, the others drop it at once. Beyond its
+shards, process 0 holds one bucket and one tensor, the others one tensor: never the whole model. The push
+ends with process 0 telling every process which workers it lost; that exchange is also the barrier that keeps
+any process from asking for completions of the new version before every worker holds it (a worker refuses a
+generate request of a version other than its own).
 
 Under `replicate` each process's tensors are already whole; process 0 sends its own, the others wait.
 """
@@ -123,11 +124,9 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
     named = weights.push_tensors(source.model, full=everything)
     runs = list(buckets(named, source.bucket_bytes))
     for k, run in enumerate(runs):
-        whole = [
-            (name, full_value(t)) for name, t in run
-        ]  # sharded tensors: an all-gather every process joins
+        # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
+        spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main())
         if dist.is_main():
-            spec, buffers = weights.flatten(whole)
             header = {"op": "weights", "version": source.version, "spec": spec, "final": k == len(runs) - 1}
             sent = []
             for c in source.live:
@@ -143,8 +142,7 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
                     c.channel.wait(works)
                 except RuntimeError as e:
                     source._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-            del spec, buffers
-        del whole
+        del spec, buffers
     share_losses(source, src=0)  # also the barrier: no process samples before every worker holds the weights
     source._require_live()
     source.pushed = source.version
