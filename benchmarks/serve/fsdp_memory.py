@@ -1,0 +1,171 @@
+"""Per-process peak memory of two fsdp training processes: loading, and a training step, with and without the
+seed's layout (process 0 reads the checkpoint and sends each process its shard; a rollout worker samples).
+
+    python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory          # the table in docs/serving.md
+    python benchmarks/serve/fsdp_memory.py --out /tmp/m --layers 2 --steps 1   # a quick look
+
+Builds a Qwen2 model of a few tens of millions of parameters with save_pretrained (nothing is downloaded), then
+trains it for a few steps under torchrun (2 gloo processes, one torch thread each) four ways: distributed.load
+every or rank0, sampling in the training processes or on one local rollout worker (rollout.workers=1, started
+by process 0). Each process reports its peak resident memory (VmHWM) once the trainer is built (the load-time
+peak) and its live memory (VmRSS after malloc_trim hands freed memory back), then resets the counter and reports
+the peak over the steps; process 0 also reports the worker's peak. Each way runs --repeats times; the table
+gives medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+
+RUNS = {
+    "every process reads, samples in-process": ["distributed.load=every"],
+    "process 0 reads, samples in-process": ["distributed.load=rank0"],
+    "every process reads, rollout worker": ["distributed.load=every", "rollout.workers=1"],
+    "process 0 reads, rollout worker": ["distributed.load=rank0", "rollout.workers=1"],
+}
+"""The four ways, by what they change from the same run."""
+
+
+def _vm(field: str, pid: str = "self") -> float:
+    """Returns a /proc/PID/status field (VmRSS, VmHWM) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(out: Path, overrides: list[str]) -> None:
+    """One training process (under torchrun): builds the trainer, runs the steps, writes OUT/rank-R.json."""
+    from cohort import distributed as dist
+    from cohort.config import load_config
+    from cohort.trainer import GRPOTrainer
+
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(load_config(None, overrides))
+    seen = {"load_peak_mib": _vm("VmHWM"), "load_s": time.perf_counter() - t0, "loaded": trainer.loaded}
+    # Freed memory that malloc keeps (loading frees whole tensors) would otherwise count towards the steps' peak.
+    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    seen["after_load_mib"] = _vm("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the steps' peak from here
+    times = []
+    for _ in range(trainer.cfg.steps):
+        t = time.perf_counter()
+        trainer.step()
+        times.append(time.perf_counter() - t)
+    seen.update(step_peak_mib=_vm("VmHWM"), step_s=statistics.median(times))
+    remote = trainer.remote
+    if remote is not None and remote.local is not None:
+        seen["worker_peak_mib"] = _vm("VmHWM", str(remote.local.processes[0].pid))
+    Path(out / f"rank-{dist.rank()}.json").write_text(json.dumps(seen))
+    if remote is not None:
+        remote.close()
+    dist.shutdown()
+    dist.exit_without_teardown(0)
+
+
+def _run(model: Path, out: Path, port: int, extra: list[str], args) -> list[dict]:
+    """Returns each process's numbers of one torchrun run."""
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [
+        f"model.name_or_path={model}",
+        "data.task=addition",
+        "data.n_train=64",
+        "data.n_eval=0",
+        "rollout.group_size=2",
+        f"rollout.batch_size={args.batch}",
+        f"rollout.max_completion_length={args.completion}",
+        "optim.lr=1e-5",
+        f"steps={args.steps}",
+        "eval_at_ends=false",
+        "save_every=0",
+        "progress=false",
+        "threads=1",
+        "model.device=cpu",
+        "distributed.strategy=fsdp",
+        f"out_dir={out / 'run'}",
+        *extra,
+    ]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+        str(HERE), "--child", str(out), *overrides,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:  # a training process under torchrun: the rest are config overrides
+        child(Path(sys.argv[2]), sys.argv[3:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=4, help="completions per process per step")
+    parser.add_argument("--completion", type=int, default=16, help="max new tokens")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each way (the table gives medians)")
+    parser.add_argument("--port", type=int, default=29661)
+    args = parser.parse_args()
+    from cohort.models import build_tiny_model, count_parameters, load_model
+
+    model = args.out / "model"
+    if not (model / "config.json").is_file():
+        build_tiny_model(
+            model,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=8,
+            intermediate_size=3 * args.hidden,
+            vocab_size=args.vocab,
+        )
+    n = count_parameters(load_model(model))
+    print(
+        f"Model: {n / 1e6:.1f} M parameters ({n * 4 / 2**20:.0f} MiB float32; Qwen2, hidden {args.hidden}, "
+        f"{args.layers} layers, vocabulary {args.vocab}), 2 fsdp processes, {args.batch} completions of up to "
+        f"{args.completion} tokens per process per step, {args.steps} steps. Peak RSS (VmHWM) in MiB, medians of "
+        f"{args.repeats} runs.\n"
+    )
+    print(
+        "| run | load: process 0 | load: process 1 | live after load | step: process 0 | step: process 1 | worker | step s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    results = {}
+    for i, (name, extra) in enumerate(RUNS.items()):
+        runs = [
+            _run(model, args.out / f"run{i}-{k}", args.port + 10 * i + k, extra, args)
+            for k in range(args.repeats)
+        ]
+        results[name] = runs
+        # each number: the median over the repeats (malloc's arenas make a process's peak vary by ~100 MiB)
+        ranks = [
+            {key: statistics.median(run[r][key] for run in runs) for key in runs[0][r] if key != "loaded"}
+            for r in range(2)
+        ]
+        worker = ranks[0].get("worker_peak_mib")
+        print(
+            f"| {name} | {ranks[0]['load_peak_mib']:.0f} | {ranks[1]['load_peak_mib']:.0f} | "
+            f"{ranks[0]['after_load_mib']:.0f} / {ranks[1]['after_load_mib']:.0f} | "
+            f"{ranks[0]['step_peak_mib']:.0f} | {ranks[1]['step_peak_mib']:.0f} | "
+            f"{'' if worker is None else f'{worker:.0f}'} | {max(r['step_s'] for r in ranks):.2f} |",
+            flush=True,
+        )
+    (args.out / "results.json").write_text(json.dumps({"parameters": n, "runs": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
