@@ -4,13 +4,14 @@ seed's layout (process 0 reads the checkpoint and sends each process its shard; 
     python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory          # the table in docs/serving.md
     python benchmarks/serve/fsdp_memory.py --out /tmp/m --layers 2 --steps 1   # a quick look
 
-Builds a Qwen2 model of a few tens of millions of parameters with save_pretrained (nothing is downloaded), then
-trains it for a few steps under torchrun (2 gloo processes, one torch thread each) four ways: distributed.load
-every or rank0, sampling in the training processes or on one local rollout worker (rollout.workers=1, started
-by process 0). Each process reports its peak resident memory (VmHWM) once the trainer is built (the load-time
-peak) and its live memory (VmRSS after malloc_trim hands freed memory back), then resets the counter and reports
-the peak over the steps; process 0 also reports the worker's peak. Each way runs --repeats times; the table
-gives medians.
+Builds a Qwen2 model of about 100 M parameters with save_pretrained (nothing is downloaded), then runs it under
+torchrun (2 gloo processes, one torch thread each) four ways: distributed.load every or rank0, sampling in the
+training processes or on one local rollout worker (rollout.workers=1, started by process 0). Each way runs twice.
+First the processes only load (cohort.train.build.build_policy: the checkpoint read, the model sharded, the
+start-up checks); each reports its resident memory before and its peak (VmHWM) after. Then they train: once
+the trainer is built (its gradients allocated, the workers connected and sent the weights), each hands freed
+memory back (malloc_trim), resets its peak counter, runs the steps and reports the peak over them; process 0
+also reports the worker's peak. Each way is repeated --repeats times; the table gives medians.
 """
 
 from __future__ import annotations
@@ -45,18 +46,38 @@ def _vm(field: str, pid: str = "self") -> float:
     return float("nan")
 
 
+def load_child(out: Path, overrides: list[str]) -> None:
+    """One training process (under torchrun) that only loads: the policy read and sharded as the trainer does it
+    (cohort.train.build.build_policy); writes OUT/load-R.json."""
+    from cohort import distributed as dist
+    from cohort.config import load_config
+    from cohort.sharding import resolve_strategy
+    from cohort.train.build import build_policy, resolve_device, set_threads
+
+    cfg = load_config(None, overrides).validate()
+    dist.init_from_env(cfg.distributed.backend)
+    set_threads(cfg)
+    strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
+    before = _vm("VmRSS")
+    t0 = time.perf_counter()
+    _, _, _, loaded = build_policy(cfg, None, None, resolve_device(cfg.model.device), strategy)
+    seen = {"before_mib": before, "load_peak_mib": _vm("VmHWM"), "load_s": time.perf_counter() - t0}
+    Path(out / f"load-{dist.rank()}.json").write_text(json.dumps({**seen, "loaded": loaded}))
+    dist.shutdown()
+    dist.exit_without_teardown(0)
+
+
 def child(out: Path, overrides: list[str]) -> None:
     """One training process (under torchrun): builds the trainer, runs the steps, writes OUT/rank-R.json."""
     from cohort import distributed as dist
     from cohort.config import load_config
     from cohort.trainer import GRPOTrainer
 
-    t0 = time.perf_counter()
     trainer = GRPOTrainer(load_config(None, overrides))
-    seen = {"load_peak_mib": _vm("VmHWM"), "load_s": time.perf_counter() - t0, "loaded": trainer.loaded}
+    seen = {"built_peak_mib": _vm("VmHWM")}
     # Freed memory that malloc keeps (loading frees whole tensors) would otherwise count towards the steps' peak.
     ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    seen["after_load_mib"] = _vm("VmRSS")
+    seen["built_live_mib"] = _vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the steps' peak from here
     times = []
     for _ in range(trainer.cfg.steps):
@@ -75,7 +96,7 @@ def child(out: Path, overrides: list[str]) -> None:
 
 
 def _run(model: Path, out: Path, port: int, extra: list[str], args) -> list[dict]:
-    """Returns each process's numbers of one torchrun run."""
+    """Returns each process's numbers of one way: a torchrun run that only loads, then one that trains."""
     out.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"model.name_or_path={model}",
@@ -96,19 +117,27 @@ def _run(model: Path, out: Path, port: int, extra: list[str], args) -> list[dict
         f"out_dir={out / 'run'}",
         *extra,
     ]
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-        str(HERE), "--child", str(out), *overrides,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    for mode in ("--load", "--train"):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+            str(HERE), mode, str(out), *overrides,
+        ]  # fmt: skip
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode} {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
+    return [
+        {
+            **json.loads((out / f"load-{r}.json").read_text()),
+            **json.loads((out / f"rank-{r}.json").read_text()),
+        }
+        for r in range(2)
+    ]
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:  # a training process under torchrun: the rest are config overrides
-        child(Path(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1:2] in (["--load"], ["--train"]):  # a process under torchrun: the rest are config overrides
+        (load_child if sys.argv[1] == "--load" else child)(Path(sys.argv[2]), sys.argv[3:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -141,7 +170,8 @@ def main() -> None:
         f"{args.repeats} runs.\n"
     )
     print(
-        "| run | load: process 0 | load: process 1 | live after load | step: process 0 | step: process 1 | worker | step s |"
+        "| run | before loading | loading: process 0 | loading: process 1 | step: process 0 | step: process 1 "
+        "| worker | step s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     results = {}
@@ -158,8 +188,8 @@ def main() -> None:
         ]
         worker = ranks[0].get("worker_peak_mib")
         print(
-            f"| {name} | {ranks[0]['load_peak_mib']:.0f} | {ranks[1]['load_peak_mib']:.0f} | "
-            f"{ranks[0]['after_load_mib']:.0f} / {ranks[1]['after_load_mib']:.0f} | "
+            f"| {name} | {max(r['before_mib'] for r in ranks):.0f} | {ranks[0]['load_peak_mib']:.0f} | "
+            f"{ranks[1]['load_peak_mib']:.0f} | "
             f"{ranks[0]['step_peak_mib']:.0f} | {ranks[1]['step_peak_mib']:.0f} | "
             f"{'' if worker is None else f'{worker:.0f}'} | {max(r['step_s'] for r in ranks):.2f} |",
             flush=True,

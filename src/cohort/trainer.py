@@ -55,23 +55,19 @@ from cohort.train.build import (
     build_episodes,
     build_iterative,
     build_optimizer,
-    build_reference,
+    build_policy,
     build_remote,
     build_rewards,
     build_rows,
     check_context,
     drop_long_prompts,
     encode_rows,
-    load_policy,
-    loading_path,
-    rank0_weights,
     resolve_device,
     sampling_params,
     set_threads,
 )
 from cohort.train.checkpoints import (
     RunCheckpoints,
-    check_finite_weights,
     find_checkpoints,
     save_final_model,
     trl_resume_target,
@@ -222,17 +218,9 @@ class GRPOTrainer:
         seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
         set_threads(cfg)
         self.device = resolve_device(cfg.model.device)
-        # "rank0": process 0 reads the weights and each process receives its shard (distributed.load)
-        self.loaded = loading_path(cfg, self.strategy, given=model is not None)
-        empty = self.loaded == "rank0"
-        # Process 0 reads first, so a new LoRA adapter draws its initial values as when every process reads.
-        weights = rank0_weights(cfg) if empty else None
-        self.model, self.tokenizer = load_policy(cfg, model, tokenizer, self.device, empty=empty)
-        if not empty:
-            check_finite_weights(self.model, "the model to train")
-            dist.broadcast_model(self.model)
-        self.reference = build_reference(cfg, self.model, self.strategy, weights)
-        del weights  # process 0's whole copy: the shards hold what each process needs
+        self.model, self.tokenizer, self.reference, self.loaded = build_policy(
+            cfg, model, tokenizer, self.device, self.strategy
+        )
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows, self.episode_spec)
         self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows, self.episode_spec)

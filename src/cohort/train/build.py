@@ -204,6 +204,22 @@ def set_threads(cfg: TrainConfig) -> None:
     )
 
 
+def build_policy(
+    cfg: TrainConfig, model: torch.nn.Module | None, tokenizer: Any, device: torch.device, strategy: str
+) -> tuple[torch.nn.Module, Any, Reference | None, str]:
+    """Returns (the policy, its tokenizer, the KL anchor or None, how its weights were loaded: "rank0" or
+    "every"), the policy and a reference copy sharded under FSDP (distributed.load: see loading_path)."""
+    loaded = loading_path(cfg, strategy, given=model is not None)
+    empty = loaded == "rank0"
+    # Process 0 reads first, so a new LoRA adapter draws its initial values as when every process reads.
+    weights = rank0_weights(cfg) if empty else None
+    policy, tokenizer = load_policy(cfg, model, tokenizer, device, empty=empty)
+    if not empty:
+        check_finite_weights(policy, "the model to train")
+        dist.broadcast_model(policy)
+    return policy, tokenizer, build_reference(cfg, policy, strategy, weights), loaded
+
+
 def build_reference(
     cfg: TrainConfig, model: torch.nn.Module, strategy: str, weights: Rank0Weights | None = None
 ) -> Reference | None:
