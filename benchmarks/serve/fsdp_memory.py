@@ -6,12 +6,13 @@ seed's layout (process 0 reads the checkpoint and sends each process its shard; 
 
 Builds a Qwen2 model of about 100 M parameters with save_pretrained (nothing is downloaded), then runs it under
 torchrun (2 gloo processes, one torch thread each) four ways: distributed.load every or rank0, sampling in the
-training processes or on one local rollout worker (rollout.workers=1, started by process 0). Each way runs twice.
-First the processes only load (cohort.train.build.build_policy: the checkpoint read, the model sharded, the
-start-up checks); each reports its resident memory before and its peak (VmHWM) after. Then they train: once
-the trainer is built (its gradients allocated, the workers connected and sent the weights), each hands freed
-memory back (malloc_trim), resets its peak counter, runs the steps and reports the peak over them; process 0
-also reports the worker's peak. Each way is repeated --repeats times; the table gives medians.
+training processes or on one local rollout worker (rollout.workers=1, started by process 0). Loading is measured
+in runs that only load (cohort.train.build.build_policy: the checkpoint read, the model sharded, the start-up
+checks): each process reports its resident memory before and its peak (VmHWM) after. Steps are measured in runs
+that train: once the trainer is built (its gradients allocated, the workers connected and sent the weights),
+each process hands freed memory back (malloc_trim), resets its peak counter, runs the steps and reports the
+peak over them; process 0 also reports the worker's peak. Each run is repeated --repeats times; the tables give
+the median and the range.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def child(out: Path, overrides: list[str]) -> None:
     dist.exit_without_teardown(0)
 
 
-def _run(model: Path, out: Path, port: int, extra: list[str], args) -> list[dict]:
-    """Returns each process's numbers of one way: a torchrun run that only loads, then one that trains."""
+def _run(model: Path, out: Path, port: int, mode: str, extra: list[str], args) -> list[dict]:
+    """Returns each process's numbers of one torchrun run: `mode` --load (it only loads) or --train."""
     out.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"model.name_or_path={model}",
@@ -117,22 +118,24 @@ def _run(model: Path, out: Path, port: int, extra: list[str], args) -> list[dict
         f"out_dir={out / 'run'}",
         *extra,
     ]
-    for mode in ("--load", "--train"):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-            str(HERE), mode, str(out), *overrides,
-        ]  # fmt: skip
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"{mode} {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
-    return [
-        {
-            **json.loads((out / f"load-{r}.json").read_text()),
-            **json.loads((out / f"rank-{r}.json").read_text()),
-        }
-        for r in range(2)
-    ]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+        str(HERE), mode, str(out), *overrides,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
+    name = "load" if mode == "--load" else "rank"
+    return [json.loads((out / f"{name}-{r}.json").read_text()) for r in range(2)]
+
+
+def _cell(runs: list[list[dict]], rank: int, key: str) -> str:
+    """Returns a table cell: the median of one process's number over the repeats, and their range (how much of
+    its freed memory malloc keeps after the sharded model's first forwards varies from run to run)."""
+    values = [run[rank][key] for run in runs if key in run[rank]]
+    if not values:
+        return ""
+    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
 def main() -> None:
@@ -147,7 +150,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=4, help="completions per process per step")
     parser.add_argument("--completion", type=int, default=16, help="max new tokens")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each way (the table gives medians)")
+    parser.add_argument("--repeats", type=int, default=4, help="runs of each way (the tables give medians)")
     parser.add_argument("--port", type=int, default=29661)
     args = parser.parse_args()
     from cohort.models import build_tiny_model, count_parameters, load_model
@@ -166,32 +169,40 @@ def main() -> None:
     print(
         f"Model: {n / 1e6:.1f} M parameters ({n * 4 / 2**20:.0f} MiB float32; Qwen2, hidden {args.hidden}, "
         f"{args.layers} layers, vocabulary {args.vocab}), 2 fsdp processes, {args.batch} completions of up to "
-        f"{args.completion} tokens per process per step, {args.steps} steps. Peak RSS (VmHWM) in MiB, medians of "
-        f"{args.repeats} runs.\n"
+        f"{args.completion} tokens per process per step, {args.steps} steps. Peak RSS (VmHWM) in MiB: the median "
+        f"of {args.repeats} runs (lowest-highest).\n"
     )
-    print(
-        "| run | before loading | loading: process 0 | loading: process 1 | step: process 0 | step: process 1 "
-        "| worker | step s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    results = {}
+    results: dict[str, list] = {}
+    port = iter(range(args.port, args.port + 1000))
+    print("Loading (the checkpoint read, the model sharded, the start-up checks):\n")
+    print("| distributed.load | before loading | peak: process 0 | peak: process 1 | seconds |")
+    print("|---|---:|---:|---:|---:|")
+    for load in ("every", "rank0"):
+        extra = [f"distributed.load={load}"]
+        runs = [
+            _run(model, args.out / f"load-{load}-{k}", next(port), "--load", extra, args)
+            for k in range(args.repeats)
+        ]
+        results[f"load {load}"] = runs
+        seconds = statistics.median(max(r["load_s"] for r in run) for run in runs)
+        print(
+            f"| {load} | {_cell(runs, 0, 'before_mib')} | {_cell(runs, 0, 'load_peak_mib')} | "
+            f"{_cell(runs, 1, 'load_peak_mib')} | {seconds:.1f} |",
+            flush=True,
+        )
+    print("\nTraining steps (from the trainer's live memory once built, freed memory handed back):\n")
+    print("| run | peak: process 0 | peak: process 1 | worker | step s |")
+    print("|---|---:|---:|---:|---:|")
     for i, (name, extra) in enumerate(RUNS.items()):
         runs = [
-            _run(model, args.out / f"run{i}-{k}", args.port + 10 * i + k, extra, args)
+            _run(model, args.out / f"train{i}-{k}", next(port), "--train", extra, args)
             for k in range(args.repeats)
         ]
         results[name] = runs
-        # each number: the median over the repeats (malloc's arenas make a process's peak vary by ~100 MiB)
-        ranks = [
-            {key: statistics.median(run[r][key] for run in runs) for key in runs[0][r] if key != "loaded"}
-            for r in range(2)
-        ]
-        worker = ranks[0].get("worker_peak_mib")
         print(
-            f"| {name} | {max(r['before_mib'] for r in ranks):.0f} | {ranks[0]['load_peak_mib']:.0f} | "
-            f"{ranks[1]['load_peak_mib']:.0f} | "
-            f"{ranks[0]['step_peak_mib']:.0f} | {ranks[1]['step_peak_mib']:.0f} | "
-            f"{'' if worker is None else f'{worker:.0f}'} | {max(r['step_s'] for r in ranks):.2f} |",
+            f"| {name} | {_cell(runs, 0, 'step_peak_mib')} | {_cell(runs, 1, 'step_peak_mib')} | "
+            f"{_cell(runs, 0, 'worker_peak_mib')} | "
+            f"{statistics.median(max(r['step_s'] for r in run) for run in runs):.2f} |",
             flush=True,
         )
     (args.out / "results.json").write_text(json.dumps({"parameters": n, "runs": results}, indent=1))
