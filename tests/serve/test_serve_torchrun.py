@@ -191,6 +191,14 @@ def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp
     done = [r["step"] for r in _rows(out)]
     assert done and done == list(range(1, len(done) + 1)) and done[-1] < 200
     assert (out / "checkpoints" / f"step-{done[-1]}" / "sharded" / ".metadata").is_file()
+    # Workers back: resume=auto continues from the last checkpoint, both processes pushing to the new worker.
+    with serving(tiny_model_dir, "--threads", "1") as (address, _):
+        more = (f"steps={done[-1] + 1}", f"rollout.workers=[{address}]", "save_every=1", "resume=auto")
+        resumed = subprocess.run(
+            _command(tiny_model_dir, out, 29635, *more), capture_output=True, text=True, timeout=600
+        )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in _rows(out)] == [*done, done[-1] + 1]
 
 
 def test_staleness_with_several_training_processes_is_refused(tiny_model_dir, tmp_path, monkeypatch):

@@ -198,9 +198,8 @@ class RemoteGeneration:
         bucket_bytes: int,
     ) -> None:
         self.clients, self.model, self.timeout = clients, model, timeout
-        self.bucket_bytes = (
-            bucket_bytes  # several training processes: what a push gathers and sends at a time
-        )
+        # Several training processes: what a push gathers and sends at a time (rollout.push_bucket_mib).
+        self.bucket_bytes = bucket_bytes
         self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
         self.local, self.context = local, context
         self.version = 0
@@ -439,7 +438,9 @@ def connect_workers(
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
     greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
-    weight channels and pushing the trainer's weights."""
+    weight channels and pushing the trainer's weights. Under torchrun every training process calls it: process 0
+    starts the local workers and opens the channels, each process greets every worker, and an error one process
+    hits is raised on all (cohort.serve.ranks)."""
     zmq = zmq_module()
     local = None
     if isinstance(workers, int):
@@ -508,10 +509,10 @@ def connect_workers(
                     )
         except ConfigError as e:
             failed = e
-        dist.raise_together(
-            failed
-        )  # several training processes: each greets each worker, all learn of a failure
-        ranks.on_main(lambda: source.open_channels(connect_timeout))  # process 0 alone pushes
+        # Several training processes: each greets each worker, and every one learns of a failure; process 0
+        # alone opens the weight channels and pushes.
+        dist.raise_together(failed)
+        ranks.on_main(lambda: source.open_channels(connect_timeout))
         source.push_weights(full=True)
     except BaseException:
         source.close()

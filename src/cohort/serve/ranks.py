@@ -54,16 +54,6 @@ def on_main(work: Callable[[], T]) -> T:
     return box[0]  # type: ignore[return-value]
 
 
-def on_every(work: Callable[[], None]) -> None:
-    """Returns None once `work` ran on every process; an error one of them raised is raised on every process."""
-    error = None
-    try:
-        work()
-    except Exception as e:  # a worker this process alone cannot reach: the others learn of it too
-        error = e
-    dist.raise_together(error)
-
-
 def check_one_machine(workers: int) -> None:
     """Returns None when every training process runs on this machine; ConfigError when some run elsewhere: local
     workers (rollout.workers: N) listen on 127.0.0.1 of process 0's machine, which other machines cannot reach."""
