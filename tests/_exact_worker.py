@@ -16,7 +16,7 @@ from cohort.distributed import exit_without_teardown
 from cohort.fastpath import FastConfig
 from cohort.logprobs import warm_probes
 from cohort.models import wrap_lora
-from cohort.sharding import full_value, gathered, shard
+from cohort.sharding import full_value, reshard, shard
 from cohort.train.update import PolicyBatch, PolicyUpdater
 
 GROUPS, G = 7, 3
@@ -100,9 +100,9 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         group_offset=mine[0] if mine else 0,
         total_groups=groups,
     )
-    if world > 1:  # as the trainer does: the once-per-model checks on every process together
-        with gathered(model):
-            warm_probes(model, updater.fast)
+    if world > 1:  # as the trainer does: the once-per-model checks on every process together, on the shards
+        warm_probes(model, updater.fast)
+        reshard(model)
     shuffle = torch.Generator().manual_seed(5)
     for _ in range(2):
         stats = updater.update(batch, shuffle)

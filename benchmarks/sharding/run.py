@@ -5,8 +5,8 @@
 
 Each strategy runs the same short training (same model folder, prompts, batch, seeds) under
 torchrun; each process reports the bytes of its parameters, gradients and AdamW state (its shard under
-fsdp), its peak resident memory from the first step on (model loading, which every process does in
-full before sharding, is excluded by resetting the peak counter), and its step times. One process
+fsdp), its peak resident memory from the first step on (model loading is excluded by resetting the peak
+counter; benchmarks/serve/fsdp_memory.py measures it), and its step times. One process
 (no strategy) runs the same steps for the step-time reference.
 """
 

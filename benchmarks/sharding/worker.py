@@ -1,7 +1,7 @@
 """One process of the sharding benchmark (run under torchrun by benchmarks/sharding/run.py).
 
-Builds the trainer, resets the process's peak-RSS counter (so model loading, which every process does in full
-before sharding, is not counted), runs the steps and writes this process's numbers to OUT/rank-R.json.
+Builds the trainer, resets the process's peak-RSS counter (so model loading is not counted), runs the steps and
+writes this process's numbers to OUT/rank-R.json.
 """
 
 from __future__ import annotations

@@ -71,6 +71,21 @@ STRATEGIES: tuple[str, ...] = ("auto", "replicate", "fsdp")
 MIXED_PRECISIONS: tuple[str, ...] = ("none", "bf16", "fp16")
 """distributed.mixed_precision names; ``cohort.sharding.MIXED_PRECISION`` maps them to FSDP's compute dtype."""
 
+LOAD_MODES: tuple[str, ...] = ("auto", "rank0", "every")
+"""distributed.load: auto (rank0 under fsdp, every otherwise), rank0 (process 0 reads the checkpoint and sends
+each process its shard), every (each process reads the whole checkpoint, then shards it)."""
+
+
+def resolve_load(load: str, strategy: str) -> str:
+    """Returns how a run of `strategy` ("none", "replicate", "fsdp") loads its model: "rank0" or "every"."""
+    if load not in LOAD_MODES:
+        raise ConfigError(f"distributed.load={load!r} is not one of {', '.join(LOAD_MODES)}")
+    if strategy == "none":
+        return "every"
+    if load == "auto":
+        return "rank0" if strategy == "fsdp" else "every"
+    return load
+
 
 def resolve_strategy(strategy: str, world: int) -> str:
     """Returns the strategy that runs with `world` processes: "none", "replicate" or "fsdp"."""

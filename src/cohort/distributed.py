@@ -7,9 +7,11 @@ the single-process one on the whole batch.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -151,6 +153,42 @@ def all_gather_object(obj: object) -> list:
     out: list = [None] * world_size()
     tdist.all_gather_object(out, obj)
     return out
+
+
+def raise_together(error: Exception | None) -> None:
+    """Returns None when no process has an error; else raises on every process: its own error, or, on a process
+    without one, the first failing process's error (same type and message) naming that process.
+
+    For a failure only some processes see (a file only process 0 reads, a worker one process cannot reach): the
+    others would otherwise wait in their next collective until its timeout."""
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    if not all_max_int(int(error is not None)):  # the usual answer, in one small all-reduce
+        return
+    errors = all_gather_object(None if error is None else (type(error), str(error)))
+    if error is not None:
+        raise error
+    for r, found in enumerate(errors):
+        if found is not None:
+            kind, message = found
+            try:
+                raised = kind(f"training process {r} of {world_size()}: {message}")
+            except TypeError:  # an error class whose constructor takes more than a message
+                raised = RuntimeError(f"training process {r} of {world_size()}: {kind.__name__}: {message}")
+            raise raised
+
+
+@contextlib.contextmanager
+def failing_together() -> Iterator[None]:
+    """Yields; an exception raised inside on any process is then raised on every process (see raise_together)."""
+    error = None
+    try:
+        yield
+    except Exception as e:
+        error = e
+    raise_together(error)
 
 
 def barrier() -> None:

@@ -204,8 +204,9 @@ def _impl(model: torch.nn.Module) -> str | None:
 def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     """Runs now the once-per-model checks the log-prob paths may need (the head split, segment attention).
 
-    A sharded model's processes must run them together, inside `cohort.sharding.gathered`: left to the first
-    update, they would run on one process and not on another that has no rows."""
+    A sharded model's processes must run them together: left to the first update, they would run on one process
+    and not on another that has no rows. Each makes the same forward calls, so every FSDP unit's all-gather
+    pairs up across processes, and no process gathers the whole model for them."""
     if fast.chunked_head != "off":
         head_unavailable(model)
     impl = _impl(model)

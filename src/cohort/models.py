@@ -471,6 +471,9 @@ def load_model(
     LoRA checkpoints write) loads its base model (``base_model_name_or_path``) with these settings, then
     the adapter on top, frozen for inference (``trainable_adapter=True``: its adapter weights train, the
     base stays frozen, as when it was trained); use :func:`save_merged` to turn it into a plain model.
+
+    ``device="meta"`` reads no weights: the same model (config, generation config, LoRA modules) is built
+    with every tensor on the meta device, for a sharded run whose process 0 sends each process its shard.
     """
     from transformers import AutoModelForCausalLM
 
@@ -498,6 +501,9 @@ def load_model(
     kwargs = dict(from_pretrained_kwargs)
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if device.type == "meta":
+        model = _empty_model(source, torch_dtype, trust_remote_code=trust_remote_code, **kwargs)
+        return wrap_lora(model, lora) if lora is not None else model
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code, **kwargs
@@ -549,8 +555,32 @@ def _load_adapter(
         model = load_model(base, device=device, **base_kwargs)
     except ValueError as exc:
         raise ValueError(f"{exc}{hint}") from exc
+    if device.type == "meta":  # the adapter's modules without its weights (process 0 sends them)
+        config = peft.PeftConfig.from_pretrained(folder)
+        config.inference_mode = not trainable
+        return peft.get_peft_model(model, config).eval()
     model = peft.PeftModel.from_pretrained(model, folder, is_trainable=trainable)
     model.to(device)
+    return model.eval()
+
+
+def _empty_model(source: str, dtype: torch.dtype | str, *, trust_remote_code: bool, **kwargs: Any):
+    """Returns the causal LM of a model folder or Hub name with every tensor on the meta device (no weights read),
+    in `dtype` ("auto": the config's), with the folder's generation config."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    if dtype == "auto":
+        saved = getattr(config, "dtype", None)
+        dtype = resolve_dtype(saved) if isinstance(saved, str) else saved or torch.float32
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+        )
+    try:  # the stop tokens an instruct model names only there (from_pretrained reads it too)
+        model.generation_config = GenerationConfig.from_pretrained(source)
+    except OSError:
+        pass  # no generation_config.json: the one derived from the config stays, as from_pretrained's
     return model.eval()
 
 

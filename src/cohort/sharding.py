@@ -34,6 +34,7 @@ import pickle
 import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,83 @@ def _mesh(strategy: str, world: int) -> Any:
     return dist.device_mesh((world,), ("shard",))
 
 
-def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none") -> torch.nn.Module:
-    """Returns `model`, wrapped in place by fully_shard per decoder layer and at the root on the strategy's mesh."""
+@dataclass
+class Rank0Weights:
+    """The whole weights process 0 read, from which a model built on the meta device gets its shards (every
+    other process holds none)."""
+
+    state: dict[str, torch.Tensor]
+    """Process 0: the model's state dict; elsewhere empty."""
+    buffers: dict[str, torch.Tensor]
+    """Process 0: every buffer by name, those the state dict leaves out too (rotary `inv_freq`); elsewhere empty."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module | None) -> Rank0Weights:
+        """Returns the weights of `model` (process 0's loaded model; None elsewhere: empty)."""
+        if model is None:
+            return cls({}, {})
+        return cls(dict(model.state_dict()), dict(model.named_buffers()))
+
+
+FILL_CHUNK_BYTES = 256 << 20
+"""Bytes of whole tensors process 0 sends per `set_model_state_dict` call when it fills meta-built models. Process
+0 lets each chunk go once sent; each call also copies every process's own shards once (torch loads the whole
+local state dict), so smaller chunks cost time."""
+
+
+def fill_from_rank0(models: list[torch.nn.Module], weights: Rank0Weights) -> None:
+    """Gives every process its shards of process 0's weights (a collective), in models sharded on the meta device
+    (the policy and its reference copy: the same weights), then runs their first forward (see `warm`).
+
+    torch.distributed.checkpoint's `set_model_state_dict(broadcast_from_rank0=True)` sends one tensor at a time
+    and each process keeps its shard of it, so no process but 0 ever holds a whole tensor beyond the one in
+    flight. It is called chunk by chunk, and process 0 drops each chunk of `weights` once every model has it:
+    its peak is its whole copy, not that plus its shards. Buffers are not sharded: process 0 broadcasts each
+    one, those outside the state dict included (a rotary embedding's inv_freq, computed when the model was
+    built, which a meta-built model lacks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    for model in models:
+        model.to_empty(device=dist.device())
+    names = {k: t.numel() * t.element_size() for k, t in models[0].state_dict().items()}  # whole sizes
+    missing = sorted(set(names) - set(weights.state)) if dist.is_main() else []
+    dist.raise_together(
+        ValueError(f"process 0's weights lack {missing[:3]} of the model it reads") if missing else None
+    )
+    # strict=False: each call loads only its chunk's tensors (the others keep what earlier chunks gave them).
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    chunk: list[str] = []
+    size = 0
+    for k, (name, nbytes) in enumerate(names.items()):
+        chunk.append(name)
+        size += nbytes
+        if size < FILL_CHUNK_BYTES and k < len(names) - 1:
+            continue
+        for model in models:
+            part: dict[str, Any] = {n: weights.state[n] for n in chunk} if dist.is_main() else {}
+            set_model_state_dict(model, part, options=options)
+        for n in chunk:
+            weights.state.pop(n, None)  # process 0: the whole tensor goes once every model holds its shard
+        chunk, size = [], 0
+    with torch.no_grad():
+        for model in models:
+            for name, buffer in model.named_buffers():
+                if dist.is_main():
+                    buffer.copy_(weights.buffers[name])
+                torch.distributed.broadcast(buffer, src=0)
+    for model in models:
+        warm(model)
+
+
+def shard(
+    model: torch.nn.Module,
+    strategy: str,
+    *,
+    mixed_precision: str = "none",
+    empty: bool = False,
+) -> torch.nn.Module:
+    """Returns `model`, wrapped in place by fully_shard per decoder layer and at the root on the strategy's mesh;
+    `empty`: a model built on the meta device, whose shards fill_from_rank0 then fills (and warms)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = _mesh(strategy, dist.world_size())
@@ -142,11 +218,26 @@ def shard(model: torch.nn.Module, strategy: str, *, mixed_precision: str = "none
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # sum: the loss is globally normalised
         m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PREMUL_SUM)
-    # FSDP initialises itself lazily at the root's first forward; the chunked LM head and its check call the
-    # decoder unit directly, which must not come first. One token, no gradient, on every process together.
+    if not empty:
+        warm(model)
+    return model
+
+
+def warm(model: torch.nn.Module) -> None:
+    """Returns None after a sharded model's first forward (one token, no gradient; on every process together).
+
+    FSDP initialises itself lazily at the root's first forward; the chunked LM head and its check call the
+    decoder unit directly, which must not come first."""
     with torch.no_grad():
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=dist.device()), use_cache=False)
-    return model
+    reshard(model)
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Returns None once every FSDP module of `model` holds only its shard again: the root, which FSDP reshards
+    after its backward, stays whole after a forward without gradients (and the optimizer needs its DTensors)."""
+    for m in fsdp_modules(model):
+        m.reshard()  # type: ignore[operator]
 
 
 _GATHERED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

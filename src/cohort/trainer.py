@@ -56,21 +56,19 @@ from cohort.train.build import (
     build_episodes,
     build_iterative,
     build_optimizer,
-    build_reference,
+    build_policy,
     build_remote,
     build_rewards,
     build_rows,
     check_context,
     drop_long_prompts,
     encode_rows,
-    load_policy,
     resolve_device,
     sampling_params,
     set_threads,
 )
 from cohort.train.checkpoints import (
     RunCheckpoints,
-    check_finite_weights,
     find_checkpoints,
     save_final_model,
     trl_resume_target,
@@ -221,10 +219,9 @@ class GRPOTrainer:
         seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
         set_threads(cfg)
         self.device = resolve_device(cfg.model.device)
-        self.model, self.tokenizer = load_policy(cfg, model, tokenizer, self.device)
-        check_finite_weights(self.model, "the model to train")
-        dist.broadcast_model(self.model)
-        self.reference = build_reference(cfg, self.model, self.strategy)
+        self.model, self.tokenizer, self.reference, self.loaded = build_policy(
+            cfg, model, tokenizer, self.device, self.strategy
+        )
         # 3. Prompts as token ids, once.
         self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows, self.episode_spec)
         self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows, self.episode_spec)
@@ -504,7 +501,8 @@ class GRPOTrainer:
         collapsed onto one sub-par answer (None when that check is off), over every process."""
         want = self.cfg.prompts_per_step
         # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
-        with gathered(self.model):
+        # Rollout workers sample instead: nothing is gathered, and a process that loses them stops them all.
+        with gathered(self.model) if self.remote is None else dist.failing_together():
             drawn = self.drawer.draw(want, step, first=True)
             collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
             groups = len(drawn.rollout.prompt_ids)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import IO
 
 # a tiny 3-step run's config (dotted keys override it), as the trainer tests build it
 from test_trainer import _cfg as run_config  # noqa: F401
@@ -17,11 +18,15 @@ from cohort.serve.worker import READY
 
 
 @contextlib.contextmanager
-def serving(model_dir, *extra: str, timeout: float = 60.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Yields (host:port, process) of a `cohort serve` on 127.0.0.1 and a free port; SIGKILLs it on exit."""
+def serving(
+    model_dir, *extra: str, timeout: float = 60.0, stderr: IO[str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yields (host:port, process) of a `cohort serve` on 127.0.0.1 and a free port (its standard error to
+    `stderr` when given); SIGKILLs it on exit."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "cohort", "serve", "--model", str(model_dir), "--port", "0", *extra],
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )

@@ -1,6 +1,6 @@
-"""Bad rollout-worker settings fail before training with one line naming the fix: staleness below 0 (or above 0
-without workers, or with several training processes), malformed or silent addresses, a worker serving another
-model, another cohort version. And what rollout.max_staleness implies: the sampler correction's default."""
+"""Bad rollout-worker settings fail before training with one line naming the fix: staleness below 0 or above 0
+without workers (with several training processes: tests/serve/test_serve_torchrun.py), malformed or silent
+addresses, a worker serving another model, another cohort version. And what rollout.max_staleness implies: the sampler correction's default."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ from cohort.trainer import GRPOTrainer
             r"rollout.max_staleness=-1 must be an int >= 0.*set rollout.max_staleness=0",
         ),
         ({"rollout.max_staleness": 1}, r"only rollout workers do; set rollout.workers"),
-        ({"rollout.max_staleness": True, "rollout.workers": 1}, r"rollout.max_staleness=True: expected an integer"),
+        (
+            {"rollout.max_staleness": True, "rollout.workers": 1},
+            r"rollout.max_staleness=True: expected an integer",
+        ),
         ({"rollout.workers": 0}, r"rollout.workers=0: give a number of local workers >= 1"),
         ({"rollout.workers": ["nohost"]}, r"'nohost', which is not host:port"),
         ({"rollout.workers": ["127.0.0.1:5555", "127.0.0.1:5555"]}, r"lists an address twice"),
@@ -37,22 +40,16 @@ def test_bad_worker_settings_are_config_errors(tiny_model_dir, tmp_path, over, m
         run_config(tiny_model_dir, tmp_path, **over).validate()
 
 
-def test_staleness_with_several_training_processes_is_refused(tiny_model_dir, tmp_path):
-    from cohort.config.validation import _check_workers
-
-    cfg = run_config(tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.max_staleness": 1})
-    _check_workers(cfg, 1)
-    with pytest.raises(ConfigError, match=r"max_staleness=1 with 2 training processes .*max_staleness=0 under"):
-        _check_workers(cfg, 2)
-
-
 @pytest.mark.parametrize(
     "over, expected",
     [
         ({}, "none"),
         ({"rollout.workers": 1}, "none"),
         ({"rollout.workers": 1, "rollout.max_staleness": 2}, "token_tis"),
-        ({"rollout.workers": 1, "rollout.max_staleness": 2, "algo.sampler_correction": "sequence_mis"}, "sequence_mis"),
+        (
+            {"rollout.workers": 1, "rollout.max_staleness": 2, "algo.sampler_correction": "sequence_mis"},
+            "sequence_mis",
+        ),
         ({"rollout.workers": 1, "rollout.max_staleness": 2, "algo.sampler_correction": "none"}, "none"),
     ],
 )

@@ -169,6 +169,24 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             else None
         ),
     ),
+    Inert(
+        "rollout.push_bucket_mib",
+        lambda c, world_size: (
+            "only several training processes push in buckets (one process sends its weights at once)"
+            if world_size == 1
+            else "no rollout workers to push to; set rollout.workers"
+            if c.rollout.workers is None
+            else None
+        ),
+    ),
+    Inert(
+        "distributed.load",
+        lambda c, world_size: (
+            "a one-process run reads its checkpoint itself (launch with torchrun to use it)"
+            if world_size == 1
+            else None
+        ),
+    ),
 )
 """Every option that can be accepted yet change nothing, with why: the one place such checks live."""
 

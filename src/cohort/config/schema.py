@@ -184,8 +184,8 @@ class RolloutConfig:
     as an inference engine would; None samples with the training weights. See algo.sampler_correction."""
     workers: int | list[str] | None = None
     """Rollout workers (`cohort serve`) that generate instead of this process: a list of "host:port" addresses
-    of running workers, or a number of workers this trainer starts on this machine (and stops when it ends);
-    None samples in this process. Weights are pushed to them after every optimizer step (docs/serving.md).
+    of running workers, or a number of workers this trainer starts on this machine (and stops when it ends;
+    under torchrun, process 0 starts them); None samples in this process. Weights are pushed to them after every optimizer step (docs/serving.md).
     Workers sample in rollout.sampler_dtype when it is set (local ones load in it; start listed ones with
     `cohort serve --dtype`), else in model.dtype."""
     max_staleness: int = 0
@@ -197,6 +197,9 @@ class RolloutConfig:
     connect_timeout: float = 60.0
     """Seconds to wait for each rollout worker's first answer (a local worker's start-up included) and for its
     weight channel to open."""
+    push_bucket_mib: float = 64.0
+    """With several training processes: a weight push gathers and sends about this many MiB of whole tensors at
+    a time, the most any process holds beyond its shards while pushing (one process sends its weights at once)."""
 
     def logprob_temperature(self) -> float:
         """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""
@@ -462,6 +465,10 @@ class DistributedConfig:
     """torch.distributed backend: auto (nccl with GPUs, gloo without), nccl, or gloo."""
     mixed_precision: str = "none"
     """FSDP's mixed-precision policy: none, bf16 or fp16 compute (gradients reduce in float32); meant for GPUs."""
+    load: str = "auto"
+    """How the processes load the model: rank0 (process 0 reads the checkpoint; the others build the model on
+    the meta device and receive their shards from it, one tensor at a time), every (each process reads the whole
+    checkpoint, then shards it), or auto (rank0 under fsdp, every otherwise)."""
     global_batch_size: int | None = None
     """Completions per step over all processes (each samples global_batch_size / processes); None: rollout.batch_size
     is each process's share. Keeps a run's batch when it is resumed on another number of processes."""

@@ -41,6 +41,7 @@ from cohort.choices import (
     DTYPE_NAMES,
     ENGINES,
     HEALTH_CHECKS,
+    LOAD_MODES,
     MIXED_PRECISIONS,
     SAMPLER_DTYPES,
     SCHEDULES,
@@ -226,6 +227,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
     strategy = resolve_strategy(d.strategy, world)
     _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
     _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
+    _check_choice("distributed.load", d.load, LOAD_MODES)
     if d.backend == "nccl" and world > 1 and not cuda_available:
         raise ConfigError(
             "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "
@@ -280,10 +282,11 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
             f"rollout.max_staleness={k!r} must be an int >= 0: 0 samples every batch with the current weights "
             "(the synchronous step); set rollout.max_staleness=0"
         )
-    for key in ("worker_timeout", "connect_timeout"):
+    for key in ("worker_timeout", "connect_timeout", "push_bucket_mib"):
         value = getattr(r, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise ConfigError(f"rollout.{key}={value!r} must be a positive number of seconds")
+            unit = "MiB" if key == "push_bucket_mib" else "seconds"
+            raise ConfigError(f"rollout.{key}={value!r} must be a positive number of {unit}")
     w = r.workers
     if w is None:
         if k > 0:
@@ -316,11 +319,6 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
         raise ConfigError(
             f"rollout.max_staleness={k} with {world} training processes is not built (batches are requested "
             "ahead by one trainer process); set rollout.max_staleness=0 under torchrun"
-        )
-    if world > 1:
-        raise ConfigError(
-            f"rollout.workers with {world} training processes is not built yet (one trainer process pushes "
-            "its weights); train on one process with workers, or unset rollout.workers under torchrun"
         )
     if cfg.episodes.enabled:
         raise ConfigError(

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 
 from cohort import __version__
+from cohort import distributed as dist
 from cohort.errors import ConfigError, NonFiniteError, TrainingError
 from cohort.models import stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams, select_groups
 from cohort.rollout.base import RolloutEngine
-from cohort.serve import weights
+from cohort.serve import ranks, weights
 from cohort.serve.protocol import PROTOCOL, identity, mismatch, pack, params_to_dict, read_batch, unpack
 from cohort.serve.worker import READY, die_with_parent, zmq_module
 
@@ -252,11 +253,14 @@ class RemoteGeneration:
         timeout: float,
         local: LocalWorkers | None = None,
         context: Any = None,
+        bucket_bytes: int,
         pushes_in_flight: int = 0,
     ) -> None:
         """pushes_in_flight: weight pushes that may still be landing while the trainer goes on (0: each push
         is waited for; rollout.max_staleness > 0 lets that many land behind the requests queued before them)."""
         self.clients, self.model, self.timeout = clients, model, timeout
+        # Several training processes: what a push gathers and sends at a time (rollout.push_bucket_mib).
+        self.bucket_bytes = bucket_bytes
         self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
         self.local, self.context = local, context
         self.pushes_in_flight = pushes_in_flight
@@ -307,6 +311,9 @@ class RemoteGeneration:
         pushes_in_flight, returns once the workers hold the weights; otherwise it returns at once, and the
         push lands when each worker reaches it among its requests."""
         if self.pushed == self.version and not full:
+            return
+        if dist.is_distributed():  # every training process joins; process 0 sends, bucket by bucket
+            ranks.push(self, full=full)
             return
         t0 = time.perf_counter()
         everything = full or self.pushed is None
@@ -552,11 +559,14 @@ def connect_workers(
     lora: dict[str, Any] | None,
     timeout: float,
     connect_timeout: float,
+    bucket_bytes: int,
     pushes_in_flight: int = 0,
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
     greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
-    weight channels and pushing the trainer's weights."""
+    weight channels and pushing the trainer's weights. Under torchrun every training process calls it: process 0
+    starts the local workers and opens the channels, each process greets every worker, and an error one process
+    hits is raised on all (cohort.serve.ranks)."""
     zmq = zmq_module()
     local = None
     if isinstance(workers, int):
@@ -565,23 +575,35 @@ def connect_workers(
                 "rollout.workers starts local workers from model.name_or_path, which is empty (the model was "
                 "given as an object); set model.name_or_path, or list running workers' addresses"
             )
-        local = LocalWorkers.start(
-            workers,
-            model_path,
-            device=device,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            threads=torch.get_num_threads(),  # the trainer's: the same float reductions as in-process sampling
-            timeout=connect_timeout,
-        )
-        addresses = local.addresses
+
+        def start() -> list[str]:
+            nonlocal local
+            ranks.check_one_machine(workers)
+            local = LocalWorkers.start(
+                workers,
+                model_path,
+                device=device,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                threads=torch.get_num_threads(),  # the trainer's: the same float reductions as in-process sampling
+                timeout=connect_timeout,
+            )
+            return local.addresses
+
+        addresses = ranks.on_main(start)  # several training processes: process 0 starts them, all connect
     else:
         addresses = list(workers)
     context = zmq.Context()
     processes = local.processes if local is not None else [None] * len(addresses)
     clients = [WorkerClient(context, a, p) for a, p in zip(addresses, processes)]
     source = RemoteGeneration(
-        clients, model, timeout=timeout, local=local, context=context, pushes_in_flight=pushes_in_flight
+        clients,
+        model,
+        timeout=timeout,
+        local=local,
+        context=context,
+        bucket_bytes=bucket_bytes,
+        pushes_in_flight=pushes_in_flight,
     )
     try:
         eos, pad = stop_token_ids(model, tokenizer)
@@ -594,28 +616,35 @@ def connect_workers(
             "fast": asdict(engine.fast) if hasattr(engine, "fast") else None,
             "lora": lora,
         }
-        for c in clients:
-            try:
-                reply, _ = c.request(hello, timeout=connect_timeout)
-            except _Lost as e:
-                raise ConfigError(
-                    f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
-                    f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
-                ) from None
-            if not reply.get("ok"):
-                raise ConfigError(
-                    f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
-                )
-            c.identity = reply["identity"]
-            problem = mismatch(mine, c.identity, c.address)
-            if problem is not None:
-                raise ConfigError(problem)
-            if dtype != "auto" and c.identity.get("dtype") != dtype:
-                raise ConfigError(
-                    f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
-                    f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
-                )
-        source.open_channels(connect_timeout)
+        failed = None
+        try:
+            for c in clients:
+                try:
+                    reply, _ = c.request(hello, timeout=connect_timeout)
+                except _Lost as e:
+                    raise ConfigError(
+                        f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
+                        f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
+                    ) from None
+                if not reply.get("ok"):
+                    raise ConfigError(
+                        f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
+                    )
+                c.identity = reply["identity"]
+                problem = mismatch(mine, c.identity, c.address)
+                if problem is not None:
+                    raise ConfigError(problem)
+                if dtype != "auto" and c.identity.get("dtype") != dtype:
+                    raise ConfigError(
+                        f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
+                        f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
+                    )
+        except ConfigError as e:
+            failed = e
+        # Several training processes: each greets each worker, and every one learns of a failure; process 0
+        # alone opens the weight channels and pushes.
+        dist.raise_together(failed)
+        ranks.on_main(lambda: source.open_channels(connect_timeout))
         source.push_weights(full=True)
     except BaseException:
         source.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as tdist
@@ -107,6 +107,33 @@ def flatten(named: list[tuple[str, torch.Tensor]]) -> tuple[list[list], list[tor
     for dtype, items in by_dtype.items():
         spec += [[n, str(dtype).removeprefix("torch."), t.numel()] for n, t in items]
         buffers.append(torch.cat([t.detach().reshape(-1).cpu() for _, t in items]))  # [sum numel]
+    return spec, buffers
+
+
+def flatten_each(
+    named: list[tuple[str, torch.Tensor]], value: Callable[[torch.Tensor], torch.Tensor], *, keep: bool = True
+) -> tuple[list[list], list[torch.Tensor]]:
+    """Returns `flatten`'s (spec, buffers) of `named`, each tensor's value taken through `value` (an all-gather
+    of a sharded tensor) one at a time, in spec order, and copied into the buffers at once: the buffers are the
+    only whole copy held. `keep=False` (a process that only joins the all-gathers): values are dropped, and the
+    spec and buffers are empty. Shapes and dtypes are read from `named`, so every process calls `value` alike."""
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in named:
+        by_dtype.setdefault(t.dtype, []).append((name, t))
+    spec: list[list] = []
+    buffers = []
+    for dtype, items in by_dtype.items():
+        flat = torch.empty(sum(t.numel() for _, t in items) if keep else 0, dtype=dtype)  # [sum numel]
+        at = 0
+        for name, t in items:
+            whole = value(t)
+            if keep:
+                flat[at : at + t.numel()].copy_(whole.detach().reshape(-1))
+                spec.append([name, str(dtype).removeprefix("torch."), t.numel()])
+            at += t.numel()
+            del whole
+        if keep:
+            buffers.append(flat)
     return spec, buffers
 
 

@@ -91,6 +91,11 @@ class Worker:
     version: int | None = None
     """The trainer's weight version the model holds (None: none received yet, or a push that failed)."""
     channel: weights.Channel | None = None
+    received: int = 0
+    """Tensors received of the push in progress."""
+    log_pushes: bool = False
+    """Print a line on standard error for each complete push (a worker started by hand; one a trainer started
+    would print into the trainer's output)."""
 
     def ids(self) -> dict[str, Any]:
         """Returns this worker's identity (cohort.serve.protocol.identity) and its device type."""
@@ -152,7 +157,17 @@ class Worker:
         buffers = weights.empty_buffers(spec)
         self.channel.wait(self.channel.broadcast(buffers))
         weights.apply(self.model, spec, buffers)
-        self.version = int(header["version"])
+        self.received += len(spec)
+        # A push in buckets (several training processes) is whole with its last bucket.
+        if header.get("final", True):
+            self.version = int(header["version"])
+            if self.log_pushes:
+                print(
+                    f"cohort serve: holds weights version {self.version} ({self.received} tensors received)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.received = 0
 
     def _generate(self, header: dict[str, Any], blobs: list[bytes]) -> list[bytes]:
         if self.engine is None:
@@ -193,7 +208,7 @@ def serve(
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
     model.eval()
-    worker = Worker(model, tokenizer, torch.device(device))
+    worker = Worker(model, tokenizer, torch.device(device), log_pushes=parent_pid is None)
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
+from cohort import distributed as dist
 from cohort.algo import POLICY_LOSSES
+from cohort.choices import resolve_load
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
@@ -40,8 +42,9 @@ from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.serve.client import RemoteGeneration, connect_workers
-from cohort.sharding import gathered, shard
+from cohort.sharding import Rank0Weights, fill_from_rank0, reshard, shard
 from cohort.train.ahead import AheadQueue
+from cohort.train.checkpoints import check_finite_weights
 from cohort.train.update import checkpointing_layers
 
 
@@ -202,8 +205,27 @@ def set_threads(cfg: TrainConfig) -> None:
     )
 
 
-def build_reference(cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> Reference | None:
-    """Returns the KL anchor (None at beta = 0), with the policy (and a reference copy) sharded under FSDP.
+def build_policy(
+    cfg: TrainConfig, model: torch.nn.Module | None, tokenizer: Any, device: torch.device, strategy: str
+) -> tuple[torch.nn.Module, Any, Reference | None, str]:
+    """Returns (the policy, its tokenizer, the KL anchor or None, how its weights were loaded: "rank0" or
+    "every"), the policy and a reference copy sharded under FSDP (distributed.load: see loading_path)."""
+    loaded = loading_path(cfg, strategy, given=model is not None)
+    empty = loaded == "rank0"
+    # Process 0 reads first, so a new LoRA adapter draws its initial values as when every process reads.
+    weights = rank0_weights(cfg) if empty else None
+    policy, tokenizer = load_policy(cfg, model, tokenizer, device, empty=empty)
+    if not empty:
+        check_finite_weights(policy, "the model to train")
+        dist.broadcast_model(policy)
+    return policy, tokenizer, build_reference(cfg, policy, strategy, weights), loaded
+
+
+def build_reference(
+    cfg: TrainConfig, model: torch.nn.Module, strategy: str, weights: Rank0Weights | None = None
+) -> Reference | None:
+    """Returns the KL anchor (None at beta = 0), with the policy (and a reference copy) sharded under FSDP; a
+    policy built on the meta device (distributed.load=rank0) gets its shards, and the copy's, from `weights`.
 
     With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off."""
     a = cfg.algo
@@ -213,12 +235,17 @@ def build_reference(cfg: TrainConfig, model: torch.nn.Module, strategy: str) -> 
         else None
     )
     if strategy != "none":  # FSDP per decoder layer and at the root; the reference the same way
-        shard(model, strategy, mixed_precision=cfg.distributed.mixed_precision)
-        if reference is not None and reference.copy is not None:
-            shard(reference.copy, strategy, mixed_precision=cfg.distributed.mixed_precision)
-        # every process runs the fast paths' once-per-model checks together (as an update would see the model)
-        with gathered(model), checkpointing_layers(model):
+        precision, empty = cfg.distributed.mixed_precision, weights is not None
+        models = [model] + ([reference.copy] if reference is not None and reference.copy is not None else [])
+        for m in models:
+            shard(m, strategy, mixed_precision=precision, empty=empty)
+        if weights is not None:
+            fill_from_rank0(models, weights)
+        # Every process runs the fast paths' once-per-model checks together (as an update would see the model):
+        # the same forward calls on each, so every layer's all-gather pairs up and no process gathers the model.
+        with checkpointing_layers(model):
             warm_probes(model, cfg.fast)
+        reshard(model)
     return reference
 
 
@@ -257,6 +284,7 @@ def build_remote(
         else None,
         timeout=r.worker_timeout,
         connect_timeout=r.connect_timeout,
+        bucket_bytes=max(1, int(r.push_bucket_mib * 2**20)),
         pushes_in_flight=r.max_staleness,
     )
 
@@ -370,17 +398,25 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     return train, held[: cfg.eval_limit] if held else held
 
 
-def load_policy(
-    cfg: TrainConfig, model: torch.nn.Module | None, tokenizer: Any, device: torch.device
-) -> tuple[torch.nn.Module, Any]:
-    """Returns (the policy to train, its tokenizer): the given ones or the config's, loaded, with LoRA when
-    configured, on `device`, in eval mode (no dropout) and with activation checkpointing when asked."""
-    tokenizer = tokenizer or load_tokenizer(
-        cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
-    )
-    given = model is not None
+def loading_path(cfg: TrainConfig, strategy: str, *, given: bool) -> str:
+    """Returns how this run's processes get the policy's weights: "rank0" (process 0 reads them and sends each
+    process its shard) or "every" (each process reads them, or was given the model object)."""
+    path = resolve_load(cfg.distributed.load, strategy)
+    if given and path == "rank0":
+        if cfg.distributed.load == "rank0":
+            raise ConfigError(
+                "distributed.load=rank0 reads model.name_or_path on process 0 only, but the model was given as an "
+                "object, which every process already holds; pass its folder instead, or set distributed.load=auto"
+            )
+        return "every"
+    return path
+
+
+def _read_policy(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """Returns the config's policy read from model.name_or_path (with LoRA when configured) on `device`
+    (meta: its modules without weights)."""
     with quiet_hf_progress():  # no "Loading weights" bar
-        policy = model or load_model(
+        return load_model(
             cfg.model.name_or_path,
             dtype=cfg.model.dtype,
             device=str(device),
@@ -389,9 +425,48 @@ def load_policy(
             lora=cfg.model.lora if cfg.model.lora.enabled else None,
             trainable_adapter=True,  # an adapter folder given as the model continues training as LoRA
         )
+
+
+def rank0_weights(cfg: TrainConfig) -> Rank0Weights:
+    """Returns the policy's weights as process 0 reads them from model.name_or_path into host memory, checked
+    finite (empty on the other processes); a process 0 that cannot read them raises its error on every process."""
+    full, error = None, None
+    if dist.is_main():
+        try:
+            full = _read_policy(cfg, torch.device("cpu"))  # each tensor moves to the device as it is sent
+            check_finite_weights(full, "the model to train")
+        except (ValueError, OSError, TrainingError) as e:
+            error = e
+    dist.raise_together(error)
+    return Rank0Weights.of(full)
+
+
+def load_policy(
+    cfg: TrainConfig,
+    model: torch.nn.Module | None,
+    tokenizer: Any,
+    device: torch.device,
+    *,
+    empty: bool = False,
+) -> tuple[torch.nn.Module, Any]:
+    """Returns (the policy to train, its tokenizer): the given ones or the config's, loaded, with LoRA when
+    configured, on `device`, in eval mode (no dropout) and with activation checkpointing when asked; `empty`:
+    built on the meta device, its weights read by process 0 only (rank0_weights)."""
+    tokenizer = tokenizer or load_tokenizer(
+        cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code
+    )
+    given = model is not None
+    if model is not None:
+        policy = model
+    elif empty:
+        with torch.random.fork_rng(devices=[]):  # a LoRA adapter's init on the meta device keeps no value
+            policy = _read_policy(cfg, torch.device("meta"))
+    else:
+        policy = _read_policy(cfg, device)
     if given and cfg.model.lora.enabled and not hasattr(policy, "disable_adapter"):
         policy = wrap_lora(policy, cfg.model.lora)  # a model object given with a LoRA config
-    policy.to(device)
+    if not empty:
+        policy.to(device)
     policy.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
     if cfg.model.gradient_checkpointing:
         # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the

@@ -1,0 +1,165 @@
+"""Processes of a gloo group started by torch.multiprocessing.spawn, for the tests of sharded loading
+(test_sharded_loading.py) and of rollout workers under several training processes (serve/test_serve_torchrun.py).
+
+Each function is one process: it joins the group through a file store, sets WORLD_SIZE so the config sees the
+run's processes, does its case and writes what it saw to OUT/<name>-<rank>.pt, then leaves without the
+interpreter's teardown (gloo's threads, still held by sharded tensors, can abort it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from cohort.distributed import exit_without_teardown
+
+
+def _join(rank: int, world: int, store: str) -> None:
+    import torch.distributed as tdist
+
+    os.environ.update({"WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def _config(model_dir: str, out: str, overrides: list[str]):
+    from cohort.config import load_config
+
+    reward = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            "data.task=addition",
+            "data.n_train=32",
+            "data.n_eval=0",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            "rollout.max_completion_length=4",
+            "optim.lr=0.05",  # steps that move the weights visibly
+            "model.device=cpu",
+            "progress=false",
+            "eval_at_ends=false",
+            "threads=1",
+            "distributed.strategy=fsdp",
+            f"rewards=['{reward}']",
+            f"out_dir={out}",
+            *overrides,
+        ],
+    )
+
+
+def load_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
+) -> None:
+    """Builds a trainer per case (overrides), then records its whole weights and buffers after loading (and
+    the reference copy's), one step's loss and the whole weights after it: OUT/<case>-<rank>.pt."""
+    from cohort.sharding import full_state_dict
+    from cohort.trainer import GRPOTrainer
+
+    _join(rank, world, store)
+    for name, overrides in cases.items():
+        trainer = GRPOTrainer(_config(model_dir, f"{out}/{name}", overrides))
+        seen = {
+            "loaded": trainer.loaded,
+            "weights": full_state_dict(trainer.model),
+            "buffers": {k: b.clone() for k, b in trainer.model.named_buffers()},
+        }
+        if trainer.ref_model is not None:
+            seen["reference"] = full_state_dict(trainer.ref_model)
+        seen["loss"] = trainer.step().metrics["loss"]
+        seen["after"] = full_state_dict(trainer.model)
+        torch.save(seen, Path(out) / f"{name}-{rank}.pt")
+    exit_without_teardown(0)
+
+
+def error_case(rank: int, world: int, store: str, out: str, model_dir: str, overrides: list[str]) -> None:
+    """Builds a trainer that must fail before training; writes the error's type and message to OUT/error-<rank>.pt."""
+    from cohort.trainer import GRPOTrainer
+
+    _join(rank, world, store)
+    try:
+        GRPOTrainer(_config(model_dir, f"{out}/run", overrides))
+        seen = None
+    except Exception as e:
+        seen = (type(e).__name__, str(e))
+    torch.save(seen, Path(out) / f"error-{rank}.pt")
+    exit_without_teardown(0)
+
+
+def unreachable_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, address: str, dead: str
+) -> None:
+    """Connects to the worker at `address`, except on the last process, which is pointed at `dead` (nothing listens
+    there); writes the error each process raised to OUT/error-<rank>.pt."""
+    from cohort.serve import client
+
+    if rank == world - 1:
+        connect = client.WorkerClient.__init__
+
+        def elsewhere(self, context, _address, process=None):
+            connect(self, context, dead, process)
+
+        client.WorkerClient.__init__ = elsewhere  # type: ignore[method-assign]
+    error_case(
+        rank, world, store, out, model_dir, [f"rollout.workers=[{address}]", "rollout.connect_timeout=3"]
+    )
+
+
+def together_case(rank: int, world: int, store: str, out: str, failing: int) -> None:
+    """Raises WorkersLostError inside `failing_together` on process `failing` alone; writes what each process
+    raised to OUT/error-<rank>.pt."""
+    from cohort import distributed as dist
+    from cohort.serve.client import WorkersLostError
+
+    _join(rank, world, store)
+    try:
+        with dist.failing_together():
+            if rank == failing:
+                raise WorkersLostError("every rollout worker is lost (127.0.0.1:1: its connection closed)")
+        seen = None
+    except Exception as e:
+        seen = (type(e).__name__, str(e))
+    dist.barrier()  # every process got past the agreement: none waits in a collective
+    torch.save(seen, Path(out) / f"error-{rank}.pt")
+    exit_without_teardown(0)
+
+
+def step_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
+) -> None:
+    """Builds a trainer per case and runs one step, counting the explicit unshards of FSDP modules (what
+    `cohort.sharding.gathered` does to hold the whole model) during the step: OUT/<case>-<rank>.pt."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from cohort.trainer import GRPOTrainer
+
+    _join(rank, world, store)
+    unshard = FSDPModule.unshard
+    for name, overrides in cases.items():
+        trainer = GRPOTrainer(_config(model_dir, f"{out}/{name}", overrides))
+        calls: list[str] = []
+
+        def counted(self, *args, calls=calls, **kwargs):
+            calls.append(type(self).__name__)
+            return unshard(self, *args, **kwargs)
+
+        FSDPModule.unshard = counted  # type: ignore[method-assign]
+        try:
+            metrics = trainer.step().metrics
+        finally:
+            FSDPModule.unshard = unshard  # type: ignore[method-assign]
+        remote = trainer.remote
+        seen = {
+            "gathers": len(calls),
+            "reward": metrics["reward"],
+            "starts_workers": remote is not None and remote.local is not None,
+            "addresses": [c.address for c in remote.clients] if remote is not None else [],
+            "pushed": remote.pushed if remote is not None else None,
+        }
+        if remote is not None:
+            remote.close()
+        torch.save(seen, Path(out) / f"{name}-{rank}.pt")
+    exit_without_teardown(0)

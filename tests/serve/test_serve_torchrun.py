@@ -1,0 +1,289 @@
+"""Rollout workers with several training processes. The recipe of docs/serving.md on this machine (torchrun with
+two fsdp processes, one worker started by `cohort serve`) trains exactly as the same two processes sampling
+in-process, with every step's weights pushed to the worker; no process gathers the whole model during a step;
+local workers are started once, by process 0. A worker one process cannot reach, and a worker lost mid-run, stop
+every process with one error (a process that waited on the others would hang until gloo's 30-minute timeout)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from _rank_workers import step_case, together_case, unreachable_case
+from _serve_helpers import run_config, serving
+from safetensors.torch import load_file
+from test_distributed import PARITY, _small_run
+
+from cohort import distributed as dist
+from cohort.config import ConfigError
+from cohort.serve import ranks
+
+
+@pytest.fixture(autouse=True)
+def _processes_on_the_cpu(monkeypatch):
+    """The training processes see no GPU: gloo on the CPU (one GPU cannot host two ranks)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def _command(model_dir: Path, out: Path, port: int, *overrides: str) -> list[str]:
+    """Returns the torchrun command of a 2-process fsdp run (each line of output prefixed by its process)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+        "--tee", "3", "-m", "cohort.cli", "train", *_small_run(model_dir, out), "save_every=0",
+        f"rewards=['{PARITY}']", "distributed.strategy=fsdp", *overrides,
+    ]  # fmt: skip
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_and_a_served_worker_train_as_in_process(tiny_model_dir, tmp_path):
+    log = tmp_path / "worker.err"
+    with open(log, "w") as err, serving(tiny_model_dir, "--threads", "1", stderr=err) as (address, _):
+        remote = subprocess.run(
+            _command(
+                tiny_model_dir,
+                tmp_path / "remote",
+                29631,
+                "steps=3",
+                f"rollout.workers=[{address}]",
+                "rollout.push_bucket_mib=0.01",  # 10 KiB: each push in many buckets, whole only with the last
+            ),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    plain = subprocess.run(
+        _command(tiny_model_dir, tmp_path / "plain", 29632, "steps=3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    # Each process's chunk carries its own sampling generator's state to the worker and adopts the advanced
+    # one, and the worker holds the gathered weights bit for bit: the metrics and weights are the in-process run's.
+    a, b = _rows(tmp_path / "plain"), _rows(tmp_path / "remote")
+    assert len(a) == len(b) == 3
+    for ra, rb in zip(a, b):
+        assert set(rb) - set(ra) == {"serve/workers", "time/weight_push"}
+        assert rb["serve/workers"] == 1.0
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    final_a, final_b = (
+        load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("plain", "remote")
+    )
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+    start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert any(not torch.equal(final_b[k], start[k]) for k in start)  # the steps moved the weights
+    # The worker received the whole weights on connect (version 0) and after each of the 3 steps.
+    pushes = re.findall(r"holds weights version (\d+) \((\d+) tensors", log.read_text())
+    assert pushes == [(str(v), str(len(start))) for v in range(4)], log.read_text()[-2000:]
+
+
+@pytest.mark.slow
+def test_no_process_gathers_the_model_while_workers_sample(tiny_model_dir, tmp_path):
+    # Local workers (rollout.workers: 1) are started by process 0 alone; process 1 connects to the same address.
+    cases = {"in_process": [], "workers": ["rollout.workers=1"]}
+    mp.spawn(
+        step_case,
+        args=(2, str(tmp_path / "store"), str(tmp_path), str(tiny_model_dir), cases),
+        nprocs=2,
+        join=True,
+    )
+    seen = {(n, r): torch.load(tmp_path / f"{n}-{r}.pt") for n in cases for r in (0, 1)}
+    assert seen["in_process", 0]["gathers"] > 0 and seen["in_process", 1]["gathers"] > 0  # sampling gathers
+    assert seen["workers", 0]["gathers"] == seen["workers", 1]["gathers"] == 0
+    assert seen["workers", 0]["starts_workers"] and not seen["workers", 1]["starts_workers"]
+    assert seen["workers", 0]["addresses"] == seen["workers", 1]["addresses"]
+    assert (
+        seen["workers", 0]["pushed"] == seen["workers", 1]["pushed"] == 1
+    )  # both agree the push of step 1 ended
+
+
+def test_a_worker_one_process_cannot_reach_stops_every_process(tiny_model_dir, tmp_path):
+    dead = f"127.0.0.1:{_free_port()}"
+    with serving(tiny_model_dir, "--threads", "1") as (address, _):
+        args = (2, str(tmp_path / "store"), str(tmp_path), str(tiny_model_dir), address, dead)
+        mp.spawn(unreachable_case, args=args, nprocs=2, join=True)
+    own, other = torch.load(tmp_path / "error-1.pt"), torch.load(tmp_path / "error-0.pt")
+    assert own[0] == other[0] == "ConfigError", (own, other)
+    assert re.match(rf"no rollout worker answered at {dead} .*start one there with `cohort serve", own[1])
+    assert other[1] == f"training process 1 of 2: {own[1]}" and "\n" not in other[1]
+
+
+def test_an_address_no_process_reaches_is_one_line_on_each(tiny_model_dir, tmp_path):
+    dead = f"127.0.0.1:{_free_port()}"
+    overrides = ("steps=1", f"rollout.workers=[{dead}]", "rollout.connect_timeout=2")
+    proc = subprocess.run(
+        _command(tiny_model_dir, tmp_path / "run", 29633, *overrides),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        lines = [
+            line
+            for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+            if f"[default{rank}]:error:" in line
+        ]
+        assert len(lines) == 1 and f"no rollout worker answered at {dead}" in lines[0], proc.stderr[-3000:]
+
+
+def test_a_process_that_loses_the_workers_stops_them_all(tmp_path):
+    # Process 1 alone loses its workers inside the step's draw; process 0 got its completions. Both raise
+    # WorkersLostError there, process 0 naming process 1, instead of process 0 waiting in the next collective.
+    mp.spawn(together_case, args=(2, str(tmp_path / "store"), str(tmp_path), 1), nprocs=2, join=True)
+    own, other = torch.load(tmp_path / "error-1.pt"), torch.load(tmp_path / "error-0.pt")
+    assert own == ("WorkersLostError", "every rollout worker is lost (127.0.0.1:1: its connection closed)")
+    assert other == ("WorkersLostError", f"training process 1 of 2: {own[1]}")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    with serving(tiny_model_dir, "--threads", "1") as (address, worker):
+        cmd = _command(
+            tiny_model_dir, out, 29634, "steps=200", f"rollout.workers=[{address}]", "save_every=1"
+        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            metrics = out / "metrics.jsonl"
+            while not (metrics.is_file() and metrics.read_text().strip()) and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+                time.sleep(0.1)
+            worker.send_signal(signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=120)  # every process stops: none waits on another
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        lines = [line for line in (stdout + stderr).splitlines() if f"[default{rank}]:error:" in line]
+        assert len(lines) == 1 and "every rollout worker is lost" in lines[0] and "resume=auto" in lines[0], (
+            stderr[-3000:]
+        )
+    done = [r["step"] for r in _rows(out)]
+    assert done and done == list(range(1, len(done) + 1)) and done[-1] < 200
+    assert (out / "checkpoints" / f"step-{done[-1]}" / "sharded" / ".metadata").is_file()
+    # Workers back: resume=auto continues from the last checkpoint, both processes pushing to the new worker.
+    with serving(tiny_model_dir, "--threads", "1") as (address, _):
+        more = (f"steps={done[-1] + 1}", f"rollout.workers=[{address}]", "save_every=1", "resume=auto")
+        resumed = subprocess.run(
+            _command(tiny_model_dir, out, 29635, *more), capture_output=True, text=True, timeout=600
+        )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in _rows(out)] == [*done, done[-1] + 1]
+
+
+def test_staleness_with_several_training_processes_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    over = {"rollout.workers": 1, "distributed.strategy": "fsdp"}
+    assert run_config(tiny_model_dir, tmp_path, **over).validate().rollout.workers == 1
+    with pytest.raises(
+        ConfigError,
+        match=r"max_staleness=1 with 2 training processes is not built .*set rollout.max_staleness=0 under",
+    ):
+        run_config(tiny_model_dir, tmp_path, **over, **{"rollout.max_staleness": 1}).validate()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one training process queues requests ahead
+    cfg = run_config(
+        tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.max_staleness": 1}
+    ).validate()
+    assert cfg.rollout.max_staleness == 1
+
+
+def test_pushes_go_in_buckets_of_whole_tensors_in_order():
+    # float32 tensors of 10, 20, 5, 40 and 1 elements (40, 80, 20, 160, 4 bytes) under a limit of 100 bytes:
+    # 40 + 80 > 100 starts a new run; 80 + 20 = 100 fits; 100 + 160 > 100; 160 is alone, over the limit; then 4.
+    named = [(str(n), torch.zeros(n)) for n in (10, 20, 5, 40, 1)]
+    runs = [[name for name, _ in run] for run in ranks.buckets(named, 100)]
+    assert runs == [["10"], ["20", "5"], ["40"], ["1"]]
+    assert [[name for name, _ in run] for run in ranks.buckets(named, 10**6)] == [
+        ["10", "20", "5", "40", "1"]
+    ]
+
+
+def test_local_workers_need_every_training_process_on_one_machine(monkeypatch):
+    monkeypatch.setattr(dist, "world_size", lambda: 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    ranks.check_one_machine(2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(
+        ConfigError, match=r"rollout.workers=2 starts workers on process 0's machine.*2 of 4 .*--host 0.0.0.0"
+    ):
+        ranks.check_one_machine(2)
+
+
+def test_the_push_bucket_is_checked(tiny_model_dir, tmp_path, monkeypatch):
+    with pytest.raises(
+        ConfigError, match=r"rollout.push_bucket_mib=0(\.0)? must be a positive number of MiB"
+    ):
+        run_config(
+            tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 0}
+        ).validate()
+    with pytest.warns(
+        UserWarning, match=r"rollout.push_bucket_mib=8(\.0)? changes nothing.*one process sends"
+    ):
+        run_config(
+            tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 8}
+        ).validate()
+
+
+def test_flattening_one_tensor_at_a_time_lays_out_the_push_as_flatten_does():
+    from cohort.serve import weights
+
+    named = [
+        ("a", torch.arange(3.0)),
+        ("i", torch.arange(4)),
+        ("b", torch.ones(2, 2)),
+        ("j", torch.tensor([7])),
+    ]
+    calls: list[int] = []
+
+    def value(t):
+        calls.append(t.numel())
+        return t.clone()
+
+    spec, buffers = weights.flatten_each(named, value)
+    want_spec, want_buffers = weights.flatten(named)
+    assert spec == want_spec and len(buffers) == len(want_buffers) == 2  # one buffer per dtype
+    assert all(torch.equal(a, b) for a, b in zip(buffers, want_buffers))
+    assert calls == [
+        3,
+        4,
+        4,
+        1,
+    ]  # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    calls.clear()
+    assert weights.flatten_each(named, value, keep=False) == ([], [])
+    assert calls == [
+        3,
+        4,
+        4,
+        1,
+    ]  # a process that keeps nothing still joins every all-gather, in the same order
