@@ -164,8 +164,8 @@ def test_a_process_that_loses_the_workers_stops_them_all(tmp_path):
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
-    with serving(tiny_model_dir, "--threads", "1") as (address, worker):
+    out, port = tmp_path / "run", str(_free_port())
+    with serving(tiny_model_dir, "--threads", "1", "--port", port) as (address, worker):
         cmd = _command(
             tiny_model_dir, out, 29634, "steps=200", f"rollout.workers=[{address}]", "save_every=1"
         )
@@ -191,8 +191,9 @@ def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp
     done = [r["step"] for r in _rows(out)]
     assert done and done == list(range(1, len(done) + 1)) and done[-1] < 200
     assert (out / "checkpoints" / f"step-{done[-1]}" / "sharded" / ".metadata").is_file()
-    # Workers back: resume=auto continues from the last checkpoint, both processes pushing to the new worker.
-    with serving(tiny_model_dir, "--threads", "1") as (address, _):
+    # The worker back at its address: resume=auto continues from the last checkpoint.
+    with serving(tiny_model_dir, "--threads", "1", "--port", port) as (again, _):
+        assert again == address
         more = (f"steps={done[-1] + 1}", f"rollout.workers=[{address}]", "save_every=1", "resume=auto")
         resumed = subprocess.run(
             _command(tiny_model_dir, out, 29635, *more), capture_output=True, text=True, timeout=600

@@ -253,10 +253,19 @@ class RemoteGeneration:
         t0 = time.perf_counter()
         everything = full or self.pushed is None
         spec, buffers = weights.flatten(weights.push_tensors(self.model, full=everything))
+        self.send_weights(spec, buffers)
+        self._require_live()
+        self.pushed = self.version
+        self.push_seconds += time.perf_counter() - t0
+
+    def send_weights(self, spec: list[list], buffers: list[torch.Tensor], *, final: bool = True) -> None:
+        """Sends flattened tensors (weights.flatten) to every live worker as the current version (`final`: the
+        push's last part, with which a worker holds that version), losing a worker whose receive fails."""
+        header = {"op": "weights", "version": self.version, "spec": spec, "final": final}
         sent = []
         for c in self.live:
             try:
-                c.request({"op": "weights", "version": self.version, "spec": spec}, timeout=self.timeout)
+                c.request(header, timeout=self.timeout)
                 assert c.channel is not None
                 sent.append((c, c.channel.broadcast(buffers)))
             except (_Lost, RuntimeError) as e:
@@ -267,9 +276,6 @@ class RemoteGeneration:
                 c.channel.wait(works)
             except RuntimeError as e:
                 self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        self._require_live()
-        self.pushed = self.version
-        self.push_seconds += time.perf_counter() - t0
 
     def generate(
         self,
@@ -507,7 +513,7 @@ def connect_workers(
                         f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
                         f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
                     )
-        except ConfigError as e:
+        except Exception as e:  # a ConfigError above, or a reply this process could not read
             failed = e
         # Several training processes: each greets each worker, and every one learns of a failure; process 0
         # alone opens the weight channels and pushes.
