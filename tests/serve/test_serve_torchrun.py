@@ -272,7 +272,9 @@ def test_flattening_one_tensor_at_a_time_lays_out_the_push_as_flatten_does():
     want_spec, want_buffers = weights.flatten(named)
     assert spec == want_spec and len(buffers) == len(want_buffers) == 2  # one buffer per dtype
     assert all(torch.equal(a, b) for a, b in zip(buffers, want_buffers))
-    assert calls == [3, 4, 4, 1]  # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    assert calls == [3, 4, 4, 1]
     calls.clear()
     assert weights.flatten_each(named, value, keep=False) == ([], [])
-    assert calls == [3, 4, 4, 1]  # a process that keeps nothing still joins every all-gather, in the same order
+    # a process that keeps nothing still joins every all-gather, in the same order
+    assert calls == [3, 4, 4, 1]
