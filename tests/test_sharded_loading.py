@@ -120,3 +120,19 @@ def test_a_meta_model_reads_no_weights_and_keeps_the_generation_config(tiny_mode
     ]
     assert model.generation_config.eos_token_id == plain.generation_config.eos_token_id
     assert model.config._attn_implementation == plain.config._attn_implementation
+
+
+def test_an_adapter_folder_on_the_meta_device_has_the_adapters_modules(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft")
+    from cohort.config import LoraConfig
+
+    adapter = load_model(tiny_model_dir, lora=LoraConfig(enabled=True, r=4))
+    adapter.save_pretrained(tmp_path / "adapter")
+    plain = load_model(tmp_path / "adapter", trainable_adapter=True)
+    meta = load_model(tmp_path / "adapter", device="meta", trainable_adapter=True)
+    assert all(t.is_meta for t in meta.state_dict().values())
+    shapes = [(k, v.shape) for k, v in plain.state_dict().items()]
+    assert [(k, v.shape) for k, v in meta.state_dict().items()] == shapes
+    trained = [n for n, p in plain.named_parameters() if p.requires_grad]
+    # the adapter's weights only train, as when the folder is read
+    assert trained and [n for n, p in meta.named_parameters() if p.requires_grad] == trained

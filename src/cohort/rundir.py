@@ -208,6 +208,8 @@ RESUMABLE_CHANGES = (
     "fast.",
     "distributed.strategy",
     "distributed.backend",
+    "distributed.load",
+    "rollout.push_bucket_mib",
 )
 """Config keys that may differ between a run and its resumption (prefixes end with a dot): they change
 how a run is watched, saved or sped up, not what it computes."""

@@ -164,8 +164,8 @@ def test_a_process_that_loses_the_workers_stops_them_all(tmp_path):
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp_path):
-    out = tmp_path / "run"
-    with serving(tiny_model_dir, "--threads", "1") as (address, worker):
+    out, port = tmp_path / "run", str(_free_port())
+    with serving(tiny_model_dir, "--threads", "1", "--port", port) as (address, worker):
         cmd = _command(
             tiny_model_dir, out, 29634, "steps=200", f"rollout.workers=[{address}]", "save_every=1"
         )
@@ -191,8 +191,9 @@ def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp
     done = [r["step"] for r in _rows(out)]
     assert done and done == list(range(1, len(done) + 1)) and done[-1] < 200
     assert (out / "checkpoints" / f"step-{done[-1]}" / "sharded" / ".metadata").is_file()
-    # Workers back: resume=auto continues from the last checkpoint, both processes pushing to the new worker.
-    with serving(tiny_model_dir, "--threads", "1") as (address, _):
+    # The worker back at its address: resume=auto continues from the last checkpoint.
+    with serving(tiny_model_dir, "--threads", "1", "--port", port) as (again, _):
+        assert again == address
         more = (f"steps={done[-1] + 1}", f"rollout.workers=[{address}]", "save_every=1", "resume=auto")
         resumed = subprocess.run(
             _command(tiny_model_dir, out, 29635, *more), capture_output=True, text=True, timeout=600
@@ -273,17 +274,9 @@ def test_flattening_one_tensor_at_a_time_lays_out_the_push_as_flatten_does():
     want_spec, want_buffers = weights.flatten(named)
     assert spec == want_spec and len(buffers) == len(want_buffers) == 2  # one buffer per dtype
     assert all(torch.equal(a, b) for a, b in zip(buffers, want_buffers))
-    assert calls == [
-        3,
-        4,
-        4,
-        1,
-    ]  # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    # each value taken once, in flatten's order: float32 (a, b), then int64 (i, j)
+    assert calls == [3, 4, 4, 1]
     calls.clear()
     assert weights.flatten_each(named, value, keep=False) == ([], [])
-    assert calls == [
-        3,
-        4,
-        4,
-        1,
-    ]  # a process that keeps nothing still joins every all-gather, in the same order
+    # a process that keeps nothing still joins every all-gather, in the same order
+    assert calls == [3, 4, 4, 1]

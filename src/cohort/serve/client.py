@@ -319,19 +319,30 @@ class RemoteGeneration:
         everything = full or self.pushed is None
         self._land(keep=max(self.pushes_in_flight - 1, 0) if not everything else 0)
         spec, buffers = weights.flatten(weights.push_tensors(self.model, full=everything))
-        sent = []
-        for c in self.live:
-            try:
-                assert c.channel is not None
-                rid = c.send({"op": "weights", "version": self.version, "spec": spec})
-                sent.append((c, rid, c.channel.broadcast(buffers)))
-            except RuntimeError as e:
-                self._lose(c, f"weight push: {e}")
-        self._pushes.append(_Push(sent, buffers))
+        self.send_weights(spec, buffers, wait=False)
         self.pushed = self.version
         self._land(keep=0 if everything else self.pushes_in_flight)
         self._require_live()
         self.push_seconds += time.perf_counter() - t0
+
+    def send_weights(
+        self, spec: list[list], buffers: list[torch.Tensor], *, final: bool = True, wait: bool = True
+    ) -> None:
+        """Sends flattened tensors (weights.flatten) to every live worker as the current version (`final`: the
+        push's last part, with which a worker holds that version), losing a worker whose receive fails; `wait`:
+        returns once every earlier push and this one have landed (else this one is left on its way)."""
+        header = {"op": "weights", "version": self.version, "spec": spec, "final": final}
+        sent = []
+        for c in self.live:
+            try:
+                assert c.channel is not None
+                rid = c.send(header)
+                sent.append((c, rid, c.channel.broadcast(buffers)))
+            except RuntimeError as e:
+                self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        self._pushes.append(_Push(sent, buffers))
+        if wait:
+            self._land(keep=0)
 
     def _land(self, keep: int) -> None:
         """Returns once at most `keep` pushes are still on their way (the oldest are waited for: each worker's
@@ -639,7 +650,7 @@ def connect_workers(
                         f"the rollout worker at {c.address} holds {c.identity.get('dtype')} weights and this run samples "
                         f"in {dtype} (rollout.sampler_dtype, else model.dtype): start it with --dtype {dtype}"
                     )
-        except ConfigError as e:
+        except Exception as e:  # a ConfigError above, or a reply this process could not read
             failed = e
         # Several training processes: each greets each worker, and every one learns of a failure; process 0
         # alone opens the weight channels and pushes.

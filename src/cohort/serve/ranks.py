@@ -104,9 +104,6 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
     """Returns None once process 0 has sent the current weights to every live worker, bucket by bucket, and every
     process knows which workers the push lost; WorkersLostError on every process when none is left. Every
     training process must call it together."""
-    # the client imports this module, so its names are read here, once both modules exist
-    from cohort.serve.client import _Lost
-
     t0 = time.perf_counter()
     share_losses(source)
     source._require_live()
@@ -117,21 +114,7 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
         # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
         spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main())
         if dist.is_main():
-            header = {"op": "weights", "version": source.version, "spec": spec, "final": k == len(runs) - 1}
-            sent = []
-            for c in source.live:
-                try:
-                    c.request(header, timeout=source.timeout)
-                    assert c.channel is not None
-                    sent.append((c, c.channel.broadcast(buffers)))
-                except (_Lost, RuntimeError) as e:
-                    source._lose(c, f"weight push: {e}")
-            for c, works in sent:
-                try:
-                    assert c.channel is not None
-                    c.channel.wait(works)
-                except RuntimeError as e:
-                    source._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            source.send_weights(spec, buffers, final=k == len(runs) - 1)
         del spec, buffers
     share_losses(source, src=0)  # also the barrier: no process samples before every worker holds the weights
     source._require_live()
