@@ -86,13 +86,15 @@ def test_a_crash_then_resume_trains_the_batches_of_the_uninterrupted_run(
     # At staleness 2 the checkpoint of step 2 holds the batches queued for steps 3 and 4 (sampled with the
     # initial weights and those after step 1); the resumed run trains on them, then queues as the uninterrupted
     # run did. The trainer crashes after step 3's update, or its only worker is killed there (the run stops with
-    # WorkersLostError when it next needs it): either way the resumed run is the uninterrupted one.
+    # WorkersLostError when it next needs it: at the latest for step 6's batch, requested after the kill; a run
+    # whose remaining batches were all sampled before the kill would finish without it): either way the
+    # resumed run is the uninterrupted one.
     import os
     import signal
 
     from cohort.serve.client import WorkersLostError
 
-    over = {"rollout.max_staleness": staleness, "steps": 5, "save_every": 2}
+    over = {"rollout.max_staleness": staleness, "steps": 6, "save_every": 2}
     full = _train(tiny_model_dir, tmp_path / "full", **over)
     out = tmp_path / "crash"
     t = GRPOTrainer(run_config(tiny_model_dir, out, **{"rollout.workers": 1, **over}))
