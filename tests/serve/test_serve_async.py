@@ -33,6 +33,15 @@ def _same_rows(a, b):
     assert not differ, {k: (a[k], b.get(k)) for k in differ}
 
 
+def _resume_equals(model_dir, out, full, full_out, over):
+    """Asserts that resuming the run in `out` to its end gives the uninterrupted run's rows and weights."""
+    resumed = _train(model_dir, out, resume="auto", **over)
+    for ra, rb in zip(_rows(full_out), _rows(out), strict=True):
+        _same_rows(ra, rb)
+    wa, wb = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def _train(model_dir, out, **over):
     t = GRPOTrainer(run_config(model_dir, out, **{"rollout.workers": 1, **over}))
     try:
@@ -125,11 +134,7 @@ def test_a_crash_then_resume_trains_the_batches_of_the_uninterrupted_run(
         assert [q["step"] for q in queued] == [3, 4] and [q["weights_step"] for q in queued] == [0, 1]
     else:
         assert "ahead" not in state["extra"]
-    resumed = _train(tiny_model_dir, out, resume="auto", **over)
-    for ra, rb in zip(_rows(tmp_path / "full"), _rows(out), strict=True):
-        _same_rows(ra, rb)
-    wa, wb = full.model.state_dict(), resumed.model.state_dict()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _resume_equals(tiny_model_dir, out, full, tmp_path / "full", over)
 
 
 def test_an_interrupted_step_puts_back_its_queue(tiny_model_dir, tmp_path):
@@ -156,11 +161,7 @@ def test_an_interrupted_step_puts_back_its_queue(tiny_model_dir, tmp_path):
         t.remote.close()
     state = torch.load(out / "checkpoints" / "step-2" / "trainer_state.pt", weights_only=True)
     assert [q["step"] for q in state["extra"]["ahead"]["queued"]] == [3]
-    resumed = _train(tiny_model_dir, out, resume="auto", **over)
-    for ra, rb in zip(_rows(tmp_path / "full"), _rows(out), strict=True):
-        _same_rows(ra, rb)
-    wa, wb = full.model.state_dict(), resumed.model.state_dict()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _resume_equals(tiny_model_dir, out, full, tmp_path / "full", over)
 
 
 def test_two_workers_share_the_queue_and_one_may_be_lost(tiny_model_dir, tmp_path):
