@@ -99,15 +99,7 @@ def push_tensors(model: torch.nn.Module, *, full: bool) -> list[tuple[str, torch
 def flatten(named: list[tuple[str, torch.Tensor]]) -> tuple[list[list], list[torch.Tensor]]:
     """Returns (spec, buffers): spec lists [name, dtype, numel] in send order; buffers holds one flat CPU
     tensor per dtype, in order of first appearance, the tensors of that dtype end to end."""
-    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in named:
-        by_dtype.setdefault(t.dtype, []).append((name, t))
-    spec: list[list] = []
-    buffers = []
-    for dtype, items in by_dtype.items():
-        spec += [[n, str(dtype).removeprefix("torch."), t.numel()] for n, t in items]
-        buffers.append(torch.cat([t.detach().reshape(-1).cpu() for _, t in items]))  # [sum numel]
-    return spec, buffers
+    return flatten_each(named, lambda t: t)
 
 
 def flatten_each(

@@ -47,7 +47,6 @@ class AheadQueue:
     def take(self, step: int, request: Callable[[int], tuple[list[int], Ticket]]) -> Queued:
         """Returns step's batch, collected, after sending the requests of the steps up to step + depth
         (`request(for_step)` picks a step's prompts and sends them)."""
-        self.queue = [q for q in self.queue if q.step >= step]  # none, unless steps were skipped
         while not self.queue or (self.queue[-1].step < min(step + self.depth, max(self.last_step, step))):
             for_step = self.queue[-1].step + 1 if self.queue else step
             idx, ticket = request(for_step)
