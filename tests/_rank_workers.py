@@ -130,8 +130,9 @@ def together_case(rank: int, world: int, store: str, out: str, failing: int) -> 
 def step_case(
     rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
 ) -> None:
-    """Builds a trainer per case and runs one step, counting the explicit unshards of FSDP modules (what
-    `cohort.sharding.gathered` does to hold the whole model) during the step: OUT/<case>-<rank>.pt."""
+    """Builds a trainer per case and runs one step, then a held-out evaluation when the case has held-out rows,
+    counting the explicit unshards of FSDP modules (what `cohort.sharding.gathered` does to hold the whole model)
+    during each: OUT/<case>-<rank>.pt."""
     from torch.distributed.fsdp import FSDPModule
 
     from cohort.trainer import GRPOTrainer
@@ -149,11 +150,15 @@ def step_case(
         FSDPModule.unshard = counted  # type: ignore[method-assign]
         try:
             metrics = trainer.step().metrics
+            stepped = len(calls)
+            evaluated = trainer.evaluate() if trainer.held_out.rows else {}
         finally:
             FSDPModule.unshard = unshard  # type: ignore[method-assign]
         remote = trainer.remote
         seen = {
-            "gathers": len(calls),
+            "gathers": stepped,
+            "eval_gathers": len(calls) - stepped,
+            "evaluated": evaluated,
             "reward": metrics["reward"],
             "starts_workers": remote is not None and remote.local is not None,
             "addresses": [c.address for c in remote.clients] if remote is not None else [],

@@ -3,6 +3,8 @@ seed's layout (process 0 reads the checkpoint and sends each process its shard; 
 
     python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory          # the table in docs/serving.md
     python benchmarks/serve/fsdp_memory.py --out /tmp/m --layers 2 --steps 1   # a quick look
+    python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory_frozen --steps-only --only "process 0 reads" \
+        --extra algo.num_iterations=2 algo.beta=0.04        # steps with the pi_old and reference passes
 
 Builds a Qwen2 model of about 100 M parameters with save_pretrained (nothing is downloaded), then runs it under
 torchrun (2 gloo processes, one torch thread each) four ways: distributed.load every or rank0, sampling in the
@@ -116,6 +118,7 @@ def _run(model: Path, out: Path, port: int, mode: str, extra: list[str], args) -
         "model.device=cpu",
         "distributed.strategy=fsdp",
         f"out_dir={out / 'run'}",
+        *args.extra,
         *extra,
     ]
     cmd = [
@@ -152,6 +155,9 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=16, help="max new tokens")
     parser.add_argument("--repeats", type=int, default=4, help="runs of each way (the tables give medians)")
     parser.add_argument("--port", type=int, default=29661)
+    parser.add_argument("--extra", nargs="*", default=[], help="config overrides added to every run")
+    parser.add_argument("--steps-only", action="store_true", help="skip the loading table")
+    parser.add_argument("--only", default="", help="train only the ways whose name contains this")
     args = parser.parse_args()
     from cohort.models import build_tiny_model, count_parameters, load_model
 
@@ -166,6 +172,8 @@ def main() -> None:
             vocab_size=args.vocab,
         )
     n = count_parameters(load_model(model))
+    if args.extra:
+        print(f"Every run with: {' '.join(args.extra)}")
     print(
         f"Model: {n / 1e6:.1f} M parameters ({n * 4 / 2**20:.0f} MiB float32; Qwen2, hidden {args.hidden}, "
         f"{args.layers} layers, vocabulary {args.vocab}), 2 fsdp processes, {args.batch} completions of up to "
@@ -174,10 +182,11 @@ def main() -> None:
     )
     results: dict[str, list] = {}
     port = iter(range(args.port, args.port + 1000))
-    print("Loading (the checkpoint read, the model sharded, the start-up checks):\n")
-    print("| distributed.load | before loading | peak: process 0 | peak: process 1 | seconds |")
-    print("|---|---:|---:|---:|---:|")
-    for load in ("every", "rank0"):
+    if not args.steps_only:
+        print("Loading (the checkpoint read, the model sharded, the start-up checks):\n")
+        print("| distributed.load | before loading | peak: process 0 | peak: process 1 | seconds |")
+        print("|---|---:|---:|---:|---:|")
+    for load in () if args.steps_only else ("every", "rank0"):
         extra = [f"distributed.load={load}"]
         runs = [
             _run(model, args.out / f"load-{load}-{k}", next(port), "--load", extra, args)
@@ -194,6 +203,8 @@ def main() -> None:
     print("| run | peak: process 0 | peak: process 1 | worker | step s |")
     print("|---|---:|---:|---:|---:|")
     for i, (name, extra) in enumerate(RUNS.items()):
+        if args.only not in name:
+            continue
         runs = [
             _run(model, args.out / f"train{i}-{k}", next(port), "--train", extra, args)
             for k in range(args.repeats)

@@ -273,6 +273,12 @@ def gathered(*models: torch.nn.Module | None) -> Iterator[None]:
             m.set_reshard_after_forward(id(m) not in roots, recurse=False)  # type: ignore[operator]
 
 
+def idle_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """Runs a one-token forward without gradients: a process's share of the layers' all-gathers it has no rows for."""
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+
+
 def idle_backward(model: torch.nn.Module, device: torch.device) -> None:
     """Runs a one-token forward and a zero-loss backward: a process's share of a gradient reduction it has no rows for."""
     out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)

@@ -257,6 +257,8 @@ class GRPOTrainer:
             reference=self.reference,
             autocast=self.autocast,
             fast=cfg.fast,
+            # with rollout workers no process gathers the whole model, for pi_old and the reference neither
+            gather_frozen=cfg.rollout.workers is None,
         )
         self.sampler = PromptSampler(len(self.train_rows), seeds.prompt_order(cfg.seed, dist.rank()))
         self.curriculum = build_curriculum(cfg, len(self.train_rows))
@@ -322,6 +324,7 @@ class GRPOTrainer:
                 self.autocast,
                 fresh=True,
             ),
+            remote=self.remote,
         )
         self.step_idx = 0
         self.num_tokens = 0

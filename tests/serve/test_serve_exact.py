@@ -15,8 +15,12 @@ from cohort.serve import weights
 from cohort.trainer import GRPOTrainer
 
 
+def _rows_of(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def _rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return _rows_of(out / "metrics.jsonl")
 
 
 def _same(a, b) -> bool:
@@ -24,9 +28,11 @@ def _same(a, b) -> bool:
 
 
 def test_one_local_worker_equals_the_in_process_run(tiny_model_dir, tmp_path):
-    plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain"))
+    # Held-out evaluations at both ends and at step 2, sampled by the worker too.
+    ev = {"eval_every": 2, "eval_at_ends": True}
+    plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain", **ev))
     plain.train()
-    remote = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "remote", **{"rollout.workers": 1}))
+    remote = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "remote", **{"rollout.workers": 1, **ev}))
     try:
         assert remote.remote is not None and len(remote.remote.live) == 1
         remote.train()
@@ -35,6 +41,13 @@ def test_one_local_worker_equals_the_in_process_run(tiny_model_dir, tmp_path):
             remote.remote.close()
     a, b = _rows(tmp_path / "plain"), _rows(tmp_path / "remote")
     assert len(a) == len(b) == 3
+    evals = [_rows_of(tmp_path / run / "evals.jsonl") for run in ("plain", "remote")]
+    assert len(evals[0]) == len(evals[1]) == 3
+    for ea, eb in zip(*evals):
+        assert "accuracy" in str(ea)
+        assert {k: v for k, v in ea.items() if "time" not in k} == {
+            k: v for k, v in eb.items() if "time" not in k
+        }
     for ra, rb in zip(a, b):
         extra = set(rb) - set(ra)
         assert extra == {"serve/workers", "time/weight_push"}, extra

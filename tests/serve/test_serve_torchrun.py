@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import socket
@@ -106,7 +107,10 @@ def test_two_fsdp_processes_and_a_served_worker_train_as_in_process(tiny_model_d
 @pytest.mark.slow
 def test_no_process_gathers_the_model_while_workers_sample(tiny_model_dir, tmp_path):
     # Local workers (rollout.workers: 1) are started by process 0 alone; process 1 connects to the same address.
-    cases = {"in_process": [], "workers": ["rollout.workers=1"]}
+    # π_old (μ = 2), the reference (β > 0) and held-out evaluation included: with workers they run layer by
+    # layer on the shards (the passes without gradients) or on the workers (evaluation).
+    full = ["algo.num_iterations=2", "algo.beta=0.04", "data.n_eval=4"]
+    cases = {"in_process": full, "workers": ["rollout.workers=1", *full]}
     mp.spawn(
         step_case,
         args=(2, str(tmp_path / "store"), str(tmp_path), str(tiny_model_dir), cases),
@@ -115,7 +119,15 @@ def test_no_process_gathers_the_model_while_workers_sample(tiny_model_dir, tmp_p
     )
     seen = {(n, r): torch.load(tmp_path / f"{n}-{r}.pt") for n in cases for r in (0, 1)}
     assert seen["in_process", 0]["gathers"] > 0 and seen["in_process", 1]["gathers"] > 0  # sampling gathers
+    assert seen["in_process", 0]["eval_gathers"] > 0
     assert seen["workers", 0]["gathers"] == seen["workers", 1]["gathers"] == 0
+    assert seen["workers", 0]["eval_gathers"] == seen["workers", 1]["eval_gathers"] == 0
+    # the same numbers on the shards as on the gathered model: the step's rewards and the evaluation's accuracy
+    assert seen["workers", 0]["reward"] == seen["in_process", 0]["reward"]
+    untimed = [{k: v for k, v in seen[n, 0]["evaluated"].items() if "runtime" not in k and "per_second" not in k}
+               for n in cases]  # fmt: skip
+    assert "accuracy" in untimed[0] and "eval_loss" in untimed[0]
+    assert untimed[1] == pytest.approx(untimed[0], rel=1e-5)
     assert seen["workers", 0]["starts_workers"] and not seen["workers", 1]["starts_workers"]
     assert seen["workers", 0]["addresses"] == seen["workers", 1]["addresses"]
     assert (
@@ -202,19 +214,56 @@ def test_a_worker_killed_mid_run_stops_every_process_cleanly(tiny_model_dir, tmp
     assert [r["step"] for r in _rows(out)] == [*done, done[-1] + 1]
 
 
-def test_staleness_with_several_training_processes_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_staleness_under_torchrun_reproduces_after_kill_9(tiny_model_dir, tmp_path):
+    # Two fsdp processes, one local worker, staleness 2: each process queues its own batches at the worker. The
+    # whole run (launcher, both processes, the worker) is killed with SIGKILL once a checkpoint exists; resume=auto
+    # from it trains the batches the checkpoint queued (per process), then queues as the uninterrupted run did.
+    over = ("steps=6", "rollout.workers=1", "rollout.max_staleness=2", "save_every=1")
+    full = subprocess.run(
+        _command(tiny_model_dir, tmp_path / "full", 29636, *over), capture_output=True, text=True, timeout=600
+    )
+    assert full.returncode == 0, full.stderr[-3000:]
+    rows = _rows(tmp_path / "full")
+    assert [r["serve/staleness"] for r in rows] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert all(r["sampler/is_ratio_mean"] > 0 for r in rows)  # token_tis by default above staleness 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        _command(tiny_model_dir, out, 29637, *over),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # one process group: the launcher and both training processes
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-2").is_dir() and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    done = [r["step"] for r in _rows(out)] if (out / "metrics.jsonl").is_file() else []
+    assert len(done) < 6  # killed mid-run
+    resumed = subprocess.run(
+        _command(tiny_model_dir, out, 29638, *over, "resume=auto"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for ra, rb in zip(rows, _rows(out), strict=True):
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    wa, wb = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("full", "killed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_staleness_with_several_training_processes_is_accepted(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    over = {"rollout.workers": 1, "distributed.strategy": "fsdp"}
-    assert run_config(tiny_model_dir, tmp_path, **over).validate().rollout.workers == 1
-    with pytest.raises(
-        ConfigError,
-        match=r"max_staleness=1 with 2 training processes is not built .*set rollout.max_staleness=0 under",
-    ):
-        run_config(tiny_model_dir, tmp_path, **over, **{"rollout.max_staleness": 1}).validate()
-    monkeypatch.setenv("WORLD_SIZE", "1")  # one training process queues requests ahead
-    cfg = run_config(
-        tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.max_staleness": 1}
-    ).validate()
+    over = {"rollout.workers": 1, "distributed.strategy": "fsdp", "rollout.max_staleness": 1}
+    cfg = run_config(tiny_model_dir, tmp_path, **over).validate()
     assert cfg.rollout.max_staleness == 1
 
 

@@ -83,7 +83,7 @@ def validate_config(
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
-    _check_workers(cfg, world_size)
+    _check_workers(cfg)
     if need_model and not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
     if r.group_size < 2:
@@ -272,7 +272,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
             )
 
 
-def _check_workers(cfg: TrainConfig, world: int) -> None:
+def _check_workers(cfg: TrainConfig) -> None:
     """Raises ConfigError for a rollout.workers / max_staleness / timeout value that cannot work, or rollout
     workers combined with what they cannot serve yet (docs/serving.md says what is not built)."""
     r = cfg.rollout
@@ -315,11 +315,6 @@ def _check_workers(cfg: TrainConfig, world: int) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
-    if k > 0 and world > 1:
-        raise ConfigError(
-            f"rollout.max_staleness={k} with {world} training processes is not built (batches are requested "
-            "ahead by one trainer process); set rollout.max_staleness=0 under torchrun"
-        )
     if cfg.episodes.enabled:
         raise ConfigError(
             "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "

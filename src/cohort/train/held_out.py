@@ -7,7 +7,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -16,7 +16,7 @@ from cohort.algo import zero_std_group_mask
 from cohort.episodes.loop import episode_metrics
 from cohort.evaluation import evaluate
 from cohort.rewards import extract_answer, final_text
-from cohort.rollout import SamplingParams
+from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import EpisodeRecord, RolloutEngine
 from cohort.sharding import gathered
 from cohort.train.accumulate import WeightedMeans
@@ -46,15 +46,23 @@ class HeldOut:
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         trainer_state: Any = None,
         episodes: GenerationSource | None = None,
+        remote: GenerationSource | None = None,
     ):
         """cfg: the run's TrainConfig (rollout, algo, eval_batch_size, data.prompt_column and seed are read);
         episodes: a multi-turn run's episode source (with its own environments), which then samples every
-        held-out rollout, greedy ones included."""
-        self.rows, self.prompt_ids, self.model, self.engine = rows, prompt_ids, model, engine
+        held-out rollout, greedy ones included; remote: the rollout workers, which then sample every held-out
+        rollout with the current weights (the trainer never gathers a sharded model to evaluate)."""
+        self.rows, self.prompt_ids, self.model = rows, prompt_ids, model
         self.scorer, self.updater, self.cfg, self.params = scorer, updater, cfg, params
         self.device, self.autocast, self.trainer_state = device, autocast, trainer_state
         # Sampled as in training, but from the policy itself (never a low-precision sampling copy).
-        self.source: GenerationSource = episodes or LocalGeneration(engine, model, autocast=autocast)
+        self.source: GenerationSource = (
+            episodes or remote or LocalGeneration(engine, model, autocast=autocast)
+        )
+        self.engine: RolloutEngine = (
+            engine if remote is None else cast(RolloutEngine, _SourceAsEngine(remote))
+        )
+        self.gather = remote is None
         self.multi_turn = episodes is not None
 
     def evaluate(self, step: int, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
@@ -120,7 +128,7 @@ class HeldOut:
         cfg = self.cfg
         if self.multi_turn:
             return self._greedy_episodes(step, k)
-        with self.autocast(), gathered(self.model):
+        with self.autocast(), gathered(self.model) if self.gather else contextlib.nullcontext():
             return evaluate(
                 self.model,
                 self.scorer.tokenizer,
@@ -191,3 +199,23 @@ class HeldOut:
                 sl = slice(i * k, (i + 1) * k)
                 out.append((rewards[sl], answers[sl], lengths[sl], records[sl]))
         return out
+
+
+class _SourceAsEngine:
+    """The engine call `cohort.evaluation.evaluate` makes, answered by a generation source (rollout workers, which
+    hold the current weights: the model argument is not needed)."""
+
+    def __init__(self, source: GenerationSource) -> None:
+        self.source = source
+
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        **_: Any,
+    ) -> RolloutBatch:
+        """Returns the source's rollout of the prompts."""
+        return self.source.generate(prompt_ids, group_size, params, generator)

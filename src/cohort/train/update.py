@@ -33,7 +33,7 @@ from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
 from cohort.logprobs import completion_logprobs
 from cohort.models import input_device, text_config
-from cohort.sharding import full_value, gathered, idle_backward, is_sharded
+from cohort.sharding import full_value, gathered, idle_backward, idle_forward, is_sharded, reshard
 from cohort.train.accumulate import UpdateMeter, UpdateStats, WeightedMeans
 
 
@@ -159,7 +159,12 @@ class PolicyUpdater:
         reference: Callable[[], contextlib.AbstractContextManager[torch.nn.Module]] | None = None,
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         fast: FastConfig | None = None,
+        gather_frozen: bool = True,
     ):
+        """gather_frozen: with a sharded model, the passes without gradients (pi_old, the reference, evaluate_loss)
+        run on the whole model gathered once (fast; the memory of the whole parameters, which in-process sampling
+        needs anyway) rather than layer by layer as the update does (rollout workers: no process ever holds the
+        whole model)."""
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -172,6 +177,7 @@ class PolicyUpdater:
         self.autocast = autocast
         self.fast = (FastConfig() if fast is None else fast).validate()
         self.sharded = is_sharded(model)
+        self.gather_frozen = gather_frozen
         self.device = input_device(model)
         selection = (
             f"algo.cov_method={algo.cov_method}"
@@ -263,12 +269,36 @@ class PolicyUpdater:
             rows, batch.group_size, [len(p) for p in batch.prompt_ids], batch.lengths, self.micro_batch_tokens
         )
 
+    def _lockstep(self, micros: list[list[int]]) -> list[list[int]]:
+        """Returns `micros` padded with empty micro-batches to the busiest process's count (sharded: FSDP gathers
+        each layer inside its forward, a collective every process must join as often as the others)."""
+        if not self.sharded:
+            return micros
+        return micros + [[] for _ in range(dist.all_max_int(len(micros)) - len(micros))]
+
+    @contextlib.contextmanager
+    def _frozen(self, model, batch: PolicyBatch, rows: Sequence[int]) -> Iterator[list[list[int]]]:
+        """Yields the micro-batches of `rows` for forwards without gradients on `model`: on the whole model gathered
+        once (gather_frozen), else layer by layer with empty micro-batches (idle forwards) keeping the processes
+        in step, the model resharded after."""
+        micros = self._micro_batches(batch, rows)
+        if self.gather_frozen or not is_sharded(model):
+            with gathered(model):
+                yield micros
+            return
+        yield self._lockstep(micros)
+        reshard(model)  # a forward without gradients leaves FSDP's root module unsharded
+
     @torch.no_grad()
     def _frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
         """Return {row: [T_row] log-probs} under `model` without gradients."""
         out: dict[int, torch.Tensor] = {}
-        with gathered(model):  # sharded: each process may run its own number of forwards (cohort.sharding)
-            for micro in self._micro_batches(batch, rows):
+        with self._frozen(model, batch, rows) as micros:
+            for micro in micros:
+                if not micro:
+                    with self.autocast():
+                        idle_forward(model, self.device)
+                    continue
                 lp = self._logprobs(model, batch, micro)
                 for i, r in enumerate(micro):
                     out[r] = lp.logp[i, : len(batch.completion_ids[r])]
@@ -382,12 +412,8 @@ class PolicyUpdater:
                     )
                     step_tokens = dist.all_sum_int(sum(lengths[r] for r in rows))
                     entropy_sum = entropy_count = 0.0
-                micros = self._micro_batches(batch, work)
-                if self.sharded:
-                    # FSDP gathers weights inside each forward and reduces gradients inside each backward:
-                    # every process runs as many passes as the busiest, the extra ones idle (loss 0).
-                    idle = dist.all_max_int(len(micros)) - len(micros)
-                    micros = micros + [[] for _ in range(idle)]
+                # Sharded: gradients are reduced inside each backward too; the extra passes idle (loss 0).
+                micros = self._lockstep(self._micro_batches(batch, work))
                 for micro in micros:
                     if not micro:
                         with self.autocast():
@@ -508,8 +534,12 @@ class PolicyUpdater:
         )
         tokens = max(sum(lengths[r] for r in rows), 1)
         total, means = 0.0, WeightedMeans()
-        with gathered(self.model):
-            for micro in self._micro_batches(batch, rows):
+        with self._frozen(self.model, batch, rows) as micros:
+            for micro in micros:
+                if not micro:
+                    with self.autocast():
+                        idle_forward(self.model, self.device)
+                    continue
                 lp = self._logprobs(self.model, batch, micro, with_entropy=True)
                 mask = self._loss_mask(lp, batch, micro)
                 entropy = cast(torch.Tensor, lp.entropy)
