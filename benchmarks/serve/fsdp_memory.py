@@ -4,7 +4,7 @@ seed's layout (process 0 reads the checkpoint and sends each process its shard; 
     python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory          # the table in docs/serving.md
     python benchmarks/serve/fsdp_memory.py --out /tmp/m --layers 2 --steps 1   # a quick look
     python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory_frozen --steps-only --only "process 0 reads" \
-        --extra algo.num_iterations=2 algo.beta=0.04        # steps with the pi_old and reference passes
+        --warm-steps 1 --extra algo.num_iterations=2 algo.beta=0.04   # steps with the pi_old and reference passes
 
 Builds a Qwen2 model of about 100 M parameters with save_pretrained (nothing is downloaded), then runs it under
 torchrun (2 gloo processes, one torch thread each) four ways: distributed.load every or rank0, sampling in the
@@ -78,6 +78,9 @@ def child(out: Path, overrides: list[str]) -> None:
 
     trainer = GRPOTrainer(load_config(None, overrides))
     seen = {"built_peak_mib": _vm("VmHWM")}
+    # --warm-steps: steps before the measured ones (AdamW's state, made by the first step, then counts as live)
+    for _ in range(int(os.environ.get("FSDP_MEMORY_WARM_STEPS", "0"))):
+        trainer.step()
     # Freed memory that malloc keeps (loading frees whole tensors) would otherwise count towards the steps' peak.
     ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     seen["built_live_mib"] = _vm("VmRSS")
@@ -125,7 +128,8 @@ def _run(model: Path, out: Path, port: int, mode: str, extra: list[str], args) -
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
         str(HERE), mode, str(out), *overrides,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FSDP_MEMORY_WARM_STEPS": str(args.warm_steps)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
     name = "load" if mode == "--load" else "rank"
@@ -158,6 +162,9 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="config overrides added to every run")
     parser.add_argument("--steps-only", action="store_true", help="skip the loading table")
     parser.add_argument("--only", default="", help="train only the ways whose name contains this")
+    parser.add_argument(
+        "--warm-steps", type=int, default=0, help="steps run before the peak is measured (AdamW's state then live)"
+    )
     args = parser.parse_args()
     from cohort.models import build_tiny_model, count_parameters, load_model
 

@@ -6,11 +6,12 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
 
+from cohort import distributed as dist
 from cohort import seeds
 from cohort.algo import zero_std_group_mask
 from cohort.episodes.loop import episode_metrics
@@ -91,11 +92,20 @@ class HeldOut:
         generator = seeds.generator(seeds.held_out_sampling(cfg.seed, step), self.device)
         parts: list[tuple[torch.Tensor, ...]] = []
         loss = WeightedMeans()
-        for start in range(0, len(self.rows), per_call):
-            rows = self.rows[start : start + per_call]
-            rollout = self.source.generate(
-                self.prompt_ids[start : start + per_call], G, self.params, generator, rows=rows
+        starts = range(0, len(self.rows), per_call)
+        rollouts: Iterable[RolloutBatch] = (
+            self.source.generate(
+                self.prompt_ids[s : s + per_call], G, self.params, generator, rows=self.rows[s : s + per_call]
             )
+            for s in starts
+        )  # sampled chunk by chunk as scored (an episode source reuses its environments from chunk to chunk)
+        if not self.gather:
+            # Workers: every chunk first, so a failure one process meets is raised on all before the loss passes'
+            # collectives (the shards' layer by layer forwards).
+            with dist.failing_together():
+                rollouts = list(rollouts)
+        for start, rollout in zip(starts, rollouts):
+            rows = self.rows[start : start + per_call]
             # a process reward scores its mean step reward here
             per_func, _, _ = self.scorer.score(
                 rows, rollout, self.scorer.decode(rollout, rows), self.trainer_state, steps_only_mean=True
@@ -128,7 +138,8 @@ class HeldOut:
         cfg = self.cfg
         if self.multi_turn:
             return self._greedy_episodes(step, k)
-        with self.autocast(), gathered(self.model) if self.gather else contextlib.nullcontext():
+        # Workers: a failure one process meets (every worker lost) is raised on all, as in a step's draw.
+        with self.autocast(), gathered(self.model) if self.gather else dist.failing_together():
             return evaluate(
                 self.model,
                 self.scorer.tokenizer,
