@@ -143,6 +143,10 @@ def test_a_vllm_run_corrects_for_the_sampler_and_evaluates_with_the_builtin_engi
     model = load_model(tiny_model_dir)
     engine, _ = build_engine(cfg, model, load_tokenizer(tiny_model_dir))
     assert engine.name == "builtin"  # what samples in the trainer (held-out evaluation)
+    from cohort.rollout import make_engine
+
+    with pytest.raises(ValueError, match=r"'vllm' runs in rollout workers only \(cohort serve --engine vllm"):
+        make_engine("vllm", eos_token_ids=[1], pad_token_id=0)
     with pytest.raises(
         ConfigError, match=r"rollout.engine='vllm2' is not valid; choose one of: builtin, hf, vllm"
     ):
@@ -366,7 +370,8 @@ def test_a_push_is_handed_to_load_weights_by_name(standin, backend, tiny_model_d
     spec, sent = weights.flatten(named)
     received = backend.receive_buffers(spec)
     files = [path for path, _, _ in backend._files]
-    assert all(path.startswith(backend.files_dir) and os.path.exists(path) for path in files)
+    assert backend.shm_dir is not None  # this machine has /dev/shm, with room for the tiny model
+    assert all(path.startswith(backend.shm_dir) and os.path.exists(path) for path in files)
     for r, s in zip(received, sent):
         r.copy_(s)  # what gloo's broadcast writes into them
     backend.load(spec, received, final=False)
@@ -392,12 +397,39 @@ def test_a_push_is_handed_to_load_weights_by_name(standin, backend, tiny_model_d
     assert len(_calls(standin, "reset_prefix_cache")) == 1
 
 
+def test_a_push_too_large_for_shared_memory_lands_in_the_temporary_folder(
+    standin, backend, tiny_model_dir, monkeypatch
+):
+    model = load_model(tiny_model_dir)
+    spec, sent = weights.flatten(weights.push_tensors(model, full=True))
+    real = os.statvfs
+
+    def full(path):  # /dev/shm reports no room left
+        stats = real(path)
+        return SimpleNamespace(
+            f_bavail=0 if path == backend.shm_dir else stats.f_bavail, f_frsize=stats.f_frsize
+        )
+
+    monkeypatch.setattr(os, "statvfs", full)
+    received = backend.receive_buffers(spec)
+    assert all(path.startswith(backend.disk_dir) for path, _, _ in backend._files)
+    for r, s in zip(received, sent):
+        r.copy_(s)
+    backend.load(spec, received, final=True)
+    held = backend.llm.hf.state_dict()
+    assert all(torch.equal(held[n], t) for n, t in model.state_dict().items())
+    assert not os.listdir(backend.disk_dir)
+    backend.close()
+    assert not os.path.exists(backend.disk_dir) and not os.path.exists(backend.shm_dir)
+
+
 def test_a_push_of_a_tensor_the_model_lacks_is_refused_before_vllm_is_asked(standin, backend):
     spec = [["model.nothing.weight", "float32", 4]]
     received = backend.receive_buffers(spec)
     with pytest.raises(KeyError, match=r"'model.nothing.weight' \(4 values\)"):
         backend.load(spec, received, final=True)
     assert not _calls(standin, "collective_rpc")
+    assert not os.listdir(backend.shm_dir)  # its files are gone all the same
 
 
 # --- through a `cohort serve --engine vllm` process -------------------------------------------------------------------

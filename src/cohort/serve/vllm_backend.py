@@ -155,9 +155,15 @@ class VLLMBackend(Backend):
             # it samples from seeds only; the trainer sends one per chunk (client._ticket)
             generator_state=False,
         )
-        root = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where it exists
-        self.files_dir = tempfile.mkdtemp(prefix="cohort-vllm-push-", dir=root)
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.files_dir, True)
+        # Pushes land in shared memory where there is room for them (a container's /dev/shm is often 64 MiB, and
+        # writing past a full tmpfs kills the process with SIGBUS), else in the temporary folder (page cache).
+        self.shm_dir = (
+            tempfile.mkdtemp(prefix="cohort-vllm-push-", dir="/dev/shm")
+            if os.path.isdir("/dev/shm")
+            else None
+        )
+        self.disk_dir = tempfile.mkdtemp(prefix="cohort-vllm-push-")
+        self._cleanup = weakref.finalize(self, _remove, [self.shm_dir, self.disk_dir])
         self._files: list[list] = []
         self._pushes = 0
 
@@ -187,9 +193,10 @@ class VLLMBackend(Backend):
             sizes[dtype] = sizes.get(dtype, 0) + int(numel)
         self._drop_files()  # a push whose transfer failed left its files
         self._pushes += 1
+        folder = self.files_dir(sum(numel * weights.torch_dtype(d).itemsize for d, numel in sizes.items()))
         buffers = []
         for dtype, numel in sizes.items():
-            path = os.path.join(self.files_dir, f"{self._pushes}-{dtype}") if numel else ""
+            path = os.path.join(folder, f"{self._pushes}-{dtype}") if numel else ""
             kind = weights.torch_dtype(dtype)
             # shared=True: the file is created, and what gloo writes into the tensor is the file's content
             buffers.append(
@@ -203,18 +210,18 @@ class VLLMBackend(Backend):
     def load(self, spec: list[list], buffers: list[torch.Tensor], *, final: bool) -> None:
         """Returns None once every vLLM worker loaded the push's tensors (and, after the last bucket, the prefix
         cache is reset); KeyError naming a tensor the served model lacks."""
-        offsets = {dtype: 0 for _, dtype, _ in self._files}
-        tensors = []
-        for name, dtype, numel in spec:
-            shape = self.shapes.get(name)
-            if shape is None or _numel(shape) != int(numel):
-                raise KeyError(
-                    f"the push holds {name!r} ({numel} values), which {self.model_path} has not in that size (the "
-                    "handshake compares layouts, so a trainer of another model does not get here)"
-                )
-            tensors.append([name, dtype, offsets[dtype], int(numel), shape])
-            offsets[dtype] += int(numel)
         try:
+            offsets = {dtype: 0 for _, dtype, _ in self._files}
+            tensors = []
+            for name, dtype, numel in spec:
+                shape = self.shapes.get(name)
+                if shape is None or _numel(shape) != int(numel):
+                    raise KeyError(
+                        f"the push holds {name!r} ({numel} values), which {self.model_path} has not in that size "
+                        "(the handshake compares layouts, so a trainer of another model does not get here)"
+                    )
+                tensors.append([name, dtype, offsets[dtype], int(numel), shape])
+                offsets[dtype] += int(numel)
             self.llm.collective_rpc(LOAD_METHOD, args=(self._files, tensors))
         finally:
             self._drop_files()
@@ -253,12 +260,28 @@ class VLLMBackend(Backend):
         """Returns None after removing the push files' folder."""
         self._cleanup()
 
+    def files_dir(self, nbytes: int) -> str:
+        """Returns the folder a push of `nbytes` is received into: shared memory when it has room (with a
+        quarter to spare), else the temporary folder."""
+        if self.shm_dir is not None:
+            stats = os.statvfs(self.shm_dir)
+            if stats.f_bavail * stats.f_frsize >= nbytes * 1.25:
+                return self.shm_dir
+        return self.disk_dir
+
     def _drop_files(self) -> None:
         """Returns None after removing the current push's files (mappings over them live on until freed)."""
         for path, _, _ in self._files:
             if path and os.path.exists(path):
                 os.unlink(path)
         self._files = []
+
+
+def _remove(folders: list[str | None]) -> None:
+    """Returns None after removing the push folders (and whatever a killed push left in them)."""
+    for folder in folders:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _numel(shape: list[int]) -> int:

@@ -139,6 +139,7 @@ class _Model:
         self.hf = hf
 
     def load_weights(self, weights) -> set[str]:
+        """Returns the names loaded, after copying each (name, tensor) into the model's tensor of that name."""
         state = self.hf.state_dict()
         loaded = []
         for name, tensor in weights:
@@ -227,6 +228,7 @@ class LLM:
         priority: Any = None,
         **kwargs: Any,
     ) -> list[RequestOutput]:
+        """Returns one RequestOutput per prompt, in the prompts' order (each with its n samples)."""
         prompts = prompts if isinstance(prompts, list) else [prompts]
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
@@ -252,6 +254,7 @@ class LLM:
     def _sample(
         self, prompt: list[int], sp: SamplingParams, seed: int | None, index: int
     ) -> CompletionOutput:
+        """Returns one sample of a prompt, decoded token by token with the transformers model."""
         if sp.top_p < 1.0 or sp.top_k > 0:
             raise NotImplementedError("the stand-in has no top-p / top-k")
         if self.settings.get("logprobs_mode") != "processed_logprobs":
@@ -289,6 +292,7 @@ class LLM:
     def collective_rpc(
         self, method: Any, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
     ) -> list[Any]:
+        """Returns the method's result on the (one) worker, after refusing arguments vLLM's RPC would not carry."""
         if not isinstance(method, str):
             raise TypeError("the stand-in takes method names only")
         if not _plain(list(args)) or not _plain(kwargs or {}):
@@ -297,5 +301,6 @@ class LLM:
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Returns True, recording the digest of the weights held at that moment (after a whole push)."""
         record("reset_prefix_cache", {"weights": digest(self.hf)})
         return True
