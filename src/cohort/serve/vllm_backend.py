@@ -26,7 +26,8 @@ a builtin worker. What differs here:
   own generator, so the trainer's stream stays reproducible) is turned into one seed per prompt, and vLLM seeds
   sample i of a prompt with seed + i (vllm/v1/engine/parallel_sampling.py). The identity says
   `generator_state: False`, so the trainer always sends seeds. Not bit-equal to the in-process engine.
-- **Weights.** A push is received over the same gloo channel, into files in shared memory (/dev/shm), then
+- **Weights.** A push is received over the same gloo channel, into files in shared memory (/dev/shm; the
+  temporary folder when it lacks room), then
   `LLM.collective_rpc("cohort_load_weights", ...)` has every vLLM worker map those files and hand the tensors
   to its model's `load_weights` (cohort.serve.vllm_extension); after a whole push the prefix cache is reset
   (its KV entries were computed by the old weights). Only file names and numbers cross vLLM's RPC: its engine
@@ -140,13 +141,11 @@ class VLLMBackend(Backend):
             logprobs_mode="processed_logprobs",
             **options.llm_kwargs(),
         )
-        resolved = getattr(
-            getattr(getattr(self.llm, "llm_engine", None), "model_config", None), "dtype", None
-        )
-        if isinstance(
-            resolved, torch.dtype
-        ):  # "auto" is resolved by vLLM (float32 checkpoints become float16)
-            self._identity["dtype"] = str(resolved).removeprefix("torch.")
+        # The dtype vLLM loaded (it resolves "auto" its own way: float16 for a float32 checkpoint, on a GPU).
+        config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        loaded = getattr(config, "dtype", None)
+        if isinstance(loaded, torch.dtype):
+            self._identity["dtype"] = str(loaded).removeprefix("torch.")
         self._identity.update(
             # vLLM runs its own attention kernels: nothing to compare with the trainer's (protocol.mismatch)
             attn_implementation="vllm",
@@ -187,7 +186,8 @@ class VLLMBackend(Backend):
         return dict(self._identity)
 
     def receive_buffers(self, spec: list[list]) -> list[torch.Tensor]:
-        """Returns one buffer per dtype, each backed by a file in shared memory that vLLM's workers map."""
+        """Returns one buffer per dtype, each backed by a file (in shared memory when it has room) that vLLM's
+        workers map."""
         sizes: dict[str, int] = {}
         for _, dtype, numel in spec:
             sizes[dtype] = sizes.get(dtype, 0) + int(numel)
@@ -257,7 +257,7 @@ class VLLMBackend(Backend):
         return f"vllm {getattr(self.vllm, '__version__', '?')}"
 
     def close(self) -> None:
-        """Returns None after removing the push files' folder."""
+        """Returns None after removing the push files' folders."""
         self._cleanup()
 
     def files_dir(self, nbytes: int) -> str:
