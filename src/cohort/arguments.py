@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="a rollout worker: sample completions for a trainer (rollout.workers) on this model's own copy",
         description="Loads the model and answers a trainer's generate requests on a ZeroMQ socket; the trainer "
-        "pushes its weights after every optimizer step. See docs/serving.md.",
+        "pushes its weights after every optimizer step. See docs/serving.md (and docs/vllm.md for --engine vllm).",
     )
     p.add_argument(
         "--model", required=True, help="model folder or hub name (the trainer's model.name_or_path)"
@@ -232,17 +232,46 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
     p.add_argument("--port", type=int, default=5555, help="port to listen on (default 5555; 0: a free one)")
-    p.add_argument("--device", default="cpu", help="device to sample on (cpu, cuda, cuda:1, ...)")
+    p.add_argument(
+        "--engine",
+        choices=("builtin", "vllm"),
+        default="builtin",
+        help="builtin (default): cohort's engines on a transformers model, the draws of the in-process engine; "
+        "vllm: vLLM on this machine's GPUs, for a trainer with rollout.engine=vllm (pip install 'cohort[vllm]')",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="device to sample on (cpu, cuda, cuda:1, ...; default cpu; builtin only)",
+    )
     p.add_argument("--dtype", default="float32", help="parameter dtype (the trainer's model.dtype)")
     p.add_argument(
         "--attn-implementation",
-        default="sdpa",
-        help="attention kernel (the trainer's model.attn_implementation)",
+        default=None,
+        help="attention kernel (the trainer's model.attn_implementation; default sdpa; builtin only)",
     )
     p.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
     p.add_argument(
         "--parent-pid", type=int, default=None, help=argparse.SUPPRESS
     )  # set by a trainer that starts it
+    v = p.add_argument_group("vLLM (--engine vllm only; unset: vLLM's default)")
+    v.add_argument(
+        "--gpu-memory-utilization", type=float, default=None, help="share of each GPU's memory vLLM may take"
+    )
+    v.add_argument(
+        "--tensor-parallel-size", type=_positive_int, default=None, help="GPUs the model is split over"
+    )
+    v.add_argument("--max-model-len", type=_positive_int, default=None, help="longest prompt + completion")
+    v.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse prompt prefixes' KV cache across requests (reset after every weight push)",
+    )
+    v.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    v.add_argument(
+        "--seed", type=int, default=None, help="vLLM's engine seed (default 0; seeded requests do not use it)"
+    )
 
     p = sub.add_parser("config", help="list every config key with its default and what it does")
     p.add_argument("prefix", nargs="?", default="", help="only keys starting with this (e.g. algo or fast.)")

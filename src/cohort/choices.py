@@ -13,6 +13,10 @@ from cohort.errors import ConfigError
 ENGINES: tuple[str, ...] = ("builtin", "hf")
 """Rollout engines, in the order error messages list them; implemented by ``cohort.rollout.ENGINES``."""
 
+WORKER_ENGINES: tuple[str, ...] = ("vllm",)
+"""rollout.engine names that only rollout workers run (``cohort serve --engine vllm``,
+``cohort.serve.vllm_backend``); the trainer's own engine is then the builtin one (held-out evaluation)."""
+
 TOOL_PARSERS: tuple[str, ...] = ("hermes", "qwen", "llama3_json", "llama3", "mistral", "transformers")
 """episodes.tool_parser names; implemented by ``cohort.episodes.parsers.TOOL_PARSERS`` (+ transformers' parsing)."""
 

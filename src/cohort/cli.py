@@ -358,20 +358,53 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return chat_loop(session, write=lambda line: print(line, flush=True), show_prompt=args.show_prompt)
 
 
+_VLLM_FLAGS = (
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "max_model_len",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "seed",
+)
+"""`cohort serve` flags that configure vLLM (cohort.serve.vllm_backend.VLLMOptions fields of the same name)."""
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from cohort.serve.worker import serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} must be in 0 .. 65535 (0: a free port, printed on start)")
+    given = {k: getattr(args, k) for k in _VLLM_FLAGS if getattr(args, k) is not None}
+    options = None
+    if args.engine == "vllm":
+        from cohort.serve.vllm_backend import VLLMOptions
+
+        for flag, value in (("--device", args.device), ("--attn-implementation", args.attn_implementation)):
+            if value is not None:
+                raise ValueError(
+                    f"{flag} is for --engine builtin; vLLM chooses its own (its GPUs are those "
+                    "CUDA_VISIBLE_DEVICES shows, its attention kernels its own): drop it"
+                )
+        share = given.get("gpu_memory_utilization")
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(
+                f"--gpu-memory-utilization {share} must be in (0, 1]: a share of each GPU's memory"
+            )
+        options = VLLMOptions(**given)
+    elif given:
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise ValueError(f"{flag} configures vLLM: add --engine vllm, or drop it")
     return serve(
         args.model,
         host=args.host,
         port=args.port,
-        device=args.device,
+        device=args.device or "cpu",
         dtype=args.dtype,
-        attn_implementation=args.attn_implementation,
+        attn_implementation=args.attn_implementation or "sdpa",
         threads=args.threads,
         parent_pid=args.parent_pid,
+        engine=args.engine,
+        vllm_options=options,
     )
 
 

@@ -153,7 +153,10 @@ TRL_FIELDS: dict[str, Field] = {
     "shuffle_dataset": Field(True, None, "cohort always shuffles (per epoch, seeded)"),
     # generation back ends and methods cohort does not have
     "use_vllm": Field(
-        False, None, "rollout.engine (builtin or hf); a vLLM engine is a design (docs/vllm.md), not written"
+        False,
+        None,
+        "rollout.engine=vllm with rollout.workers (`cohort serve --engine vllm`, as TRL's server mode); not run on "
+        "a GPU yet (docs/vllm.md)",
     ),
     "top_entropy_quantile": Field(
         1.0, "algo.top_entropy_quantile", "must be > 0 (cohort keeps a share of tokens)"

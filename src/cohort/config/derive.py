@@ -56,7 +56,7 @@ def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
     - rollout.batch_size: each process's share of distributed.global_batch_size, when one is given;
     - fast.*: a switch given as a boolean (a bare YAML on / off, or True / False from Python) as on / off;
     - algo.sampler_correction=auto: token_tis when rollout.max_staleness > 0 (the batches' sampler is an older
-      policy), else none.
+      policy) or rollout.engine=vllm (another implementation's log-probs), else none.
 
     Deriving twice gives the same config, so a config that was derived may be derived again."""
     share = per_process_batch(cfg, world_size)
@@ -65,5 +65,6 @@ def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
     cfg.fast.normalise_switches()
     if cfg.algo.sampler_correction == "auto":
         stale = isinstance(cfg.rollout.max_staleness, int) and cfg.rollout.max_staleness > 0
-        cfg.algo.sampler_correction = "token_tis" if stale else "none"
+        other = cfg.rollout.engine == "vllm"  # its kernels and precision differ from the trainer's
+        cfg.algo.sampler_correction = "token_tis" if stale or other else "none"
     return cfg

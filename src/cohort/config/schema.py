@@ -166,7 +166,9 @@ class RolloutConfig:
     """How completions are sampled."""
 
     engine: str = "builtin"
-    """builtin (KV-cache sampler, prompt prefilled once per group) or hf (transformers generate)."""
+    """builtin (KV-cache sampler, prompt prefilled once per group), hf (transformers generate), or vllm (vLLM in
+    rollout workers started with `cohort serve --engine vllm`, listed in rollout.workers; docs/vllm.md: it has
+    not run on a GPU yet)."""
     group_size: int = 8
     """G: completions sampled per prompt."""
     batch_size: int = 64

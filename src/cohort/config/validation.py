@@ -45,6 +45,7 @@ from cohort.choices import (
     MIXED_PRECISIONS,
     SAMPLER_DTYPES,
     SCHEDULES,
+    WORKER_ENGINES,
     resolve_strategy,
 )
 from cohort.config.derive import per_process_batch
@@ -106,7 +107,7 @@ def validate_config(
         raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
-    _check_choice("rollout.engine", r.engine, ENGINES)
+    _check_choice("rollout.engine", r.engine, ENGINES + WORKER_ENGINES)
     _check_choice("algo.scale", a.scale, SCALES)
     _check_choice("algo.std", a.std, STD_KINDS)
     _check_choice("algo.importance", a.importance, IMPORTANCE_LEVELS)
@@ -288,6 +289,8 @@ def _check_workers(cfg: TrainConfig) -> None:
             unit = "MiB" if key == "push_bucket_mib" else "seconds"
             raise ConfigError(f"rollout.{key}={value!r} must be a positive number of {unit}")
     w = r.workers
+    if r.engine == "vllm":
+        _check_vllm(cfg)
     if w is None:
         if k > 0:
             raise ConfigError(
@@ -319,6 +322,42 @@ def _check_workers(cfg: TrainConfig) -> None:
         raise ConfigError(
             "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
             "trainer); unset rollout.workers, or episodes.*"
+        )
+
+
+def _check_vllm(cfg: TrainConfig) -> None:
+    """Raises ConfigError when rollout.engine=vllm meets what a vLLM rollout worker cannot serve (docs/vllm.md)."""
+    r = cfg.rollout
+    if r.workers is None:
+        raise ConfigError(
+            "rollout.engine=vllm samples in rollout workers, and rollout.workers is unset: start `cohort serve "
+            "--engine vllm --model PATH` on GPUs of their own and list their addresses in rollout.workers, or set "
+            "rollout.engine=builtin to sample in the trainer"
+        )
+    if isinstance(r.workers, int) and not isinstance(r.workers, bool):
+        raise ConfigError(
+            f"rollout.workers={r.workers}: a trainer does not start vLLM workers itself (each needs GPUs the "
+            "trainer does not use); start them with `CUDA_VISIBLE_DEVICES=... cohort serve --engine vllm --model "
+            "PATH --port N` and list their addresses in rollout.workers"
+        )
+    if cfg.model.lora.enabled:
+        raise ConfigError(
+            "rollout.engine=vllm with model.lora.enabled: a vLLM worker does not take LoRA adapter pushes (not "
+            "built); train the full model, or use rollout.engine=builtin"
+        )
+    filters = (isinstance(r.top_p, int | float) and r.top_p < 1.0) or (
+        isinstance(r.top_k, int) and r.top_k > 0
+    )
+    if filters and r.temperature != 0:  # greedy sampling ignores both
+        raise ConfigError(
+            f"rollout.engine=vllm with rollout.top_p={r.top_p} / top_k={r.top_k}: vLLM reports log-probs after "
+            "top-p / top-k renormalise the distribution and the trainer compares them with its own before; set "
+            "rollout.top_p=1.0 and rollout.top_k=0, or use rollout.engine=builtin"
+        )
+    if isinstance(r.temperature, int | float) and r.temperature > 2:
+        raise ConfigError(
+            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM samples at temperatures up to 2; "
+            "lower it, or use rollout.engine=builtin"
         )
 
 

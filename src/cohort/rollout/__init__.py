@@ -19,6 +19,11 @@ if tuple(ENGINES) != choices.ENGINES:  # the config validates rollout.engine aga
 
 def make_engine(name: str, *, eos_token_ids: Sequence[int], pad_token_id: int, **options) -> RolloutEngine:
     """Returns the rollout engine called `name` ("builtin" or "hf")."""
+    if name in choices.WORKER_ENGINES:
+        raise ValueError(
+            f"the rollout engine {name!r} runs in rollout workers only (cohort serve --engine {name}; "
+            "docs/vllm.md): list them in rollout.workers, or use 'builtin' in this process"
+        )
     if name not in ENGINES:
         raise ValueError(
             f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}. "

@@ -425,9 +425,12 @@ class RemoteGeneration:
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
         exact = exact and n == 1 and generator is not None
         if generator is not None and not all(
-            c.identity.get("device") == generator.device.type for c in self.live
+            c.identity.get("device") == generator.device.type and c.identity.get("generator_state", True)
+            for c in self.live
         ):
-            exact = False  # a generator state does not carry across device types: each chunk gets a seed
+            # A generator state does not carry across device types, and a vLLM worker samples from seeds only:
+            # each chunk gets a seed drawn from the trainer's generator, which stays reproducible.
+            exact = False
         seeds: list[int | None] = [None] * n
         if not exact and generator is not None:
             seeds = torch.randint(2**62, (n,), generator=generator, device=generator.device).tolist()
@@ -563,6 +566,7 @@ def connect_workers(
     tokenizer: Any,
     engine: RolloutEngine,
     *,
+    engine_name: str | None = None,
     model_path: str,
     dtype: str,
     device: str,
@@ -574,10 +578,14 @@ def connect_workers(
     pushes_in_flight: int = 0,
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
-    greeting each worker (ConfigError on silence or on a mismatch of versions, model or tokenizer), opening the
-    weight channels and pushing the trainer's weights. Under torchrun every training process calls it: process 0
-    starts the local workers and opens the channels, each process greets every worker, and an error one process
-    hits is raised on all (cohort.serve.ranks)."""
+    greeting each worker (ConfigError on silence or on a mismatch of versions, engine, model or tokenizer),
+    opening the weight channels and pushing the trainer's weights. Under torchrun every training process calls
+    it: process 0 starts the local workers and opens the channels, each process greets every worker, and an
+    error one process hits is raised on all (cohort.serve.ranks).
+
+    `engine_name`: the engine the workers must sample with (rollout.engine; None: `engine`'s name). With vllm,
+    `engine` is only the trainer's own (held-out evaluation samples in the trainer)."""
+    name = engine_name or engine.name
     zmq = zmq_module()
     local = None
     if isinstance(workers, int):
@@ -623,8 +631,8 @@ def connect_workers(
             "op": "hello",
             "cohort": __version__,
             "protocol": PROTOCOL,
-            "engine": engine.name,
-            "fast": asdict(engine.fast) if hasattr(engine, "fast") else None,
+            "engine": name,
+            "fast": asdict(engine.fast) if name == "builtin" and hasattr(engine, "fast") else None,
             "lora": lora,
         }
         failed = None
@@ -642,6 +650,19 @@ def connect_workers(
                         f"the rollout worker at {c.address} refused the trainer: {reply.get('error')}"
                     )
                 c.identity = reply["identity"]
+                theirs = c.identity.get("engine", name)  # a worker's identity names its engine since vLLM's
+                if theirs != name:
+                    fix = (
+                        "set rollout.engine=vllm, or start the worker without --engine vllm"
+                        if theirs == "vllm"
+                        else "start the worker with `cohort serve --engine vllm`, or set rollout.engine=builtin"
+                        if name == "vllm"
+                        else f"set rollout.engine={theirs}"
+                    )
+                    raise ConfigError(
+                        f"the rollout worker at {c.address} samples with {theirs} and this run with "
+                        f"rollout.engine={name}: {fix}"
+                    )
                 problem = mismatch(mine, c.identity, c.address)
                 if problem is not None:
                     raise ConfigError(problem)

@@ -132,7 +132,8 @@ def identity(model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], pad_id:
 def mismatch(trainer: dict[str, Any], worker: dict[str, Any], where: str) -> str | None:
     """Returns a one-line error naming the first difference that forbids training with this worker (None: none).
 
-    `where` names the worker (its address). The dtype may differ: the worker casts what it receives."""
+    `where` names the worker (its address). The dtype may differ: the worker casts what it receives. A vLLM
+    worker's attention is not compared (its kernels are vLLM's)."""
     fix_model = f"start the worker with the trainer's model (cohort serve --model {trainer['name']})"
     checks = [
         (
@@ -174,6 +175,8 @@ def mismatch(trainer: dict[str, Any], worker: dict[str, Any], where: str) -> str
         ),
     ]
     for key, message in checks:
+        if key == "attn_implementation" and worker.get("engine") == "vllm":
+            continue  # vLLM runs its own kernels: such a worker is not bit-equal to the trainer anyway
         if worker.get(key) != trainer.get(key):
             return message
     return None

@@ -1,10 +1,14 @@
-"""`cohort serve`: a rollout worker, cohort's engine sampling its own copy of the model for a trainer.
+"""`cohort serve`: a rollout worker, an engine sampling its own copy of the model for a trainer.
 
 The worker answers one request at a time on a ZeroMQ ROUTER socket (cohort.serve.protocol): the trainer's
 hello (which engine and fast paths to sample with, LoRA settings), a weight channel, weight pushes, and
 generate requests that carry the trainer's sampling generator state, so the worker draws exactly what the
-in-process engine would and hands the advanced state back. Started by a trainer (rollout.workers: N), it
-exits when that trainer's process ends, however it ends.
+in-process engine would and hands the advanced state back (or a seed: several workers, or a vLLM worker).
+Started by a trainer (rollout.workers: N), it exits when that trainer's process ends, however it ends.
+
+What it samples with is its backend (cohort.serve.backend): cohort's engines on a transformers model
+(`--engine builtin`, the default) or vLLM (`--engine vllm`, cohort.serve.vllm_backend); the request loop,
+the protocol, the weight channel and the timeouts here are the same for both.
 """
 
 from __future__ import annotations
@@ -21,17 +25,13 @@ from typing import Any
 
 import torch
 
-from cohort.config import LoraConfig
 from cohort.errors import NonFiniteSamplingError, first_line
-from cohort.fastpath import FastConfig
-from cohort.models import load_model, load_tokenizer, stop_token_ids, wrap_lora
-from cohort.rollout import make_engine
-from cohort.rollout.base import RolloutEngine
+from cohort.models import load_model, load_tokenizer
 from cohort.serve import weights
+from cohort.serve.backend import Backend, BuiltinBackend
 from cohort.serve.protocol import (
     DEFAULT_PORT,
     batch_reply,
-    identity,
     pack,
     params_from_dict,
     unpack,
@@ -82,12 +82,11 @@ class StaleWeightsError(RuntimeError):
 
 @dataclass
 class Worker:
-    """A worker's model and what the trainer configured on it."""
+    """A worker's backend (its model and sampler) and what the trainer configured on it."""
 
-    model: torch.nn.Module
-    tokenizer: Any
-    device: torch.device
-    engine: RolloutEngine | None = None
+    backend: Backend
+    greeted: bool = False
+    """A trainer's hello configured the backend (generate requests are refused before)."""
     version: int | None = None
     """The trainer's weight version the model holds (None: none received yet, or a push that failed)."""
     channel: weights.Channel | None = None
@@ -98,9 +97,8 @@ class Worker:
     would print into the trainer's output)."""
 
     def ids(self) -> dict[str, Any]:
-        """Returns this worker's identity (cohort.serve.protocol.identity) and its device type."""
-        eos, pad = stop_token_ids(self.model, self.tokenizer)
-        return {**identity(self.model, self.tokenizer, eos, pad), "device": self.device.type}
+        """Returns this worker's identity (cohort.serve.protocol.identity), its engine and its device type."""
+        return self.backend.identity()
 
     def handle(
         self, header: dict[str, Any], blobs: list[bytes]
@@ -120,18 +118,8 @@ class Worker:
         raise ValueError(f"unknown request {op!r}; this worker speaks hello, channel, weights, generate")
 
     def _hello(self, header: dict[str, Any]) -> list[bytes]:
-        lora = header.get("lora")
-        if lora is not None and not hasattr(self.model, "disable_adapter"):
-            # the trainer trains an adapter: the same modules here, so pushes can name the adapter's tensors
-            self.model = wrap_lora(self.model, LoraConfig(**lora)).eval()
-        eos, pad = stop_token_ids(self.model, self.tokenizer)
-        fast = header.get("fast")
-        options = (
-            {"fast": FastConfig(**fast)} if header.get("engine", "builtin") == "builtin" and fast else {}
-        )
-        self.engine = make_engine(
-            header.get("engine", "builtin"), eos_token_ids=eos, pad_token_id=pad, **options
-        )
+        self.backend.hello(header)
+        self.greeted = True
         ids = self.ids()
         if (header.get("cohort"), header.get("protocol")) != (ids["cohort"], ids["protocol"]):
             print(
@@ -154,12 +142,13 @@ class Worker:
         assert self.channel is not None
         self.version = None  # until every tensor has arrived
         spec = header["spec"]
-        buffers = weights.empty_buffers(spec)
+        final = header.get("final", True)
+        buffers = self.backend.receive_buffers(spec)
         self.channel.wait(self.channel.broadcast(buffers))
-        weights.apply(self.model, spec, buffers)
+        self.backend.load(spec, buffers, final=final)
         self.received += len(spec)
         # A push in buckets (several training processes) is whole with its last bucket.
-        if header.get("final", True):
+        if final:
             self.version = int(header["version"])
             if self.log_pushes:
                 print(
@@ -170,23 +159,20 @@ class Worker:
             self.received = 0
 
     def _generate(self, header: dict[str, Any], blobs: list[bytes]) -> list[bytes]:
-        if self.engine is None:
+        if not self.greeted:
             raise RuntimeError("a generate request arrived before hello")
         if header.get("version") != self.version:
             raise StaleWeightsError(
                 f"this worker holds weights of version {self.version}, the request needs {header.get('version')} "
                 "(the weight push before it failed)"
             )
-        generator = torch.Generator(device=self.device)
-        if header.get("seed") is not None:
-            generator.manual_seed(int(header["seed"]))
-        elif blobs:
-            generator.set_state(torch.frombuffer(bytearray(blobs[0]), dtype=torch.uint8))
+        seed = int(header["seed"]) if header.get("seed") is not None else None
+        state = torch.frombuffer(bytearray(blobs[0]), dtype=torch.uint8) if blobs else None
         params = params_from_dict(header["params"])
-        batch = self.engine.generate(
-            self.model, header["prompt_ids"], int(header["group_size"]), params, generator
+        batch, state = self.backend.generate(
+            header["prompt_ids"], int(header["group_size"]), params, seed=seed, state=state
         )
-        return batch_reply(batch, generator.get_state() if blobs else None)
+        return batch_reply(batch, state)
 
 
 def serve(
@@ -199,16 +185,30 @@ def serve(
     attn_implementation: str = "sdpa",
     threads: int = 1,
     parent_pid: int | None = None,
+    engine: str = "builtin",
+    vllm_options: Any = None,
 ) -> int:
-    """Returns the exit code after serving requests until interrupted (or until the parent trainer is gone)."""
+    """Returns the exit code after serving requests until interrupted (or until the parent trainer is gone).
+
+    `engine`: builtin (cohort's engines on a transformers model on `device`) or vllm (vLLM's LLM, configured by
+    `vllm_options`, a cohort.serve.vllm_backend.VLLMOptions; `device` and `attn_implementation` are vLLM's own)."""
     zmq = zmq_module()
     if parent_pid is not None:
         watch_parent(parent_pid)
     torch.set_num_threads(threads)
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
-    model.eval()
-    worker = Worker(model, tokenizer, torch.device(device), log_pushes=parent_pid is None)
+    backend: Backend
+    if engine == "vllm":
+        from cohort.serve.vllm_backend import VLLMBackend, VLLMOptions
+
+        backend = VLLMBackend(model_path, dtype=dtype, options=vllm_options or VLLMOptions())
+    elif engine == "builtin":
+        tokenizer = load_tokenizer(model_path)
+        model = load_model(model_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
+        model.eval()
+        backend = BuiltinBackend(model, tokenizer, torch.device(device), threads)
+    else:
+        raise ValueError(f"--engine {engine!r} is not one of builtin, vllm")
+    worker = Worker(backend, log_pushes=parent_pid is None)
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -219,7 +219,7 @@ def serve(
         port = sock.bind_to_random_port(f"tcp://{host}")
     else:
         sock.bind(f"tcp://{host}:{port}")
-    print(f"{READY}tcp://{host}:{port} (model {model_path}, {device}, {threads} thread(s))", flush=True)
+    print(f"{READY}tcp://{host}:{port} (model {model_path}, {backend.describe()})", flush=True)
     if parent_pid is not None:
         os.dup2(2, 1)  # nothing more on the pipe the trainer read the address from: it is no longer drained
     try:
@@ -246,6 +246,7 @@ def serve(
     finally:
         sock.close(0)
         context.term()
+        backend.close()
 
 
 def _id(frames: list[bytes]) -> Any:

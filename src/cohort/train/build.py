@@ -13,7 +13,7 @@ import torch
 
 from cohort import distributed as dist
 from cohort.algo import POLICY_LOSSES
-from cohort.choices import resolve_load
+from cohort.choices import WORKER_ENGINES, resolve_load
 from cohort.config import TrainConfig
 from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
@@ -252,10 +252,13 @@ def build_reference(
 def build_engine(
     cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any
 ) -> tuple[RolloutEngine, SamplerCopy | None]:
-    """Returns (the rollout engine, the low-precision copy it samples from when rollout.sampler_dtype asks)."""
+    """Returns (the trainer's rollout engine, the low-precision copy it samples from when rollout.sampler_dtype
+    asks); with rollout.engine=vllm, which only rollout workers run, the builtin engine (never sampled with: the
+    workers sample the training batches and the held-out evaluation)."""
     eos_ids, pad = stop_token_ids(model, tokenizer)
-    options = {"fast": cfg.fast} if cfg.rollout.engine == "builtin" else {}
-    engine = make_engine(cfg.rollout.engine, eos_token_ids=eos_ids, pad_token_id=pad, **options)
+    name = "builtin" if cfg.rollout.engine in WORKER_ENGINES else cfg.rollout.engine
+    options = {"fast": cfg.fast} if name == "builtin" else {}
+    engine = make_engine(name, eos_token_ids=eos_ids, pad_token_id=pad, **options)
     sampler_dtype = DTYPES.get(str(cfg.rollout.sampler_dtype).lower())
     copy = SamplerCopy(model, sampler_dtype) if isinstance(sampler_dtype, torch.dtype) else None
     return engine, copy
@@ -275,6 +278,7 @@ def build_remote(
         model,
         tokenizer,
         engine,
+        engine_name=r.engine,
         model_path=cfg.model.name_or_path,
         dtype=str(r.sampler_dtype or cfg.model.dtype),
         device="cpu" if resolve_device(cfg.model.device).type == "cpu" else cfg.model.device,
