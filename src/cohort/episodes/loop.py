@@ -9,6 +9,9 @@ action its `step` answers. Tool results and observations enter through the chat 
 two renderings) and are masked out of the loss. The RolloutBatch carries, per rollout, its EpisodeRecord:
 the conversation in TRL's form for the reward functions and the samples, its counts and its environment.
 
+With rollout workers (`remote`) the same agent drives `decode_episodes_remote` instead: each round of turns is
+sampled by the workers and everything else stays here (cohort.episodes.remote).
+
 A group's rollouts usually share their prompt; where an environment's reset gives them different ones, the
 group's prompt is their common start and each rollout's remainder opens its completion, masked like any
 inserted token.
