@@ -30,6 +30,7 @@ from cohort.checkpoint import (
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
+from cohort.config.validation import check_episodes_with_workers
 from cohort.episodes.loop import episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
@@ -187,11 +188,10 @@ class GRPOTrainer:
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )
-        if self.episode_spec is not None and cfg.rollout.workers is not None:
-            raise ConfigError(
-                "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
-                "trainer); unset rollout.workers, or drop tools= / environment_factory= (episodes.*)"
-            )
+        if (
+            self.episode_spec is not None
+        ):  # tools= / environment_factory= make episodes the config does not name
+            check_episodes_with_workers(cfg)
         rewards = build_rewards(
             cfg,
             reward_funcs,
@@ -273,11 +273,23 @@ class GRPOTrainer:
             loss_type=cfg.algo.loss_type,
             sequence_advantages=rewards.sequence_advantages,
         )
-        self.episodes = build_episodes(
-            cfg, self.episode_spec, self.model, self.tokenizer, self.engine, self.sampler_copy, self.autocast
-        )
         # Rollout workers (rollout.workers): greeted, checked and sent the weights here, before training starts.
         self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine)
+        try:  # with workers, the episodes' turns are sampled by them (the agent loop stays here)
+            self.episodes = build_episodes(
+                cfg,
+                self.episode_spec,
+                self.model,
+                self.tokenizer,
+                self.engine,
+                self.sampler_copy,
+                self.autocast,
+                remote=self.remote,
+            )
+        except BaseException:
+            if self.remote is not None:  # the workers this trainer started end with it
+                self.remote.close()
+            raise
         self.ahead = build_ahead(cfg, self.remote)  # rollout.max_staleness > 0: batches requested ahead
         self.source: GenerationSource = (
             self.episodes
@@ -323,6 +335,7 @@ class GRPOTrainer:
                 None,
                 self.autocast,
                 fresh=True,
+                remote=self.remote,
             ),
             remote=self.remote,
         )

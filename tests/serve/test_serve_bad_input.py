@@ -112,6 +112,9 @@ def shout(text: str) -> str:
     return text.upper()
 
 
-def test_multi_turn_episodes_are_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="cannot roll out multi-turn episodes yet"):
-        GRPOTrainer(run_config(tiny_model_dir, tmp_path, **{"rollout.workers": 1}), tools=[shout])
+def test_multi_turn_episodes_ahead_of_their_step_are_refused(tiny_model_dir, tmp_path):
+    cfg = run_config(tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.max_staleness": 1})
+    with pytest.raises(
+        ConfigError, match="multi-turn episodes: a batch of episodes cannot be requested ahead"
+    ):
+        GRPOTrainer(cfg, tools=[shout])

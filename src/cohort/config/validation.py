@@ -275,7 +275,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
 
 def _check_workers(cfg: TrainConfig) -> None:
     """Raises ConfigError for a rollout.workers / max_staleness / timeout value that cannot work, or rollout
-    workers combined with what they cannot serve yet (docs/serving.md says what is not built)."""
+    workers combined with what they cannot serve (docs/serving.md says what is not built)."""
     r = cfg.rollout
     k = r.max_staleness
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -319,9 +319,17 @@ def _check_workers(cfg: TrainConfig) -> None:
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
     if cfg.episodes.enabled:
+        check_episodes_with_workers(cfg)
+
+
+def check_episodes_with_workers(cfg: TrainConfig) -> None:
+    """Raises ConfigError when rollout workers would roll out multi-turn episodes ahead of their step
+    (rollout.max_staleness > 0); at 0 the workers sample each turn of the trainer's agent loop."""
+    k = cfg.rollout.max_staleness
+    if cfg.rollout.workers is not None and k > 0:
         raise ConfigError(
-            "rollout.workers cannot roll out multi-turn episodes yet (tools and environments run in the "
-            "trainer); unset rollout.workers, or episodes.*"
+            f"rollout.max_staleness={k} with multi-turn episodes: a batch of episodes cannot be requested ahead "
+            "(their tools and environments run in the trainer between turns); set rollout.max_staleness=0"
         )
 
 

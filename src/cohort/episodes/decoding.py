@@ -85,37 +85,16 @@ def decode_episodes(
     budget = [params.max_completion_length] * n_rows if budgets is None else list(budgets)
     if len(budget) != n_rows or min(budget, default=1) < 1:
         raise ValueError(f"decode_episodes needs one budget >= 1 per prompt, got {budgets!r}")
-    out = DecodedEpisodes(
-        tokens=[[] for _ in range(n_rows)],
-        masks=[[] for _ in range(n_rows)],
-        logprobs=[[] for _ in range(n_rows)],
-        truncated=[False] * n_rows,
-        turns=[0] * n_rows,
-    )
+    out = new_episodes(n_rows)
     ends = torch.tensor(sorted(set(end_of_turn_ids)), dtype=torch.long, device=device)
     capacity = max(len(p) for p in prompts) + max(budget)
     state = _Batch.prefill(model, prompts, pad_token_id, device, capacity=capacity if preallocate else None)
     while state.rows:
         _decode_turn(model, state, params, generator, agent, out, ends, budget)
-        blocks: dict[int, list[int]] = {}
-        for row in state.rows:
-            if state.live[row]:
-                room = budget[row] - len(out.tokens[row])
-                ids = agent.continuation(row, room)
-                if ids is not None:
-                    if not 0 < len(ids) < room:
-                        raise ValueError(
-                            f"episode {row}: the agent inserted {len(ids)} tokens where {room - 1} at most fit "
-                            "(an insertion must leave room for a sampled token)"
-                        )
-                    blocks[row] = ids
+        blocks = insert_continuations(agent, [row for row in state.rows if state.live[row]], out, budget)
         keep = [row for row in state.rows if row in blocks]
         if not keep:
             break
-        for row in keep:
-            out.tokens[row] += blocks[row]
-            out.masks[row] += [False] * len(blocks[row])
-            out.logprobs[row] += [0.0] * len(blocks[row])
         if extend_cache:
             state.select(keep)
             state.extend(model, [state.pending[row] + blocks[row] for row in keep], pad_token_id)
@@ -129,6 +108,41 @@ def decode_episodes(
                 capacity=capacity if preallocate else None,
             )
     return out
+
+
+def new_episodes(n_rows: int) -> DecodedEpisodes:
+    """Returns the empty DecodedEpisodes of `n_rows` episodes (nothing decoded yet)."""
+    return DecodedEpisodes(
+        tokens=[[] for _ in range(n_rows)],
+        masks=[[] for _ in range(n_rows)],
+        logprobs=[[] for _ in range(n_rows)],
+        truncated=[False] * n_rows,
+        turns=[0] * n_rows,
+    )
+
+
+def insert_continuations(
+    agent: TurnAgent, rows: Sequence[int], out: DecodedEpisodes, budget: Sequence[int]
+) -> dict[int, list[int]]:
+    """Returns row -> the tokens the agent inserted after each of `rows`' last turn (rows it ended are absent),
+    after appending them to `out` (mask False, log-prob 0.0); ValueError for an insertion that leaves no room
+    for a sampled token."""
+    blocks: dict[int, list[int]] = {}
+    for row in rows:
+        room = budget[row] - len(out.tokens[row])
+        ids = agent.continuation(row, room)
+        if ids is None:
+            continue
+        if not 0 < len(ids) < room:
+            raise ValueError(
+                f"episode {row}: the agent inserted {len(ids)} tokens where {room - 1} at most fit "
+                "(an insertion must leave room for a sampled token)"
+            )
+        blocks[row] = ids
+        out.tokens[row] += ids
+        out.masks[row] += [False] * len(ids)
+        out.logprobs[row] += [0.0] * len(ids)
+    return blocks
 
 
 class _Batch:

@@ -9,6 +9,9 @@ action its `step` answers. Tool results and observations enter through the chat 
 two renderings) and are masked out of the loss. The RolloutBatch carries, per rollout, its EpisodeRecord:
 the conversation in TRL's form for the reward functions and the samples, its counts and its environment.
 
+With rollout workers (`remote`) the same agent drives `decode_episodes_remote` instead: each round of turns is
+sampled by the workers and everything else stays here (cohort.episodes.remote).
+
 A group's rollouts usually share their prompt; where an environment's reset gives them different ones, the
 group's prompt is their common start and each rollout's remainder opens its completion, masked like any
 inserted token.
@@ -22,15 +25,16 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cohort.data import is_conversational
-from cohort.episodes.decoding import decode_episodes
+from cohort.episodes.decoding import DecodedEpisodes, decode_episodes
 from cohort.episodes.environments import env_reset, env_step
 from cohort.episodes.execution import ToolExecutor, ToolResult
 from cohort.episodes.parsers import ToolParser, parser_for
+from cohort.episodes.remote import decode_episodes_remote
 from cohort.episodes.spec import EnvironmentSpec, EpisodeSpec
 from cohort.episodes.templates import check_tool_template, render_prompt, render_tool_turn
 from cohort.episodes.tools import Tool
@@ -39,6 +43,9 @@ from cohort.models import eval_mode, input_device
 from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.sharding import gathered
+
+if TYPE_CHECKING:
+    from cohort.serve.client import RemoteGeneration
 
 EMPTY_PROMPT: list[dict[str, Any]] = [{"role": "user", "content": ""}]
 """The prompt given to rows of a routing-only dataset (an `environment` column and no prompt): the environment's
@@ -115,13 +122,15 @@ class EpisodeGeneration:
         extend_cache: bool = True,
         fresh: bool = False,
         preallocate: bool = True,
+        remote: RemoteGeneration | None = None,
     ) -> None:
-        """fresh: make this loop's own environment instances (a held-out loop must not touch the training ones)."""
+        """fresh: make this loop's own environment instances (a held-out loop must not touch the training ones);
+        remote: rollout workers that sample every policy turn (cohort.episodes.remote), instead of this process."""
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.end_ids, self.pad_id = list(end_of_turn_ids), pad_token_id
         self.prompt_column, self.template_kwargs = prompt_column, chat_template_kwargs or None
         self.sampler_copy, self.autocast, self.extend_cache = sampler_copy, autocast, extend_cache
-        self.preallocate = preallocate
+        self.preallocate, self.remote = preallocate, remote
         if spec.tools or any(env.tools for env in spec.environments.values()):
             check_tool_template(tokenizer, chat_template_kwargs=self.template_kwargs)
             self.parser: ToolParser | None = parser_for(
@@ -166,6 +175,39 @@ class EpisodeGeneration:
                 f"{params.max_completion_length}; raise it"
             )
         agent = _Agent(self, rollouts)
+        if self.remote is not None:
+            out = self._decode_remote(prompts, group_size, params, generator, agent, budgets)
+        else:
+            out = self._decode_local(prompts, params, generator, agent, budgets)
+        completions, masks, logprobs = [], [], []
+        for i, r in enumerate(rollouts):
+            remainder = prompts[i][len(starts[i // group_size]) :]
+            completions.append(remainder + out.tokens[i])
+            masks.append(torch.tensor([False] * len(remainder) + out.masks[i], dtype=torch.bool))
+            logprobs.append(torch.tensor([0.0] * len(remainder) + out.logprobs[i], dtype=torch.float32))
+            if out.truncated[i]:
+                r.record.stop = "length"
+        self.counts["episodes"] += len(rollouts)
+        self.counts["turns"] += sum(out.turns)
+        return RolloutBatch(
+            prompt_ids=starts,
+            completion_ids=completions,
+            truncated=torch.tensor(out.truncated, dtype=torch.bool),
+            group_size=group_size,
+            sampling_logprobs=logprobs,
+            loss_masks=masks,
+            episodes=[r.record for r in rollouts],
+        )
+
+    def _decode_local(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        agent: _Agent,
+        budgets: list[int],
+    ) -> DecodedEpisodes:
+        """Returns the episodes decoded in this process (the policy, or its sampling copy, gathered if sharded)."""
         with self.autocast(), gathered(self.model):
             model = self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model)
             device = input_device(model)
@@ -189,24 +231,41 @@ class EpisodeGeneration:
                     f"the policy produced non-finite logits while sampling ({e}); usually half-precision "
                     "overflow (try model.dtype=float32 or bfloat16)"
                 ) from None
-        completions, masks, logprobs = [], [], []
-        for i, r in enumerate(rollouts):
-            remainder = prompts[i][len(starts[i // group_size]) :]
-            completions.append(remainder + out.tokens[i])
-            masks.append(torch.tensor([False] * len(remainder) + out.masks[i], dtype=torch.bool))
-            logprobs.append(torch.tensor([0.0] * len(remainder) + out.logprobs[i], dtype=torch.float32))
-            if out.truncated[i]:
-                r.record.stop = "length"
-        self.counts["episodes"] += len(rollouts)
-        self.counts["turns"] += sum(out.turns)
-        return RolloutBatch(
-            prompt_ids=starts,
-            completion_ids=completions,
-            truncated=torch.tensor(out.truncated, dtype=torch.bool),
+        return out
+
+    def _decode_remote(
+        self,
+        prompts: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        agent: _Agent,
+        budgets: list[int],
+    ) -> DecodedEpisodes:
+        """Returns the episodes whose turns the rollout workers sampled (the weights pushed first when they
+        changed), each round's request seeded from `generator`."""
+        remote = self.remote
+        assert remote is not None
+        remote.push_weights()
+
+        def sample(
+            prompt_ids: list[list[int]],
+            group_size: int,
+            params: SamplingParams,
+            generator: torch.Generator | None,
+        ) -> RolloutBatch:
+            """Returns one round's turns, each chunk sampled from a seed drawn from `generator`."""
+            return remote.collect(remote.submit(prompt_ids, group_size, params, generator))
+
+        return decode_episodes_remote(
+            sample,
+            prompts,
+            params,
+            generator,
+            agent,
+            end_of_turn_ids=self.end_ids,
+            budgets=budgets,
             group_size=group_size,
-            sampling_logprobs=logprobs,
-            loss_masks=masks,
-            episodes=[r.record for r in rollouts],
         )
 
     # ------------------------------------------------------------------ episode start

@@ -311,11 +311,23 @@ def build_episodes(
     autocast: Any,
     *,
     fresh: bool = False,
+    remote: RemoteGeneration | None = None,
 ) -> EpisodeGeneration | None:
     """Returns the multi-turn generation source of a run with tools or environments (None without), stopping
-    turns where the engine stops completions; `fresh`: with environment instances of its own (held-out)."""
+    turns where the engine stops completions; `fresh`: with environment instances of its own (held-out);
+    `remote`: the rollout workers, which then sample every policy turn (the agent loop stays here)."""
     if spec is None:
         return None
+    if remote is not None:
+        for (
+            c
+        ) in remote.clients:  # connect_workers compared them already; a turn must end where the worker stops
+            theirs = (c.identity.get("stop") or {}).get("eos")
+            if theirs is not None and sorted(theirs) != sorted(engine.eos_token_ids):
+                raise ConfigError(
+                    f"the rollout worker at {c.address} stops at tokens {theirs} and the episodes' turns end at "
+                    f"{engine.eos_token_ids}: start the worker with the trainer's model and tokenizer"
+                )
     return EpisodeGeneration(
         spec,
         model,
@@ -328,6 +340,7 @@ def build_episodes(
         autocast=autocast,
         fresh=fresh,
         preallocate=cfg.fast.preallocated_kv != "off",
+        remote=remote,
     )
 
 
