@@ -30,7 +30,7 @@ from cohort.checkpoint import (
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
-from cohort.config.validation import check_episodes_with_workers
+from cohort.config.validation import check_episode_sampling
 from cohort.episodes.loop import episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
@@ -191,7 +191,7 @@ class GRPOTrainer:
         if (
             self.episode_spec is not None
         ):  # tools= / environment_factory= make episodes the config does not name
-            check_episodes_with_workers(cfg)
+            check_episode_sampling(cfg)
         rewards = build_rewards(
             cfg,
             reward_funcs,

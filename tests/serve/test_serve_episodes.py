@@ -18,6 +18,7 @@ from _serve_helpers import run_config
 from _tiny import EOS, PAD, build_tool_model, make_test_engine, tiny_model
 
 from cohort.config import ConfigError, EpisodeConfig, load_config
+from cohort.config.validation import check_episode_sampling
 from cohort.episodes.decoding import decode_episodes
 from cohort.episodes.environments import GuessNumber
 from cohort.episodes.loop import EpisodeGeneration, episode_metrics
@@ -381,3 +382,17 @@ def test_episodes_ahead_of_their_step_are_refused(tool_model_dir, tmp_path):
     plain = run_config(tool_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.max_staleness": 2})
     with pytest.raises(ConfigError, match=r"cannot be requested ahead"):
         GRPOTrainer(plain, tools=[shout])
+
+
+def test_episodes_in_the_trainer_refuse_the_hf_engine(tool_model_dir, tmp_path):
+    # In the trainer episodes decode with cohort's turn decoder: rollout.engine=hf would be silently unused.
+    cfg = _cfg(tool_model_dir, tmp_path, **{"rollout.workers": None, "rollout.engine": "hf"})
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine=hf with multi-turn episodes.*set rollout.engine=builtin"
+    ):
+        cfg.validate()
+    plain = run_config(tool_model_dir, tmp_path, **{"rollout.engine": "hf"})
+    with pytest.raises(ConfigError, match=r"rollout.engine=hf with multi-turn episodes"):
+        GRPOTrainer(plain, tools=[shout])
+    # through workers each turn is a plain request, which an hf worker serves
+    check_episode_sampling(_cfg(tool_model_dir, tmp_path, **{"rollout.engine": "hf"}))

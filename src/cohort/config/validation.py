@@ -85,6 +85,8 @@ def validate_config(
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
     _check_workers(cfg)
+    if cfg.episodes.enabled:
+        check_episode_sampling(cfg)
     if need_model and not cfg.model.name_or_path:
         raise ConfigError("model.name_or_path is empty: set it to a local model folder or a hub name")
     if r.group_size < 2:
@@ -318,18 +320,22 @@ def _check_workers(cfg: TrainConfig) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
-    if cfg.episodes.enabled:
-        check_episodes_with_workers(cfg)
 
 
-def check_episodes_with_workers(cfg: TrainConfig) -> None:
-    """Raises ConfigError when rollout workers would roll out multi-turn episodes ahead of their step
-    (rollout.max_staleness > 0); at 0 the workers sample each turn of the trainer's agent loop."""
+def check_episode_sampling(cfg: TrainConfig) -> None:
+    """Raises ConfigError when multi-turn episodes cannot be sampled as configured: rollout workers asked to roll
+    them out ahead of their step (rollout.max_staleness > 0; at 0 the workers sample each turn of the trainer's
+    agent loop), or rollout.engine=hf in the trainer (episodes decode with cohort's own turn decoder)."""
     k = cfg.rollout.max_staleness
     if cfg.rollout.workers is not None and k > 0:
         raise ConfigError(
             f"rollout.max_staleness={k} with multi-turn episodes: a batch of episodes cannot be requested ahead "
             "(their tools and environments run in the trainer between turns); set rollout.max_staleness=0"
+        )
+    if cfg.rollout.workers is None and cfg.rollout.engine == "hf":
+        raise ConfigError(
+            "rollout.engine=hf with multi-turn episodes: episodes decode with cohort's own turn decoder, which "
+            "extends the KV cache between turns; set rollout.engine=builtin"
         )
 
 

@@ -319,9 +319,8 @@ def build_episodes(
     if spec is None:
         return None
     if remote is not None:
-        for (
-            c
-        ) in remote.clients:  # connect_workers compared them already; a turn must end where the worker stops
+        # connect_workers compared them already; a turn must end where the worker stops
+        for c in remote.clients:
             theirs = (c.identity.get("stop") or {}).get("eos")
             if theirs is not None and sorted(theirs) != sorted(engine.eos_token_ids):
                 raise ConfigError(

@@ -6,7 +6,7 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -92,20 +92,9 @@ class HeldOut:
         generator = seeds.generator(seeds.held_out_sampling(cfg.seed, step), self.device)
         parts: list[tuple[torch.Tensor, ...]] = []
         loss = WeightedMeans()
-        starts = range(0, len(self.rows), per_call)
-        rollouts: Iterable[RolloutBatch] = (
-            self.source.generate(
-                self.prompt_ids[s : s + per_call], G, self.params, generator, rows=self.rows[s : s + per_call]
-            )
-            for s in starts
-        )  # sampled chunk by chunk as scored (an episode source reuses its environments from chunk to chunk)
-        if not self.gather:
-            # Workers: every chunk first, so a failure one process meets is raised on all before the loss passes'
-            # collectives (the shards' layer by layer forwards).
-            with dist.failing_together():
-                rollouts = list(rollouts)
-        for start, rollout in zip(starts, rollouts):
+        for start in range(0, len(self.rows), per_call):
             rows = self.rows[start : start + per_call]
+            rollout = self._sample(self.prompt_ids[start : start + per_call], G, self.params, generator, rows)
             # a process reward scores its mean step reward here
             per_func, _, _ = self.scorer.score(
                 rows, rollout, self.scorer.decode(rollout, rows), self.trainer_state, steps_only_mean=True
@@ -132,6 +121,20 @@ class HeldOut:
         stats = rollout_stats(reward, per_func, lengths, truncated, zero_std, G, self.scorer.names)
         stats.update(loss.means())
         return {f"eval_{k}": v for k, v in stats.items()}
+
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        rows: list[dict],
+    ) -> RolloutBatch:
+        """Returns the source's rollout of one chunk of held-out rows; with workers, a failure one process meets
+        (every worker lost) is raised on every process before any of them goes on to the loss passes'
+        collectives."""
+        with contextlib.nullcontext() if self.gather else dist.failing_together():
+            return self.source.generate(prompt_ids, group_size, params, generator, rows=rows)
 
     def greedy(self, step: int, k: int) -> dict[str, float]:
         """Returns cohort's held-out metrics: greedy accuracy, mean_length, n (pass@k / maj@k when k > 1)."""
@@ -195,9 +198,7 @@ class HeldOut:
         out = []
         for start in range(0, len(self.rows), per_call):
             rows = self.rows[start : start + per_call]
-            rollout = self.source.generate(
-                self.prompt_ids[start : start + per_call], k, params, generator, rows=rows
-            )
+            rollout = self._sample(self.prompt_ids[start : start + per_call], k, params, generator, rows)
             completions = self.scorer.decode(rollout, rows)
             per_func, _, _ = self.scorer.score(
                 rows, rollout, completions, self.trainer_state, steps_only_mean=True
