@@ -36,6 +36,7 @@ from cohort.serve.protocol import (
     params_from_dict,
     unpack,
 )
+from cohort.serve.vllm_backend import VLLMBackend, VLLMOptions
 
 READY = "cohort serve: ready on "
 """The start of the line a worker prints on standard output once it listens (a trainer that started it reads
@@ -186,7 +187,7 @@ def serve(
     threads: int = 1,
     parent_pid: int | None = None,
     engine: str = "builtin",
-    vllm_options: Any = None,
+    vllm_options: VLLMOptions | None = None,
 ) -> int:
     """Returns the exit code after serving requests until interrupted (or until the parent trainer is gone).
 
@@ -198,8 +199,6 @@ def serve(
     torch.set_num_threads(threads)
     backend: Backend
     if engine == "vllm":
-        from cohort.serve.vllm_backend import VLLMBackend, VLLMOptions
-
         backend = VLLMBackend(model_path, dtype=dtype, options=vllm_options or VLLMOptions())
     elif engine == "builtin":
         tokenizer = load_tokenizer(model_path)
