@@ -260,6 +260,48 @@ def test_staleness_under_torchrun_reproduces_after_kill_9(tiny_model_dir, tmp_pa
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
+def test_episodes_through_a_worker_under_torchrun_reproduce(tmp_path):
+    # Two fsdp processes play their own episodes (a text environment) turn by turn through one local worker,
+    # training and held-out evaluation alike; two runs agree on every metric, evaluation and weight.
+    from _tiny import build_tool_model
+
+    model = build_tool_model(tmp_path / "model")
+    env = str(Path(__file__).parents[1] / "episode_envs.py") + ":small_game"
+    over = (
+        "steps=2",
+        "rollout.workers=1",
+        f"episodes.environment={env}",
+        "rewards=[]",
+        "rollout.max_completion_length=96",
+        "data.n_eval=2",
+        "eval_at_ends=true",
+    )
+    for i in range(2):
+        run = subprocess.run(
+            _command(model, tmp_path / f"run{i}", 29641 + i, *over),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    a, b = _rows(tmp_path / "run0"), _rows(tmp_path / "run1")
+    assert len(a) == len(b) == 2
+    for ra, rb in zip(a, b):
+        assert ra["serve/workers"] == 1.0 and ra["episodes/turns_mean"] > 1
+        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+    evals = [
+        [json.loads(line) for line in (tmp_path / run / "evals.jsonl").read_text().splitlines()]
+        for run in ("run0", "run1")
+    ]
+    assert len(evals[0]) == 2 and "accuracy" in str(evals[0][0])
+    untimed = [[{k: v for k, v in e.items() if "time" not in k} for e in run] for run in evals]
+    assert untimed[0] == untimed[1]
+    wa, wb = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("run0", "run1"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_staleness_with_several_training_processes_is_accepted(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     over = {"rollout.workers": 1, "distributed.strategy": "fsdp", "rollout.max_staleness": 1}
