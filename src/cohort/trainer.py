@@ -188,9 +188,8 @@ class GRPOTrainer:
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )
-        if (
-            self.episode_spec is not None
-        ):  # tools= / environment_factory= make episodes the config does not name
+        # tools= / environment_factory= make episodes the config does not name: checked here, as the config's are
+        if self.episode_spec is not None:
             check_episode_sampling(cfg)
         rewards = build_rewards(
             cfg,

@@ -53,6 +53,18 @@ def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+def _assert_same_row(ra: dict, rb: dict) -> None:
+    """Asserts that `rb` has every value of `ra`, timings aside."""
+    differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
+    assert not differ, {k: (ra[k], rb[k]) for k in differ}
+
+
+def _assert_same_final_weights(a: Path, b: Path) -> None:
+    """Asserts that two runs' final models are equal to the bit."""
+    wa, wb = (load_file(str(out / "final" / "model.safetensors")) for out in (a, b))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def _free_port() -> int:
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))
@@ -91,12 +103,9 @@ def test_two_fsdp_processes_and_a_served_worker_train_as_in_process(tiny_model_d
     for ra, rb in zip(a, b):
         assert set(rb) - set(ra) == {"serve/workers", "time/weight_push"}
         assert rb["serve/workers"] == 1.0
-        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
-        assert not differ, {k: (ra[k], rb[k]) for k in differ}
-    final_a, final_b = (
-        load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("plain", "remote")
-    )
-    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+        _assert_same_row(ra, rb)
+    _assert_same_final_weights(tmp_path / "plain", tmp_path / "remote")
+    final_b = load_file(str(tmp_path / "remote" / "final" / "model.safetensors"))
     start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     assert any(not torch.equal(final_b[k], start[k]) for k in start)  # the steps moved the weights
     # The worker received the whole weights on connect (version 0) and after each of the 3 steps.
@@ -254,10 +263,8 @@ def test_staleness_under_torchrun_reproduces_after_kill_9(tiny_model_dir, tmp_pa
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for ra, rb in zip(rows, _rows(out), strict=True):
-        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
-        assert not differ, {k: (ra[k], rb[k]) for k in differ}
-    wa, wb = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("full", "killed"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+        _assert_same_row(ra, rb)
+    _assert_same_final_weights(tmp_path / "full", out)
 
 
 @pytest.mark.slow
@@ -289,8 +296,7 @@ def test_episodes_through_a_worker_under_torchrun_reproduce(tmp_path):
     assert len(a) == len(b) == 2
     for ra, rb in zip(a, b):
         assert ra["serve/workers"] == 1.0 and ra["episodes/turns_mean"] > 1
-        differ = [k for k in ra if not k.startswith("time") and k != "step_time" and not _same(ra[k], rb[k])]
-        assert not differ, {k: (ra[k], rb[k]) for k in differ}
+        _assert_same_row(ra, rb)
     evals = [
         [json.loads(line) for line in (tmp_path / run / "evals.jsonl").read_text().splitlines()]
         for run in ("run0", "run1")
@@ -298,8 +304,7 @@ def test_episodes_through_a_worker_under_torchrun_reproduce(tmp_path):
     assert len(evals[0]) == 2 and "accuracy" in str(evals[0][0])
     untimed = [[{k: v for k, v in e.items() if "time" not in k} for e in run] for run in evals]
     assert untimed[0] == untimed[1]
-    wa, wb = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("run0", "run1"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    _assert_same_final_weights(tmp_path / "run0", tmp_path / "run1")
 
 
 def test_staleness_with_several_training_processes_is_accepted(tiny_model_dir, tmp_path, monkeypatch):
