@@ -375,7 +375,8 @@ def test_a_push_is_handed_to_load_weights_by_name(standin, backend, tiny_model_d
     for r, s in zip(received, sent):
         r.copy_(s)  # what gloo's broadcast writes into them
     backend.load(spec, received, final=False)
-    (rpc,) = _calls(standin, "collective_rpc")
+    probe, rpc = _calls(standin, "collective_rpc")
+    assert probe["method"] == "cohort_probe"  # on start: what each vLLM worker can receive a push on
     # only names and numbers cross vLLM's RPC (the stand-in refuses anything else)
     assert rpc["method"] == "cohort_load_weights"
     (loaded,) = _calls(standin, "load_weights")
@@ -428,7 +429,7 @@ def test_a_push_of_a_tensor_the_model_lacks_is_refused_before_vllm_is_asked(stan
     received = backend.receive_buffers(spec)
     with pytest.raises(KeyError, match=r"'model.nothing.weight' \(4 values\)"):
         backend.load(spec, received, final=True)
-    assert not _calls(standin, "collective_rpc")
+    assert [c["method"] for c in _calls(standin, "collective_rpc")] == ["cohort_probe"]  # only the start's
     assert not os.listdir(backend.shm_dir)  # its files are gone all the same
 
 

@@ -172,11 +172,18 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     Inert(
         "rollout.push_bucket_mib",
         lambda c, world_size: (
-            "only several training processes push in buckets (one process sends its weights at once)"
-            if world_size == 1
-            else "no rollout workers to push to; set rollout.workers"
+            "no rollout workers to push to; set rollout.workers"
             if c.rollout.workers is None
+            else "only several training processes, or an NCCL push, push in buckets (one process pushing over "
+            "gloo sends its weights at once)"
+            if world_size == 1 and c.rollout.weight_transport == "gloo"
             else None
+        ),
+    ),
+    Inert(
+        "rollout.weight_transport",
+        lambda c, _: (
+            "no rollout workers to push to; set rollout.workers" if c.rollout.workers is None else None
         ),
     ),
     Inert(

@@ -200,8 +200,13 @@ class RolloutConfig:
     """Seconds to wait for each rollout worker's first answer (a local worker's start-up included) and for its
     weight channel to open."""
     push_bucket_mib: float = 64.0
-    """With several training processes: a weight push gathers and sends about this many MiB of whole tensors at
-    a time, the most any process holds beyond its shards while pushing (one process sends its weights at once)."""
+    """With several training processes, or an NCCL push: a weight push gathers and sends about this many MiB of
+    whole tensors at a time, the most any process holds beyond its shards while pushing (one process pushing
+    over gloo sends its weights at once)."""
+    weight_transport: str = "auto"
+    """How weight pushes reach the rollout workers: gloo (through host memory; CPU or GPU), nccl (from the
+    trainer's GPU into the worker's GPUs; each on a GPU of its own), or auto (nccl where both ends are on
+    distinct GPUs, else gloo). docs/serving.md: NCCL pushes have not run on a GPU yet."""
 
     def logprob_temperature(self) -> float:
         """Return the temperature log-probs are computed at: `temperature`, or 1.0 when it is 0 (greedy sampling)."""

@@ -85,6 +85,7 @@ def validate_config(
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
     _check_workers(cfg)
+    _check_transport(cfg, cuda_available)
     if cfg.episodes.enabled:
         check_episode_sampling(cfg)
     if need_model and not cfg.model.name_or_path:
@@ -320,6 +321,29 @@ def _check_workers(cfg: TrainConfig) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
+
+
+WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
+"""rollout.weight_transport's values (cohort.serve.weights.TRANSPORTS, named here without importing it)."""
+
+
+def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
+    """Raises ConfigError for a rollout.weight_transport that is not a transport, or nccl where the trainer's
+    weights cannot be on a GPU (NCCL sends from GPU memory); the worker's side is checked on connecting."""
+    t = cfg.rollout.weight_transport
+    if t not in WEIGHT_TRANSPORTS:
+        raise ConfigError(
+            f"rollout.weight_transport={t!r} is not one of {', '.join(WEIGHT_TRANSPORTS)}; auto picks nccl where "
+            "the trainer and a worker are on distinct GPUs, gloo elsewhere"
+        )
+    device = cfg.model.device
+    on_gpu = device.startswith("cuda") or (device == "auto" and cuda_available)
+    if t == "nccl" and not on_gpu:
+        where = "no CUDA GPU is visible" if device == "auto" else f"model.device={device}"
+        raise ConfigError(
+            f"rollout.weight_transport=nccl sends the weights from the trainer's GPU, and {where}: set "
+            "rollout.weight_transport=auto (gloo through host memory), or train on a GPU"
+        )
 
 
 def check_episode_sampling(cfg: TrainConfig) -> None:

@@ -5,7 +5,8 @@ Two exist: `BuiltinBackend` (a transformers module in this process and one of co
 `cohort serve`, the default) and `cohort.serve.vllm_backend.VLLMBackend` (vLLM's `LLM`: `cohort serve --engine
 vllm`). The request loop, the protocol, the weight channel and the timeouts are the worker's and the same for
 both; a backend only answers what differs: what a trainer's hello configures, the identity the trainer checks,
-where a weight push lands, and how a generate request is sampled.
+where a weight push lands (and who receives it: this process, or vLLM's GPU workers over NCCL), and how a
+generate request is sampled.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from cohort.rollout import RolloutBatch, SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.serve import weights
 from cohort.serve.protocol import identity
+
+CPU = torch.device("cpu")
 
 
 class Backend(abc.ABC):
@@ -41,9 +44,38 @@ class Backend(abc.ABC):
         worker's engine, its device type, and whether it samples from the trainer's generator state."""
 
     @abc.abstractmethod
-    def receive_buffers(self, spec: list[list]) -> list[torch.Tensor]:
-        """Returns the flat CPU buffers a push of this spec is received into (one per dtype, as
+    def receive_buffers(self, spec: list[list], device: torch.device = CPU) -> list[torch.Tensor]:
+        """Returns the flat buffers on `device` a push of this spec is received into (one per dtype, as
         cohort.serve.weights.empty_buffers lays them out)."""
+
+    def channel_device(self, transport: str) -> torch.device:
+        """Returns where a push over `transport` lands in this process (host memory for gloo)."""
+        return CPU
+
+    def open_channel(self, header: dict[str, Any]) -> Any:
+        """Returns the weight channel a trainer's `channel` request opens: a weights.Channel in this process (rank
+        1 of the trainer's group, over the transport the trainer chose)."""
+        timeout = float(header["timeout"])
+        store = weights.join_store(header["store_host"], int(header["store_port"]), timeout)
+        address = weights.local_address_towards(header["store_host"])
+        transport = header.get("transport", "gloo")
+        return weights.Channel(
+            store,
+            header["prefix"],
+            1,
+            address,
+            timeout,
+            transport=transport,
+            size=int(header.get("size", 2)),
+            device=self.channel_device(transport),
+        )
+
+    def receive(self, channel: Any, spec: list[list], *, final: bool) -> None:
+        """Returns None once a push's tensors arrived over `channel` and are the model's (`final`: its last
+        bucket)."""
+        buffers = self.receive_buffers(spec, channel.device)
+        channel.wait(channel.broadcast(buffers))
+        self.load(spec, buffers, final=final)
 
     @abc.abstractmethod
     def load(self, spec: list[list], buffers: list[torch.Tensor], *, final: bool) -> None:
@@ -100,18 +132,27 @@ class BuiltinBackend(Backend):
         self.engine = make_engine(name, eos_token_ids=eos, pad_token_id=pad, **options)
 
     def identity(self) -> dict[str, Any]:
-        """Returns the model's identity, the engine built on hello, and the device type."""
+        """Returns the model's identity, the engine built on hello, the device type, the transports a push may
+        take and the worker's GPU (its UUID: NCCL cannot pair it with a trainer on the same GPU)."""
         eos, pad = stop_token_ids(self.model, self.tokenizer)
         engine = self.engine.name if self.engine is not None else None
+        gpu = weights.gpu_uuid(self.device)
         return {
             **identity(self.model, self.tokenizer, eos, pad),
             "device": self.device.type,
             "engine": engine,
+            "transports": weights.receivable(self.device),
+            "gpus": [gpu] if gpu is not None else [],
+            "receivers": 1,
         }
 
-    def receive_buffers(self, spec: list[list]) -> list[torch.Tensor]:
-        """Returns fresh CPU buffers for the push."""
-        return weights.empty_buffers(spec)
+    def channel_device(self, transport: str) -> torch.device:
+        """Returns the model's device for NCCL (straight into its GPU), host memory for gloo."""
+        return self.device if transport == "nccl" else CPU
+
+    def receive_buffers(self, spec: list[list], device: torch.device = CPU) -> list[torch.Tensor]:
+        """Returns fresh buffers on `device` for the push."""
+        return weights.empty_buffers(spec, device)
 
     def load(self, spec: list[list], buffers: list[torch.Tensor], *, final: bool) -> None:
         """Returns None after copying each received tensor into the model's tensor of that name."""

@@ -255,12 +255,15 @@ class RemoteGeneration:
         context: Any = None,
         bucket_bytes: int,
         pushes_in_flight: int = 0,
+        transport: str = "auto",
     ) -> None:
         """pushes_in_flight: weight pushes that may still be landing while the trainer goes on (0: each push
-        is waited for; rollout.max_staleness > 0 lets that many land behind the requests queued before them)."""
+        is waited for; rollout.max_staleness > 0 lets that many land behind the requests queued before them).
+        transport: rollout.weight_transport (auto, gloo or nccl; cohort.serve.weights.choose_transport)."""
         self.clients, self.model, self.timeout = clients, model, timeout
-        # Several training processes: what a push gathers and sends at a time (rollout.push_bucket_mib).
+        # Several training processes, or NCCL: what a push gathers and sends at a time (rollout.push_bucket_mib).
         self.bucket_bytes = bucket_bytes
+        self.transport = transport
         self.chunks = len(clients)  # fixed for the run: a batch does not depend on how many workers are left
         self.local, self.context = local, context
         self.pushes_in_flight = pushes_in_flight
@@ -281,12 +284,19 @@ class RemoteGeneration:
         self.version += 1
 
     def open_channels(self, timeout: float) -> None:
-        """Opens each worker's weight channel (a process group of two), raising ConfigError when one fails."""
+        """Opens each worker's weight channel (a process group of the trainer and the worker's receivers) over
+        the transport rollout.weight_transport picks for it, raising ConfigError when one fails."""
         hosts = {c.address.rsplit(":", 1)[0] for c in self.clients}
         address = weights.local_address_towards(next(iter(hosts)))
         self.store = weights.host_store(address, timeout)
+        device = next(self.model.parameters()).device
         for i, c in enumerate(self.clients):
             prefix = f"cohort-serve/{os.getpid()}/{i}/"
+            try:
+                transport = weights.choose_transport(self.transport, device, c.identity, c.address)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            size = 1 + int(c.identity.get("receivers", 1)) if transport == "nccl" else 2
             try:
                 c.request(
                     {
@@ -295,24 +305,46 @@ class RemoteGeneration:
                         "store_port": self.store.port,
                         "prefix": prefix,
                         "timeout": self.timeout,
+                        "transport": transport,
+                        "size": size,
                     },
                     timeout=timeout,
                 )
-                c.channel = weights.Channel(self.store, prefix, 0, address, self.timeout)
+                c.channel = weights.Channel(
+                    self.store,
+                    prefix,
+                    0,
+                    address,
+                    self.timeout,
+                    transport=transport,
+                    size=size,
+                    device=device if transport == "nccl" else "cpu",
+                )
             except (_Lost, RuntimeError) as e:
                 raise ConfigError(
-                    f"the weight channel to the rollout worker at {c.address} did not open ({e}); check that "
-                    f"it can reach this machine at {address} (firewall), or raise rollout.connect_timeout"
+                    f"the weight channel ({transport}) to the rollout worker at {c.address} did not open ({e}); "
+                    f"check that it can reach this machine at {address} (firewall), or raise "
+                    "rollout.connect_timeout"
                 ) from None
+
+    @property
+    def buffer_device(self) -> torch.device | None:
+        """Returns where a push's buffers are built when a channel is NCCL (its GPU: one whole copy of the weights
+        there at most a bucket at a time); None when every channel is gloo (host memory)."""
+        for c in self.live:
+            if c.channel is not None and c.channel.transport == "nccl":
+                return c.channel.device
+        return None
 
     def push_weights(self, *, full: bool = False) -> None:
         """Sends the current weights to every live worker (the whole state dict when `full` or a worker has
         none yet), losing a worker whose receive fails or times out. A full push, or any push without
         pushes_in_flight, returns once the workers hold the weights; otherwise it returns at once, and the
-        push lands when each worker reaches it among its requests."""
+        push lands when each worker reaches it among its requests. Several training processes, or an NCCL
+        channel, push bucket by bucket (cohort.serve.ranks.push), each bucket landing before the next."""
         if self.pushed == self.version and not full:
             return
-        if dist.is_distributed():  # every training process joins; process 0 sends, bucket by bucket
+        if dist.is_distributed() or self.buffer_device is not None:
             ranks.push(self, full=full)
             return
         t0 = time.perf_counter()
@@ -330,17 +362,26 @@ class RemoteGeneration:
     ) -> None:
         """Sends flattened tensors (weights.flatten) to every live worker as the current version (`final`: the
         push's last part, with which a worker holds that version), losing a worker whose receive fails; `wait`:
-        returns once every earlier push and this one have landed (else this one is left on its way)."""
+        returns once every earlier push and this one have landed (else this one is left on its way). A worker
+        whose channel receives on another device than the buffers' gets a copy there (one per device)."""
         header = {"op": "weights", "version": self.version, "spec": spec, "final": final}
         sent = []
+        held = list(buffers)
+        copies: dict[torch.device, list[torch.Tensor]] = {}
         for c in self.live:
             try:
                 assert c.channel is not None
+                mine = buffers
+                if buffers and buffers[0].device != c.channel.device:
+                    if c.channel.device not in copies:
+                        copies[c.channel.device] = [b.to(c.channel.device) for b in buffers]
+                        held += copies[c.channel.device]
+                    mine = copies[c.channel.device]
                 rid = c.send(header)
-                sent.append((c, rid, c.channel.broadcast(buffers)))
+                sent.append((c, rid, c.channel.broadcast(mine)))
             except RuntimeError as e:
                 self._lose(c, f"weight push: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-        self._pushes.append(_Push(sent, buffers))
+        self._pushes.append(_Push(sent, held))
         if wait:
             self._land(keep=0)
 
@@ -576,6 +617,7 @@ def connect_workers(
     connect_timeout: float,
     bucket_bytes: int,
     pushes_in_flight: int = 0,
+    transport: str = "auto",
 ) -> RemoteGeneration:
     """Returns the remote generation source of rollout.workers, after starting the local workers it asks for,
     greeting each worker (ConfigError on silence or on a mismatch of versions, engine, model or tokenizer),
@@ -623,6 +665,7 @@ def connect_workers(
         context=context,
         bucket_bytes=bucket_bytes,
         pushes_in_flight=pushes_in_flight,
+        transport=transport,
     )
     try:
         eos, pad = stop_token_ids(model, tokenizer)

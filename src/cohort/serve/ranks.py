@@ -14,6 +14,9 @@ any process from asking for completions of the new version before every worker h
 generate request of a version other than its own).
 
 Under `replicate` each process's tensors are already whole; process 0 sends its own, the others wait.
+
+One training process pushes the same way when a channel is NCCL (rollout.weight_transport): its buckets are
+built on its GPU, so a push never holds a second whole copy of the weights there.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ def buckets(named: list[tuple[str, torch.Tensor]], limit: int) -> Iterator[list[
 def share_losses(source: RemoteGeneration, *, src: int | None = None) -> None:
     """Returns None after every process marked lost the workers another process lost (all of them pooled, or
     process `src`'s alone), each with a warning."""
+    if not dist.is_distributed():
+        return  # one training process: its own losses are all there are
     mine = {i: c.lost for i, c in enumerate(source.clients) if c.lost is not None}
     if src is None:
         seen = dist.all_gather_object(mine)
@@ -112,7 +117,9 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
     runs = list(buckets(named, source.bucket_bytes))
     for k, run in enumerate(runs):
         # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
-        spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main())
+        spec, buffers = weights.flatten_each(
+            run, full_value, keep=dist.is_main(), device=source.buffer_device
+        )
         if dist.is_main():
             source.send_weights(spec, buffers, final=k == len(runs) - 1)
         del spec, buffers

@@ -26,10 +26,13 @@ a builtin worker. What differs here:
   own generator, so the trainer's stream stays reproducible) is turned into one seed per prompt, and vLLM seeds
   sample i of a prompt with seed + i (vllm/v1/engine/parallel_sampling.py). The identity says
   `generator_state: False`, so the trainer always sends seeds. Not bit-equal to the in-process engine.
-- **Weights.** A push is received over the same gloo channel, into files in shared memory (/dev/shm; the
+- **Weights.** Over gloo a push is received by this process, into files in shared memory (/dev/shm; the
   temporary folder when it lacks room), then
   `LLM.collective_rpc("cohort_load_weights", ...)` has every vLLM worker map those files and hand the tensors
-  to its model's `load_weights` (cohort.serve.vllm_extension); after a whole push the prefix cache is reset
+  to its model's `load_weights` (cohort.serve.vllm_extension). Over NCCL (rollout.weight_transport; the
+  trainer on a GPU of its own) every vLLM GPU worker joins the trainer's group itself (ranks 1..n,
+  `cohort_open_channel`) and receives each push straight into its GPU (`cohort_receive`), as TRL's vllm-serve
+  does with its communicator. After a whole push the prefix cache is reset
   (its KV entries were computed by the old weights). Only file names and numbers cross vLLM's RPC: its engine
   core decodes arguments with msgpack, which does not rebuild tensors (vllm/v1/serial_utils.py,
   vllm/v1/engine/core.py `_convert_msgspec_args`), and vLLM's docstring asks for control messages only there.
@@ -52,7 +55,7 @@ from cohort.models import is_adapter_folder, load_model, load_tokenizer, stop_to
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import validate_request
 from cohort.serve import weights
-from cohort.serve.backend import Backend
+from cohort.serve.backend import CPU, Backend
 from cohort.serve.protocol import identity
 
 EXTENSION = "cohort.serve.vllm_extension.WeightLoader"
@@ -60,6 +63,18 @@ EXTENSION = "cohort.serve.vllm_extension.WeightLoader"
 
 LOAD_METHOD = "cohort_load_weights"
 """Its method that loads a push (a name no vLLM worker has: vLLM asserts there is no clash)."""
+
+PROBE_METHOD, OPEN_METHOD, RECEIVE_METHOD = "cohort_probe", "cohort_open_channel", "cohort_receive"
+"""Its methods that say what a vLLM worker can receive on, join an NCCL weight channel, and receive a push."""
+
+
+@dataclass
+class InVLLMChannel:
+    """A weight channel whose receivers are vLLM's GPU workers (they hold the process group, not this process)."""
+
+    transport: str
+    device: torch.device
+
 
 SEED_BOUND = 2**62
 """Per-prompt seeds are drawn below this: vLLM adds the sample's index and keeps seeds as int64 (its model
@@ -141,6 +156,9 @@ class VLLMBackend(Backend):
             logprobs_mode="processed_logprobs",
             **options.llm_kwargs(),
         )
+        # What each vLLM GPU worker can receive a push on: NCCL only when every one of them can.
+        probes = self.llm.collective_rpc(PROBE_METHOD)
+        nccl = all("nccl" in p["transports"] for p in probes)
         # The dtype vLLM loaded (it resolves "auto" its own way: float16 for a float32 checkpoint, on a GPU).
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         loaded = getattr(config, "dtype", None)
@@ -153,6 +171,9 @@ class VLLMBackend(Backend):
             device="cuda",
             # it samples from seeds only; the trainer sends one per chunk (client._ticket)
             generator_state=False,
+            transports=["gloo", "nccl"] if nccl else ["gloo"],
+            gpus=[p["gpu"] for p in probes if p["gpu"] is not None],
+            receivers=len(probes),
         )
         # Pushes land in shared memory where there is room for them (a container's /dev/shm is often 64 MiB, and
         # writing past a full tmpfs kills the process with SIGBUS), else in the temporary folder (page cache).
@@ -185,9 +206,34 @@ class VLLMBackend(Backend):
         """Returns the identity of the model vLLM serves, built from its tokenizer and config as a builtin worker's."""
         return dict(self._identity)
 
-    def receive_buffers(self, spec: list[list]) -> list[torch.Tensor]:
+    def open_channel(self, header: dict[str, Any]) -> Any:
+        """Returns this process's gloo channel, or for NCCL the channel every vLLM GPU worker joined (each as rank
+        1 + its vLLM rank of the trainer's group)."""
+        transport = header.get("transport", "gloo")
+        if transport != "nccl":
+            return super().open_channel(header)
+        args = (header["store_host"], int(header["store_port"]), header["prefix"], int(header["size"]))
+        self.llm.collective_rpc(OPEN_METHOD, args=(*args, float(header["timeout"])))
+        return InVLLMChannel(transport, torch.device("cuda"))
+
+    def receive(self, channel: Any, spec: list[list], *, final: bool) -> None:
+        """Returns None once the push is the served model's: received here into files (gloo), or by vLLM's GPU
+        workers themselves (NCCL); after its last bucket the prefix cache is reset."""
+        if not isinstance(channel, InVLLMChannel):
+            super().receive(channel, spec, final=final)
+            return
+        sizes: dict[str, int] = {}
+        for _, dtype, numel in spec:
+            sizes[dtype] = sizes.get(dtype, 0) + int(numel)
+        self.llm.collective_rpc(
+            RECEIVE_METHOD, args=([[d, n] for d, n in sizes.items()], self._tensors(spec))
+        )
+        if final:
+            self.llm.reset_prefix_cache()
+
+    def receive_buffers(self, spec: list[list], device: torch.device = CPU) -> list[torch.Tensor]:
         """Returns one buffer per dtype, each backed by a file (in shared memory when it has room) that vLLM's
-        workers map."""
+        workers map (`device` is host memory: a gloo push)."""
         sizes: dict[str, int] = {}
         for _, dtype, numel in spec:
             sizes[dtype] = sizes.get(dtype, 0) + int(numel)
@@ -211,22 +257,28 @@ class VLLMBackend(Backend):
         """Returns None once every vLLM worker loaded the push's tensors (and, after the last bucket, the prefix
         cache is reset); KeyError naming a tensor the served model lacks."""
         try:
-            offsets = {dtype: 0 for _, dtype, _ in self._files}
-            tensors = []
-            for name, dtype, numel in spec:
-                shape = self.shapes.get(name)
-                if shape is None or _numel(shape) != int(numel):
-                    raise KeyError(
-                        f"the push holds {name!r} ({numel} values), which {self.model_path} has not in that size "
-                        "(the handshake compares layouts, so a trainer of another model does not get here)"
-                    )
-                tensors.append([name, dtype, offsets[dtype], int(numel), shape])
-                offsets[dtype] += int(numel)
-            self.llm.collective_rpc(LOAD_METHOD, args=(self._files, tensors))
+            self.llm.collective_rpc(LOAD_METHOD, args=(self._files, self._tensors(spec)))
         finally:
             self._drop_files()
         if final:
             self.llm.reset_prefix_cache()
+
+    def _tensors(self, spec: list[list]) -> list[list]:
+        """Returns [name, dtype, offset, numel, shape] of each tensor of a push, its offset in its dtype's flat
+        buffer; KeyError naming a tensor the served model lacks in that size."""
+        offsets: dict[str, int] = {}
+        tensors = []
+        for name, dtype, numel in spec:
+            shape = self.shapes.get(name)
+            if shape is None or _numel(shape) != int(numel):
+                raise KeyError(
+                    f"the push holds {name!r} ({numel} values), which {self.model_path} has not in that size "
+                    "(the handshake compares layouts, so a trainer of another model does not get here)"
+                )
+            at = offsets.get(dtype, 0)
+            tensors.append([name, dtype, at, int(numel), shape])
+            offsets[dtype] = at + int(numel)
+        return tensors
 
     def generate(
         self,

@@ -27,7 +27,6 @@ import torch
 
 from cohort.errors import NonFiniteSamplingError, first_line
 from cohort.models import load_model, load_tokenizer
-from cohort.serve import weights
 from cohort.serve.backend import Backend, BuiltinBackend
 from cohort.serve.protocol import (
     DEFAULT_PORT,
@@ -90,7 +89,8 @@ class Worker:
     """A trainer's hello configured the backend (generate requests are refused before)."""
     version: int | None = None
     """The trainer's weight version the model holds (None: none received yet, or a push that failed)."""
-    channel: weights.Channel | None = None
+    channel: Any = None
+    """The weight channel the trainer opened (a weights.Channel, or the backend's own)."""
     received: int = 0
     """Tensors received of the push in progress."""
     log_pushes: bool = False
@@ -134,21 +134,16 @@ class Worker:
 
     def _open_channel(self, header: dict[str, Any]) -> None:
         self.channel = None
-        timeout = float(header["timeout"])
-        store = weights.join_store(header["store_host"], int(header["store_port"]), timeout)
-        address = weights.local_address_towards(header["store_host"])
-        self.channel = weights.Channel(store, header["prefix"], 1, address, timeout)
+        self.channel = self.backend.open_channel(header)
 
     def _receive(self, header: dict[str, Any]) -> None:
         assert self.channel is not None
         self.version = None  # until every tensor has arrived
         spec = header["spec"]
         final = header.get("final", True)
-        buffers = self.backend.receive_buffers(spec)
-        self.channel.wait(self.channel.broadcast(buffers))
-        self.backend.load(spec, buffers, final=final)
+        self.backend.receive(self.channel, spec, final=final)
         self.received += len(spec)
-        # A push in buckets (several training processes) is whole with its last bucket.
+        # A push in buckets (several training processes, or NCCL) is whole with its last bucket.
         if final:
             self.version = int(header["version"])
             if self.log_pushes:

@@ -290,6 +290,7 @@ def build_remote(
         connect_timeout=r.connect_timeout,
         bucket_bytes=max(1, int(r.push_bucket_mib * 2**20)),
         pushes_in_flight=r.max_staleness,
+        transport=r.weight_transport,
     )
 
 

@@ -216,6 +216,9 @@ class LLM:
             worker_cls.__bases__ = worker_cls.__bases__ + (extension,)
         self.worker = worker_cls()
         self.worker.model_runner = SimpleNamespace(model=_Model(hf))
+        # what vLLM's GPU worker sets (vllm/v1/worker/gpu_worker.py): its rank, and its device (here the CPU)
+        self.worker.rank = 0
+        self.worker.device = torch.device("cpu")
         self.hf = hf
 
     def generate(
