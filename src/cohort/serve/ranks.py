@@ -117,9 +117,9 @@ def push(source: RemoteGeneration, *, full: bool) -> None:
     runs = list(buckets(named, source.bucket_bytes))
     for k, run in enumerate(runs):
         # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
-        spec, buffers = weights.flatten_each(
-            run, full_value, keep=dist.is_main(), device=source.buffer_device
-        )
+        # (built on the GPU of an NCCL channel; only process 0 holds channels, the others keep nothing)
+        device = source.buffer_device or "cpu"
+        spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main(), device=device)
         if dist.is_main():
             source.send_weights(spec, buffers, final=k == len(runs) - 1)
         del spec, buffers
