@@ -19,12 +19,16 @@ from cohort.serve.worker import READY
 
 @contextlib.contextmanager
 def serving(
-    model_dir, *extra: str, timeout: float = 60.0, stderr: IO[str] | None = None
+    model_dir,
+    *extra: str,
+    timeout: float = 60.0,
+    stderr: IO[str] | None = None,
+    entry: tuple[str, ...] = ("-m", "cohort"),
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """Yields (host:port, process) of a `cohort serve` on 127.0.0.1 and a free port (its standard error to
-    `stderr` when given); SIGKILLs it on exit."""
+    `stderr` when given; `entry`: what runs the command line, after the interpreter); SIGKILLs it on exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cohort", "serve", "--model", str(model_dir), "--port", "0", *extra],
+        [sys.executable, *entry, "serve", "--model", str(model_dir), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

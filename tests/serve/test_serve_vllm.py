@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -431,6 +432,61 @@ def test_a_push_of_a_tensor_the_model_lacks_is_refused_before_vllm_is_asked(stan
         backend.load(spec, received, final=True)
     assert [c["method"] for c in _calls(standin, "collective_rpc")] == ["cohort_probe"]  # only the start's
     assert not os.listdir(backend.shm_dir)  # its files are gone all the same
+
+
+def test_over_nccl_the_vllm_workers_join_the_trainers_group_and_receive_the_push(
+    standin, tiny_model_dir, monkeypatch
+):
+    """rollout.weight_transport picks NCCL (gloo stands in, _nccl_standin.py): the vLLM worker joins the
+    trainer's group itself as rank 1 + its vLLM rank, receives into its device and loads by name; the cohort
+    worker's process holds no buffer and writes no file."""
+    from _nccl_standin import nccl_as_gloo
+
+    from cohort.serve.vllm_backend import VLLMBackend
+
+    built: list = []
+    nccl_as_gloo(monkeypatch, built)
+    b = VLLMBackend(str(tiny_model_dir), dtype="float32")
+    try:
+        ids = b.identity()
+        assert ids["transports"] == ["gloo", "nccl"] and ids["receivers"] == 1 and ids["gpus"] == []
+        model = load_model(tiny_model_dir)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        named = weights.push_tensors(model, full=True)
+        named[2] = (named[2][0], named[2][1].to(torch.bfloat16))  # two dtypes: two buffers, in spec order
+        spec, sent = weights.flatten(named)
+        store = weights.host_store("127.0.0.1", 10)
+        header = {"store_host": "127.0.0.1", "store_port": store.port, "prefix": "v/", "timeout": 10.0}
+        header.update(transport="nccl", size=2)
+        failed: list = []
+
+        def worker():
+            try:
+                b.receive(b.open_channel(header), spec, final=True)
+            except Exception as e:  # surfaced below
+                failed.append(e)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        trainer = weights.Channel(store, "v/", 0, "127.0.0.1", 10.0, transport="nccl", size=2)
+        trainer.wait(trainer.broadcast(sent))
+        thread.join(30)
+        assert not failed, failed
+        assert sorted(built) == [(0, 2), (1, 2)]
+        rpcs = _calls(standin, "collective_rpc")
+        assert [c["method"] for c in rpcs] == ["cohort_probe", "cohort_open_channel", "cohort_receive"]
+        assert rpcs[1]["args"][3] == 2  # the group's size: the trainer and the one vLLM worker
+        (loaded,) = _calls(standin, "load_weights")
+        assert [name for name, _, _ in loaded] == [name for name, _, _ in spec]
+        held = b.llm.hf.state_dict()
+        assert all(torch.equal(held[n], t.float()) for n, t in named)
+        assert len(_calls(standin, "reset_prefix_cache")) == 1
+        assert not b._files and not os.listdir(b.shm_dir)
+    finally:
+        b.close()
 
 
 # --- through a `cohort serve --engine vllm` process -------------------------------------------------------------------
