@@ -343,12 +343,15 @@ def test_the_push_bucket_is_checked(tiny_model_dir, tmp_path, monkeypatch):
         run_config(
             tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 0}
         ).validate()
-    with pytest.warns(
-        UserWarning, match=r"rollout.push_bucket_mib=8(\.0)? changes nothing.*one process sends"
-    ):
-        run_config(
-            tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 8}
-        ).validate()
+    # one process buckets its pushes only over NCCL, which a CPU trainer or rollout.weight_transport=gloo rules out
+    for over in ({"model.device": "cpu"}, {"rollout.weight_transport": "gloo"}):
+        with pytest.warns(
+            UserWarning,
+            match=r"rollout.push_bucket_mib=8(\.0)? changes nothing.*one process pushing over gloo sends",
+        ):
+            run_config(
+                tiny_model_dir, tmp_path, **{"rollout.workers": 1, "rollout.push_bucket_mib": 8, **over}
+            ).validate()
 
 
 def test_flattening_one_tensor_at_a_time_lays_out_the_push_as_flatten_does():

@@ -176,7 +176,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             if c.rollout.workers is None
             else "only several training processes, or an NCCL push, push in buckets (one process pushing over "
             "gloo sends its weights at once)"
-            if world_size == 1 and c.rollout.weight_transport == "gloo"
+            if world_size == 1 and (c.rollout.weight_transport == "gloo" or c.model.device == "cpu")
             else None
         ),
     ),
