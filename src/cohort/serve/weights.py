@@ -142,7 +142,8 @@ def _nccl(store: tdist.Store, rank: int, size: int, address: str, timeout: float
     options._timeout = datetime.timedelta(seconds=timeout * NCCL_WATCHDOG_FACTOR)
     # Non-blocking communicator set-up: a peer that never joins cannot hold the first broadcast forever (torch
     # polls the set-up for TORCH_NCCL_NONBLOCKING_TIMEOUT seconds).
-    options.config.blocking = False
+    if hasattr(options, "config"):  # torch built with an NCCL that has communicator configs (2.14 and later)
+        options.config.blocking = False
     os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(int(timeout)))
     return nccl(store, rank, size, options)
 
