@@ -594,6 +594,8 @@ def _shutdown(
                     pass  # the worker failed it: it is being stopped anyway
     pushes.clear()
     for c in clients:
+        if c.channel is not None:
+            c.channel.close()
         c.close()
     if local is not None:
         local.stop()

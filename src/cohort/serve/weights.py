@@ -194,6 +194,15 @@ class Channel:
                 time.sleep(0.001)
             w.wait()
 
+    def close(self) -> None:
+        """Returns None after releasing an NCCL channel's communicator (torch warns about, and may hang on, one
+        left to the garbage collector at exit); a gloo channel is left to its destructor, as before."""
+        if self.transport == "nccl":
+            try:
+                self.group.shutdown()
+            except RuntimeError:
+                pass  # already aborted (a late transfer): nothing left to release
+
 
 def push_tensors(model: torch.nn.Module, *, full: bool) -> list[tuple[str, torch.Tensor]]:
     """Returns the (name, tensor) pairs a push sends: the whole state dict (`full`, on connect and after a
