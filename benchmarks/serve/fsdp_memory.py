@@ -5,6 +5,7 @@ seed's layout (process 0 reads the checkpoint and sends each process its shard; 
     python benchmarks/serve/fsdp_memory.py --out /tmp/m --layers 2 --steps 1   # a quick look
     python benchmarks/serve/fsdp_memory.py --out runs/fsdp_memory_frozen --steps-only --only "process 0 reads" \
         --warm-steps 1 --extra algo.num_iterations=2 algo.beta=0.04   # steps with the pi_old and reference passes
+    ... --phases   # also where in a step each process peaks (resident memory sampled every 2 ms, by phase)
 
 Builds a Qwen2 model of about 100 M parameters with save_pretrained (nothing is downloaded), then runs it under
 torchrun (2 gloo processes, one torch thread each) four ways: distributed.load every or rank0, sampling in the
@@ -27,7 +28,9 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -70,6 +73,43 @@ def load_child(out: Path, overrides: list[str]) -> None:
     dist.exit_without_teardown(0)
 
 
+class Phases:
+    """Resident memory sampled every 2 ms by a thread, its peak kept per phase of the step (the innermost of the
+    wrapped calls running; "other" outside them)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.peaks: dict[str, float] = {}
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while self.running:
+            phase = self.stack[-1] if self.stack else "other"
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), _vm("VmRSS"))
+            time.sleep(0.002)
+
+    def wrap(self, owner: object, name: str, phase: str) -> None:
+        """Returns None after making owner.name run as `phase`."""
+        inner: Callable = getattr(owner, name)
+
+        def run(*args, **kwargs):
+            self.stack.append(phase)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.stack.pop()
+
+        setattr(owner, name, run)
+
+    def stop(self) -> dict[str, float]:
+        """Returns each phase's peak resident memory in MiB."""
+        self.running = False
+        self.thread.join()
+        return self.peaks
+
+
 def child(out: Path, overrides: list[str]) -> None:
     """One training process (under torchrun): builds the trainer, runs the steps, writes OUT/rank-R.json."""
     from cohort import distributed as dist
@@ -85,12 +125,23 @@ def child(out: Path, overrides: list[str]) -> None:
     ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     seen["built_live_mib"] = _vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the steps' peak from here
+    phases = None
+    if os.environ.get("FSDP_MEMORY_PHASES") == "1":
+        phases = Phases()
+        phases.wrap(trainer, "_draw_groups", "draw (sampling, scoring)")
+        phases.wrap(trainer.updater, "_frozen_logprobs", "pi_old / reference passes")
+        phases.wrap(trainer.updater, "update", "update (forward, backward)")
+        phases.wrap(trainer.optimizer, "step", "optimizer step")
+        if trainer.remote is not None:
+            phases.wrap(trainer.remote, "push_weights", "weight push")
     times = []
     for _ in range(trainer.cfg.steps):
         t = time.perf_counter()
         trainer.step()
         times.append(time.perf_counter() - t)
     seen.update(step_peak_mib=_vm("VmHWM"), step_s=statistics.median(times))
+    if phases is not None:
+        seen["phase_peak_mib"] = phases.stop()
     remote = trainer.remote
     if remote is not None and remote.local is not None:
         seen["worker_peak_mib"] = _vm("VmHWM", str(remote.local.processes[0].pid))
@@ -128,7 +179,12 @@ def _run(model: Path, out: Path, port: int, mode: str, extra: list[str], args) -
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
         str(HERE), mode, str(out), *overrides,
     ]  # fmt: skip
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FSDP_MEMORY_WARM_STEPS": str(args.warm_steps)}
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "FSDP_MEMORY_WARM_STEPS": str(args.warm_steps),
+        "FSDP_MEMORY_PHASES": "1" if args.phases else "0",
+    }
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
@@ -143,6 +199,30 @@ def _cell(runs: list[list[dict]], rank: int, key: str) -> str:
     if not values:
         return ""
     return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+
+
+def _print_phases(results: dict[str, list]) -> None:
+    """Prints, for each way, each phase's peak resident memory over the live memory once built (MiB, median of
+    the repeats; process 0 / process 1)."""
+    print(
+        "\nWhere a step peaks: each phase's peak over the live memory once built (process 0 / process 1):\n"
+    )
+    for name, runs in results.items():
+        phases = sorted({p for run in runs for r in run for p in r.get("phase_peak_mib", {})})
+        print(f"{name}: live {_cell(runs, 0, 'built_live_mib')} / {_cell(runs, 1, 'built_live_mib')}\n")
+        print("| phase | process 0 | process 1 |")
+        print("|---|---:|---:|")
+        for phase in phases:
+            cells = []
+            for rank in (0, 1):
+                over = [
+                    run[rank]["phase_peak_mib"][phase] - run[rank]["built_live_mib"]
+                    for run in runs
+                    if phase in run[rank].get("phase_peak_mib", {})
+                ]
+                cells.append(f"+{statistics.median(over):.0f}" if over else "")
+            print(f"| {phase} | {cells[0]} | {cells[1]} |")
+        print()
 
 
 def main() -> None:
@@ -163,7 +243,15 @@ def main() -> None:
     parser.add_argument("--steps-only", action="store_true", help="skip the loading table")
     parser.add_argument("--only", default="", help="train only the ways whose name contains this")
     parser.add_argument(
-        "--warm-steps", type=int, default=0, help="steps run before the peak is measured (AdamW's state then live)"
+        "--warm-steps",
+        type=int,
+        default=0,
+        help="steps run before the peak is measured (AdamW's state then live)",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="also each phase's peak over the live memory (sampled every 2 ms)",
     )
     args = parser.parse_args()
     from cohort.models import build_tiny_model, count_parameters, load_model
@@ -223,6 +311,8 @@ def main() -> None:
             f"{statistics.median(max(r['step_s'] for r in run) for run in runs):.2f} |",
             flush=True,
         )
+    if args.phases:
+        _print_phases({k: v for k, v in results.items() if not k.startswith("load")})
     (args.out / "results.json").write_text(json.dumps({"parameters": n, "runs": results}, indent=1))
 
 
