@@ -222,9 +222,7 @@ class VLLMBackend(Backend):
         if not isinstance(channel, InVLLMChannel):
             super().receive(channel, spec, final=final)
             return
-        sizes: dict[str, int] = {}
-        for _, dtype, numel in spec:
-            sizes[dtype] = sizes.get(dtype, 0) + int(numel)
+        sizes = weights.dtype_sizes(spec)
         self.llm.collective_rpc(
             RECEIVE_METHOD, args=([[d, n] for d, n in sizes.items()], self._tensors(spec))
         )
@@ -234,9 +232,7 @@ class VLLMBackend(Backend):
     def receive_buffers(self, spec: list[list], device: torch.device = CPU) -> list[torch.Tensor]:
         """Returns one buffer per dtype, each backed by a file (in shared memory when it has room) that vLLM's
         workers map (`device` is host memory: a gloo push)."""
-        sizes: dict[str, int] = {}
-        for _, dtype, numel in spec:
-            sizes[dtype] = sizes.get(dtype, 0) + int(numel)
+        sizes = weights.dtype_sizes(spec)
         self._drop_files()  # a push whose transfer failed left its files
         self._pushes += 1
         folder = self.files_dir(sum(numel * weights.torch_dtype(d).itemsize for d, numel in sizes.items()))

@@ -252,16 +252,21 @@ def flatten_each(
     return spec, buffers
 
 
-def empty_buffers(spec: list[list], device: torch.device | str = "cpu") -> list[torch.Tensor]:
-    """Returns the receive buffers of a push's spec: one flat tensor on `device` per dtype, as `flatten` lays
-    them out."""
+def dtype_sizes(spec: list[list]) -> dict[str, int]:
+    """Returns the values of each dtype a push's spec holds, in the order `flatten` lays out its buffers."""
     sizes: dict[str, int] = {}
     for _, dtype, numel in spec:
         sizes[dtype] = sizes.get(dtype, 0) + int(numel)
-    out = []
-    for dtype, numel in sizes.items():
-        out.append(torch.empty(numel, dtype=torch_dtype(dtype), device=device))
-    return out
+    return sizes
+
+
+def empty_buffers(spec: list[list], device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """Returns the receive buffers of a push's spec: one flat tensor on `device` per dtype, as `flatten` lays
+    them out."""
+    return [
+        torch.empty(numel, dtype=torch_dtype(dtype), device=device)
+        for dtype, numel in dtype_sizes(spec).items()
+    ]
 
 
 @torch.no_grad()
