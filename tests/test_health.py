@@ -90,6 +90,52 @@ def test_logprob_gap_is_not_judged_when_the_update_is_off_policy_on_purpose():
         mon.observe(1, _metrics(**{"sampler/logprob_gap": 0.5}), None)
 
 
+def test_the_logprob_gap_threshold_follows_the_compute_precision():
+    import torch
+
+    from cohort.health import LOGPROB_GAP_MAX, compute_precision
+
+    assert compute_precision(torch.float32, None, None) is torch.float32
+    assert compute_precision(torch.float32, torch.bfloat16, None) is torch.bfloat16  # CUDA bf16 autocast
+    assert compute_precision(torch.float64, None, torch.float16) is torch.float16  # a float16 sampling copy
+    assert compute_precision() is torch.float32
+    gap = {"sampler/logprob_gap": 0.05}  # what bf16 rounding gives a 0.5B model under autocast
+    bf16 = HealthMonitor(HealthConfig(window=1), beta=0.0, num_iterations=1, precision=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bf16.observe(1, _metrics(**gap), None)  # rounding, not a finding
+    assert bf16.logprob_gap_max == LOGPROB_GAP_MAX[torch.bfloat16]
+    with pytest.warns(
+        UserWarning, match=r"logprob_gap.*more than bfloat16 rounding explains \(threshold 0.5\)"
+    ):
+        bf16.observe(2, _metrics(**{"sampler/logprob_gap": 0.9}), None)  # a real mismatch still fires
+    f32 = HealthMonitor(HealthConfig(window=1), beta=0.0, num_iterations=1)
+    with pytest.warns(UserWarning, match="logprob_gap.*float32 rounding"):
+        f32.observe(1, _metrics(**gap), None)
+    fixed = HealthMonitor(
+        HealthConfig(logprob_gap_max=0.01), beta=0.0, num_iterations=1, precision=torch.bfloat16
+    )
+    assert fixed.logprob_gap_max == 0.01  # an explicit threshold wins
+
+
+def test_the_trainer_tells_the_health_check_its_compute_precision(tiny_model_dir, tmp_path):
+    import torch
+
+    assert GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "a")).health.precision is torch.float32
+    bf16 = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "b", **{"model.dtype": "bfloat16"}))
+    assert bf16.health.precision is torch.bfloat16 and bf16.health.logprob_gap_max == 0.5
+    copy = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "c", **{"rollout.sampler_dtype": "float16"}))
+    assert copy.health.precision is torch.float16
+    assert not copy.health.sampler_corrected  # auto gives none for a copy: its gap is judged
+    over = {"rollout.sampler_dtype": "bfloat16", "algo.sampler_correction": "token_tis"}
+    assert GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "d", **over)).health.sampler_corrected
+    corrected = HealthMonitor(HealthConfig(window=1), beta=0.0, num_iterations=1, sampler_corrected=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # known, and each token weighed by its sampler ratio
+        corrected.observe(1, _metrics(**{"sampler/logprob_gap": 1.5}), None)
+
+
 def test_the_sampler_and_the_trainer_agree_in_float32(tiny_model_dir, tmp_path):
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "gap", steps=1))
     gap = t.step().metrics["sampler/logprob_gap"]
@@ -166,7 +212,8 @@ def test_health_settings_are_checked_before_the_model_loads(tmp_path, over, frag
         ("kl_drift", {"algo.beta": 5.0, "optim.lr": 5e-2, "health.kl_drift_ratio": 0.5}),
         ("grad_spike", {"optim.lr": 1e-2, "health.grad_spike": 1.0001}),
         ("length_drift", {"optim.lr": 5e-2, "health.length_ratio": 1.0001}),
-        ("logprob_gap", {"model.dtype": "bfloat16"}),  # bf16 decode vs bf16 full forward: gaps of 5e-4 to 1
+        # bf16 decode vs bf16 full forward: gaps of about 2e-3, above an explicit float32-sized threshold
+        ("logprob_gap", {"model.dtype": "bfloat16", "health.logprob_gap_max": 1e-4}),
     ],
 )
 def test_each_check_fires_on_a_tiny_model_run(tiny_model_dir, tmp_path, check, over):

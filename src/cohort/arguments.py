@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device",
         default=None,
-        help="device to sample on (cpu, cuda, cuda:1, ...; default cpu; builtin only)",
+        help="device to sample on (cpu, cuda, cuda:1, auto = this machine's GPU if it has one; default cpu; builtin only)",
     )
     p.add_argument("--dtype", default="float32", help="parameter dtype (the trainer's model.dtype)")
     p.add_argument(

@@ -370,6 +370,7 @@ _VLLM_FLAGS = (
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from cohort.models import resolve_device
     from cohort.serve.worker import serve
 
     if not 0 <= args.port <= 65535:
@@ -398,7 +399,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.model,
         host=args.host,
         port=args.port,
-        device=args.device or "cpu",
+        device=str(resolve_device(args.device or "cpu", "--device")),
         dtype=args.dtype,
         attn_implementation=args.attn_implementation or "sdpa",
         threads=args.threads,

@@ -24,7 +24,7 @@ but an error that stops the step before the weights change (``cohort.train.updat
 | ``length_drift`` | mean length over the window left [1/r, r] × the first window's | check rewards for length hacking |
 | ``collapse`` | share of groups whose G completions are identical and below the step's best reward > ``collapse_max`` | higher temperature, check the rewards for a degenerate answer |
 | ``surrogate_zero`` | the loss is exactly 0 for a whole window | see rows_dropped / no_advantage |
-| ``logprob_gap`` | sampler and trainer log-probs of the sampled tokens differ by > ``logprob_gap_max`` at μ = 1 (on batches sampled by the current weights) | same dtype / engine settings for both |
+| ``logprob_gap`` | sampler and trainer log-probs of the sampled tokens differ by > ``logprob_gap_max`` at μ = 1 (on batches sampled by the current weights); by default a threshold for the least precise dtype either computes in (``LOGPROB_GAP_MAX``), so rounding alone does not fire it | same weights, temperature and engine settings for both; ``algo.sampler_correction`` |
 | ``non_finite`` | a non-finite loss, gradient or logit | lower lr, float32, clip gradients |
 """
 
@@ -42,6 +42,24 @@ import torch
 
 from cohort.choices import HEALTH_CHECKS
 from cohort.errors import TrainingError
+
+LOGPROB_GAP_MAX: dict[torch.dtype, float] = {
+    torch.float64: 1e-3,
+    torch.float32: 1e-3,
+    torch.bfloat16: 0.5,
+    torch.float16: 0.1,
+}
+"""logprob_gap's default threshold by the least precise dtype the sampler or the trainer computes in: rounding
+alone keeps the gap near 3e-4 in float32 (the demo's 3000 CPU steps), 0.002-0.004 on the tiny test model in
+bfloat16 weights and 0.008-0.06 on a 0.5B model under CUDA bf16 autocast; float16 has 8x bfloat16's
+mantissa. A mismatch of weights or temperature moves log-probs by tenths to whole nats."""
+
+
+def compute_precision(*dtypes: torch.dtype | None) -> torch.dtype:
+    """Returns the least precise floating dtype among `dtypes` (None entries skipped; float32 when none)."""
+    floats = [d for d in dtypes if d is not None and d.is_floating_point]
+    return max(floats, key=lambda d: torch.finfo(d).eps, default=torch.float32)
+
 
 CHECKS = HEALTH_CHECKS
 """Every health check by name (``health.off`` lists the ones to skip); defined in cohort.choices, where the
@@ -95,8 +113,23 @@ def collapsed_share(
 class HealthMonitor:
     """Evaluates the checks on each step's metrics and keeps the window they average over."""
 
-    def __init__(self, cfg: Any, *, beta: float, num_iterations: int, log: Any = None):
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        beta: float,
+        num_iterations: int,
+        log: Any = None,
+        precision: torch.dtype = torch.float32,
+        sampler_corrected: bool = False,
+    ):
         self.cfg, self.beta, self.num_iterations = cfg, beta, num_iterations
+        self.precision = precision  # the least precise dtype the sampler's or the trainer's passes compute in
+        # algo.sampler_correction weighs each token by its sampler ratio: the gap is known and corrected
+        self.sampler_corrected = sampler_corrected
+        self.logprob_gap_max = (
+            cfg.logprob_gap_max if cfg.logprob_gap_max is not None else LOGPROB_GAP_MAX.get(precision, 1e-3)
+        )
         self.window: deque[dict[str, Any]] = deque(maxlen=max(1, cfg.window))
         self.first_length: float | None = None  # the first full window's mean completion length
         self.firing: set[str] = set()
@@ -301,15 +334,23 @@ class HealthMonitor:
             )
         gap = _value(metrics.get("sampler/logprob_gap"))
         # a batch requested ahead was sampled by older weights (rollout.max_staleness): its gap is expected
-        if gap is not None and self.num_iterations == 1 and not metrics.get("serve/staleness"):
+        if (
+            gap is not None
+            and self.num_iterations == 1
+            and not self.sampler_corrected
+            and not metrics.get("serve/staleness")
+        ):
+            limit = self.logprob_gap_max
+            precision = str(self.precision).removeprefix("torch.")
             check(
                 "logprob_gap",
-                gap > c.logprob_gap_max,
+                gap > limit,
                 gap,
-                c.logprob_gap_max,
-                f"the trainer's log-probs of the sampled tokens differ from the sampler's by up to {gap:.3g} "
-                f"(threshold {c.logprob_gap_max:g}): the update is off-policy without knowing it; sample and "
-                "train in the same dtype and with the same temperature",
+                limit,
+                f"the trainer's log-probs of the sampled tokens differ from the sampler's by up to {gap:.3g}, more "
+                f"than {precision} rounding explains (threshold {limit:g}): the update is off-policy without "
+                "knowing it; sample with the weights and temperature being trained, or correct for the sampler "
+                "with algo.sampler_correction (token_tis)",
             )
         self.firing &= now | {"no_reward", "rows_dropped", "no_advantage", "zero_gradient"}  # recovered ones
         for name in now:

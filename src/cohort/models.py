@@ -755,3 +755,16 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for m, was_training in flags:
             m.training = was_training
+
+
+def resolve_device(name: str, option: str = "model.device") -> torch.device:
+    """Returns the torch device a device string means ("auto" = this process's CUDA GPU when there is one, else
+    the CPU); `option` names the setting in the error for a GPU this torch cannot reach."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{option}={name!r}: CUDA is not available in this torch build; use cpu or auto")
+    return device

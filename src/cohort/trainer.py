@@ -39,7 +39,8 @@ from cohort.errors import (
     RunExistsError,
     TrainingError,
 )
-from cohort.health import HealthMonitor, collapsed_share
+from cohort.health import HealthMonitor, collapsed_share, compute_precision
+from cohort.models import DTYPES
 from cohort.rewards import (
     score,
 )
@@ -341,7 +342,13 @@ class GRPOTrainer:
         self.step_idx = 0
         self.num_tokens = 0
         self._warned: set[str] = set()
-        self.health = HealthMonitor(cfg.health, beta=cfg.algo.beta, num_iterations=cfg.algo.num_iterations)
+        self.health = HealthMonitor(
+            cfg.health,
+            beta=cfg.algo.beta,
+            num_iterations=cfg.algo.num_iterations,
+            precision=self.compute_precision(),
+            sampler_corrected=cfg.algo.sampler_correction != "none",
+        )
         self.stop_signals: StopSignals | None = None
         self.saved_step: int | None = None
         self.parts = self._register_parts()
@@ -372,6 +379,14 @@ class GRPOTrainer:
     def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
         """Returns the folder the model and tokenizer were saved to (TRL's name for save_final; default out_dir)."""
         return self.save_final(Path(output_dir) if output_dir is not None else self.run_dir)
+
+    def compute_precision(self) -> torch.dtype:
+        """Returns the least precise dtype the sampler's and the trainer's forward passes compute in (weights,
+        autocast, the sampling copy or the workers' dtype), which sets logprob_gap's default threshold."""
+        weights = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+        autocast = torch.bfloat16 if self.device.type == "cuda" and self.cfg.model.bf16_autocast else None
+        sampler = DTYPES.get(str(self.cfg.rollout.sampler_dtype).lower())
+        return compute_precision(weights, autocast, sampler if isinstance(sampler, torch.dtype) else None)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Returns the autocast context every forward pass runs under (bf16 on CUDA unless switched off)."""

@@ -53,6 +53,8 @@ def _train(model_dir, out, **over):
 
 def test_staleness_is_logged_and_corrected_by_default(tiny_model_dir, tmp_path):
     t = _train(tiny_model_dir, tmp_path / "k2", **{"rollout.max_staleness": 2, "steps": 4})
+    # model.device=auto: the local worker samples on the device the trainer resolved (a GPU where there is one)
+    assert t.remote.clients[0].identity["device"] == t.device.type
     assert t.cfg.algo.sampler_correction == "token_tis"
     rows = _rows(tmp_path / "k2")
     assert [r["serve/staleness"] for r in rows] == [0.0, 1.0, 2.0, 2.0]

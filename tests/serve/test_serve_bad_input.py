@@ -118,3 +118,15 @@ def test_multi_turn_episodes_ahead_of_their_step_are_refused(tiny_model_dir, tmp
         ConfigError, match="multi-turn episodes: a batch of episodes cannot be requested ahead"
     ):
         GRPOTrainer(cfg, tools=[shout])
+
+
+def test_a_worker_started_with_device_auto_samples_on_this_machines_device(tiny_model_dir, tmp_path):
+    import torch
+
+    with serving(tiny_model_dir, "--device", "auto") as (address, _):
+        t = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "auto", **{"rollout.workers": [address]}))
+        try:
+            assert t.remote is not None
+            assert t.remote.clients[0].identity["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        finally:
+            t.remote.close()

@@ -92,7 +92,8 @@ def test_auto_takes_nccl_between_distinct_gpus(monkeypatch):
         ),
     ],
 )
-def test_bad_transports_are_config_errors(tiny_model_dir, tmp_path, over, match):
+def test_bad_transports_are_config_errors(tiny_model_dir, tmp_path, over, match, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the refusals of a machine with no GPU
     with pytest.raises(ConfigError, match=match):
         run_config(tiny_model_dir, tmp_path, **{"rollout.workers": 1, **over}).validate()
 
@@ -160,7 +161,7 @@ def test_a_run_over_the_nccl_path_equals_the_in_process_run(tiny_model_dir, tmp_
     in-process run to the bit (staleness 0, one worker)."""
     built: list = []
     nccl_as_gloo(monkeypatch, built)
-    over = {"steps": 2}
+    over = {"steps": 2, "model.device": "cpu"}  # a CPU trainer on any machine: the stand-in's "NCCL" is gloo
     bucket = {"rollout.push_bucket_mib": 0.02}
     plain = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "plain", **over))
     plain.train()

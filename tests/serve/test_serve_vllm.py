@@ -509,7 +509,9 @@ def test_a_run_through_a_vllm_worker_process(tiny_model_dir, tmp_path, monkeypat
             ConfigError, match=rf"worker at {address} refused the trainer: this worker samples with vLLM"
         ):
             GRPOTrainer(run_config(tiny_model_dir, tmp_path / "builtin", **{"rollout.workers": [address]}))
-        over = {"rollout.engine": "vllm", "rollout.workers": [address], "steps": 2}
+        # A CPU trainer on any machine: the stand-in's GPU workers receive over gloo (a GPU trainer would push
+        # over NCCL, which the stand-in does not have).
+        over = {"rollout.engine": "vllm", "rollout.workers": [address], "steps": 2, "model.device": "cpu"}
         trainer = GRPOTrainer(run_config(tiny_model_dir, tmp_path / "vllm", **over))
         assert trainer.remote is not None
         try:

@@ -667,7 +667,12 @@ def _check_health(cfg: TrainConfig) -> None:
         ("health.kl_drift_ratio", h.kl_drift_ratio, h.kl_drift_ratio > 0, "> 0"),
         ("health.grad_spike", h.grad_spike, h.grad_spike > 1, "> 1"),
         ("health.length_ratio", h.length_ratio, h.length_ratio > 1, "> 1"),
-        ("health.logprob_gap_max", h.logprob_gap_max, h.logprob_gap_max > 0, "> 0"),
+        (
+            "health.logprob_gap_max",
+            h.logprob_gap_max,
+            h.logprob_gap_max is None or h.logprob_gap_max > 0,
+            "> 0 (or null: by the compute precision)",
+        ),
     ]
     _check_rules(rules)
 

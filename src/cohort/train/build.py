@@ -25,7 +25,15 @@ from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
 from cohort.iterative import IterativeRM, load_initial_pairs
 from cohort.logprobs import warm_probes
-from cohort.models import DTYPES, load_model, load_tokenizer, stop_token_ids, text_config, wrap_lora
+from cohort.models import (
+    DTYPES,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    stop_token_ids,
+    text_config,
+    wrap_lora,
+)
 from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
@@ -281,7 +289,8 @@ def build_remote(
         engine_name=r.engine,
         model_path=cfg.model.name_or_path,
         dtype=str(r.sampler_dtype or cfg.model.dtype),
-        device="cpu" if resolve_device(cfg.model.device).type == "cpu" else cfg.model.device,
+        # The trainer's resolved device ("auto" means the GPU it trains on), never the word "auto" itself.
+        device=str(resolve_device(cfg.model.device)),
         attn_implementation=cfg.model.attn_implementation or "sdpa",
         lora={k: getattr(lora, k) for k in ("enabled", "r", "alpha", "dropout", "target_modules")}
         if lora.enabled
@@ -380,18 +389,6 @@ def sampling_params(cfg: TrainConfig) -> SamplingParams:
         top_k=r.top_k,
         greedy=r.temperature == 0,
     )
-
-
-def resolve_device(name: str) -> torch.device:
-    """Return the torch device a config's device string means ("auto" = CUDA when available)."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device={name!r}: CUDA is not available in this torch build; use cpu or auto")
-    return device
 
 
 def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
