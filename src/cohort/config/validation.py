@@ -51,6 +51,7 @@ from cohort.choices import (
 from cohort.config.derive import per_process_batch
 from cohort.config.inert import inert_options
 from cohort.errors import ConfigError, ConfigWarning
+from cohort.fastpath.switches import FastPathConfigError
 from cohort.plugins import resolve_advantage, resolve_loss
 from cohort.presets import PRESETS
 from cohort.rewards import reward_weights
@@ -711,6 +712,24 @@ def _check_fast(cfg: TrainConfig, cuda_available: bool = False) -> None:
             f"(rollout.engine={cfg.rollout.engine!r}, model.dtype={m.dtype!r}, model.device={m.device!r}); "
             "set fast.packed_weights=auto"
         )
+
+    if f.graph_decode == "on":
+        why = None
+        if cfg.rollout.engine != "builtin":
+            why = f"the builtin engine samples with it, and rollout.engine={cfg.rollout.engine!r}"
+        elif m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available):
+            why = f"CUDA graphs need a CUDA GPU, and model.device={m.device!r} decodes on the CPU"
+        elif cfg.distributed.strategy == "fsdp":
+            why = (
+                f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, and every forward of a "
+                "sharded model gathers them with collectives"
+            )
+        elif m.attn_implementation not in (None, "sdpa"):
+            why = f"it replaces sdpa's attention, and model.attn_implementation={m.attn_implementation!r}"
+        if why is not None:
+            raise FastPathConfigError(
+                f"fast.graph_decode=on cannot run: {why}; set fast.graph_decode=auto or off"
+            )
 
 
 def _check_device(name: str) -> None:

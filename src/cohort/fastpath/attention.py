@@ -267,11 +267,64 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
     return (shared + own).reshape(n, 1, heads, dim)
 
 
+class StepPlan:
+    """The shapes-fixed attention of a static decode step (cohort.rollout.graph): every row of a group reads its
+    prompt's keys [B, Hkv, P, D] (one copy per group, or one per row: groups of 1) and its own keys, held in a
+    buffer of all T own positions that the cache writes at the device index `step`; `own_bias` masks the columns
+    after `step`. No shape, index or value of it is a Python number that changes between steps, so the step can
+    be captured once and replayed."""
+
+    def __init__(
+        self, prompt_kv: list[tuple[torch.Tensor, torch.Tensor]], prompt_mask: torch.Tensor, capacity: int
+    ):
+        self.prompt_kv = prompt_kv
+        device = prompt_mask.device
+        zero = torch.zeros((), dtype=prompt_kv[0][0].dtype, device=device)
+        self.prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[
+            :, None, None, :
+        ]  # [B, 1, 1, P]
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # own column of the token being fed
+        self.columns = torch.arange(capacity, device=device)  # [T]
+        self.own_bias = torch.zeros(1, 1, 1, capacity, dtype=zero.dtype, device=device)  # [1, 1, 1, T]
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rewrites own_bias in place for the current `step` (0 up to it, -inf after), without a host sync."""
+        self.own_bias.copy_(torch.where(self.columns <= self.step, 0.0, float("-inf"))[None, None, None, :])
+
+
+def _step_decode(module, query, key, value, plan: StepPlan, scaling):
+    """Returns the attention output [N, 1, H, D] of a static decode step: prompt keys (one copy per group) and
+    the T own keys of each row (key, value: [N, Hkv, T, D], unwritten columns zero and masked by own_bias)."""
+    n, heads, _, dim = query.shape
+    kp, vp = plan.prompt_kv[module.layer_idx]  # [B, Hkv, P, D]
+    B, kv_heads, P = kp.shape[0], kp.shape[1], kp.shape[2]
+    width, rep = n // B, heads // kv_heads
+    scaling = dim**-0.5 if scaling is None else scaling
+    q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim) * scaling  # [n, Hkv, rep, D]
+    # Rows of a group are contiguous and none is ever dropped: grouping them is a view, not an index copy.
+    grouped = q.view(B, width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
+    s_prompt = grouped @ kp.transpose(-1, -2) + plan.prompt_bias  # [B, Hkv, width*rep, P]
+    s_prompt = s_prompt.view(B, kv_heads, width, rep, P).transpose(1, 2).reshape(n, kv_heads, rep, P)
+    s_own = q @ key.transpose(-1, -2) + plan.own_bias  # [n, Hkv, rep, T]
+    scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + T], softmax in float32 or wider
+    probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
+    own = probs[..., P:] @ value  # [n, Hkv, rep, D]
+    p_prompt = (
+        probs[..., :P].reshape(B, width, kv_heads, rep, P).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, P)
+    )
+    shared = (p_prompt @ vp).view(B, kv_heads, width, rep, dim).transpose(1, 2).reshape(n, kv_heads, rep, dim)
+    return (shared + own).reshape(n, 1, heads, dim)
+
+
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Returns (attention output [B, L, H, D], None) following a SegmentPlan or PrefixPlan; plain sdpa otherwise."""
+    """Returns (attention output [B, L, H, D], None) following a SegmentPlan, PrefixPlan or StepPlan; plain sdpa
+    otherwise."""
     plan = plan_of(attention_mask)
     if isinstance(plan, PrefixPlan):
         return _prefix_decode(module, query, key, value, plan, scaling), None
+    if isinstance(plan, StepPlan):
+        return _step_decode(module, query, key, value, plan, scaling), None
     if not isinstance(plan, SegmentPlan):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if query.shape[0] != 1:
@@ -353,7 +406,7 @@ _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 """Each plan under the mask that stands for it (plan_carrier); an entry goes when its mask is freed."""
 
 
-def plan_carrier(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.Tensor:
+def plan_carrier(device: torch.device, plan: SegmentPlan | PrefixPlan | StepPlan) -> torch.Tensor:
     """Returns the `attention_mask` that hands `plan` to every attention layer: a 1-element 4-D tensor standing for it.
 
     Mask builders return a 4-D mask as it is, so the same object reaches every layer (and a checkpointed
@@ -367,6 +420,6 @@ def plan_carrier(device: torch.device, plan: SegmentPlan | PrefixPlan) -> torch.
     return carrier
 
 
-def plan_of(attention_mask: object) -> SegmentPlan | PrefixPlan | None:
+def plan_of(attention_mask: object) -> SegmentPlan | PrefixPlan | StepPlan | None:
     """Returns the plan `attention_mask` stands for (plan_carrier), or None for any other mask."""
     return _PLANS.get(attention_mask) if isinstance(attention_mask, torch.Tensor) else None

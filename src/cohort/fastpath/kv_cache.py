@@ -105,3 +105,38 @@ def preallocated_cache(config, capacity: int) -> DynamicCache:
         # Typed as a class, but transformers only calls it to make each new layer: a factory works.
         cache.layer_class_to_replicate = lambda: PreallocatedLayer(capacity)  # type: ignore[assignment]
     return cache
+
+
+class StepLayer(DynamicLayer):
+    """A layer of a static decode step's cache: fixed buffers of every own position [N, Hkv, T, D], zero-filled
+    (a masked score times a zero value is 0, where uninitialised memory could hold NaN), written at the device
+    index `step`; attention always reads the whole buffers (cohort.fastpath.attention.StepPlan masks the rest)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, step: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values, self.step = keys, values, step
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Returns the whole (keys, values) buffers after writing the new [N, Hkv, 1, D] states at column `step`."""
+        assert self.keys is not None and self.values is not None
+        column = self.step.view(1)
+        self.keys.index_copy_(2, column, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, column, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+
+def step_cache(
+    config, rows: int, capacity: int, like: list[tuple[torch.Tensor, torch.Tensor]], step
+) -> DynamicCache:
+    """Returns a DynamicCache of StepLayers, one per layer of `like` (each layer's prefilled prompt keys and
+    values, whose heads, head size, dtype and device the buffers take), `rows` rows of `capacity` positions."""
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    layers: list = []
+    for k, v in like:
+        keys = k.new_zeros(rows, k.shape[1], capacity, k.shape[-1])
+        values = v.new_zeros(rows, v.shape[1], capacity, v.shape[-1])
+        layers.append(StepLayer(keys, values, step))
+    cache.layers = layers
+    return cache

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
+from cohort.errors import first_line
 from cohort.fastpath import FastConfig, probes
 from cohort.fastpath.attention import PrefixPlan, plan_attention, plan_carrier
 from cohort.fastpath.kv_cache import preallocated_cache
 from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
-from cohort.fastpath.switches import choose
+from cohort.fastpath.switches import FastPathError, choose, say_once
 from cohort.models import (
     attention_shape,
     cache_kwargs,
@@ -34,7 +37,26 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad
+from cohort.rollout.graph import static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next
+
+_GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""Models whose decode step failed to capture in a rollout under fast.graph_decode=auto (said once; eager since)."""
+
+
+def graph_decode_unavailable(model: torch.nn.Module | None, device: torch.device) -> str | None:
+    """Returns why the captured decode step cannot run for `model` on `device` from what is known without running
+    it (None: nothing rules it out); the config checks the same before the model loads."""
+    if device.type != "cuda":
+        return f"it decodes on {device.type}, and CUDA graphs need a CUDA GPU"
+    if model is not None and any(isinstance(p, DTensor) for p in model.parameters()):
+        return (
+            "its weights are sharded (distributed.strategy=fsdp): every forward gathers them with collectives"
+        )
+    impl = getattr(text_config(model), "_attn_implementation", None) if model is not None else None
+    if impl not in (None, "sdpa"):
+        return f"attention implementation {impl!r} (the captured step replaces sdpa's attention only)"
+    return None
 
 
 class BuiltinEngine(RolloutEngine):
@@ -104,6 +126,44 @@ class BuiltinEngine(RolloutEngine):
                 worth=_copies_avoided(model, len(prompt_ids), G, P) >= f.shared_prefix_min_elements,
                 unavailable=lambda: self._sharing_unavailable(model, device, P + T),
             )
+        if self._graph(model, device, P + T, T):
+            try:
+                tokens, lengths, ended, logps = static_decode(
+                    model,
+                    prompt_ids,
+                    G,
+                    params,
+                    generator,
+                    device,
+                    eos_token_ids=list(self.eos_token_ids),
+                    pad_token_id=self.pad_token_id,
+                    shared=bool(shared),
+                    capture=True,
+                    check_every=f.graph_decode_check_every,
+                    on_finished=on_finished,
+                )
+            except torch.cuda.OutOfMemoryError:
+                raise  # not the graph's fault: the eager path would need the same memory
+            except RuntimeError as e:
+                if f.graph_decode == "on":
+                    raise FastPathError(
+                        f"fast.graph_decode=on, but capturing the decode step failed ({first_line(e)}); set "
+                        "fast.graph_decode=auto or off"
+                    ) from e
+                _GRAPH_FAILED.add(model)
+                say_once(
+                    model, "graph_decode", f"fast path 'graph_decode' off: capture failed ({first_line(e)})"
+                )
+            else:
+                check_finite_logprobs(logps)
+                if paths is not None:
+                    paths.update(
+                        shared_prefix=bool(shared),
+                        preallocated_kv=True,
+                        packed_weights=False,
+                        graph_decode=True,
+                    )
+                return tokens, lengths, ended, logps
         prealloc = choose(f.preallocated_kv, "preallocated_kv", model)
         pack_at = 0 if f.packed_weights == "on" else f.pack_after_steps
         pack = T - pack_at > (0 if f.packed_weights == "on" else f.pack_min_remaining) and choose(
@@ -195,8 +255,67 @@ class BuiltinEngine(RolloutEngine):
         # refusing (a CUDA kernel's refusal would end the process's CUDA context) and flags them here.
         check_finite_logprobs(logps)
         if paths is not None:
-            paths.update(shared_prefix=bool(shared), preallocated_kv=prealloc, packed_weights=packed > 0)
+            paths.update(
+                shared_prefix=bool(shared),
+                preallocated_kv=prealloc,
+                packed_weights=packed > 0,
+                graph_decode=False,
+            )
         return tokens, lengths, ended, logps
+
+    def _graph(self, model: torch.nn.Module, device: torch.device, span_needed: int, new_tokens: int) -> bool:
+        """Returns whether this rollout decodes with the captured step (fast.graph_decode)."""
+        f = self.fast
+        if f.graph_decode == "auto" and model in _GRAPH_FAILED:
+            return False
+        return choose(
+            f.graph_decode,
+            "graph_decode",
+            model,
+            worth=device.type == "cuda" and new_tokens >= f.graph_decode_min_tokens,
+            unavailable=lambda: self._graph_unavailable(model, device, span_needed),
+        )
+
+    def _graph_unavailable(
+        self, model: torch.nn.Module, device: torch.device, span_needed: int
+    ) -> str | None:
+        """Returns why the captured decode step cannot sample this model (None: it can).
+
+        Static reasons first (the device, a sharded model, the attention implementation, sliding windows), then
+        a check once per model: two prompts of different lengths decoded greedily by the captured step must
+        reproduce the eager decoding; a capture that fails (a forward that syncs with the host, for one) fails it.
+        """
+        reason = graph_decode_unavailable(model, device)
+        if reason is not None:
+            return reason
+        span = full_attention_span(model)
+        if span == 0:
+            return "its chunked or linear attention layers see no full prompt"
+        if span is not None and span_needed > span:
+            return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
+        vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
+        prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
+        params = SamplingParams(max_completion_length=6, greedy=True)
+        eager = BuiltinEngine(
+            eos_token_ids=[vocab],  # never sampled: every step is decoded
+            pad_token_id=self.pad_token_id,
+            fast=self.fast.replace(packed_weights="off", graph_decode="off"),
+        )
+
+        def captured():
+            return static_decode(
+                model, prompts, 2, params, None, device, eos_token_ids=[vocab], pad_token_id=self.pad_token_id,
+                shared=True, capture=True, check_every=2,
+            )  # fmt: skip
+
+        def plain():
+            return eager._decode(model, prompts, 2, params, None, device, shared=False)
+
+        if not probes.probe(model, "graph_decode", captured, plain, agree=_same_decoding):
+            return probes.failure(
+                model, "graph_decode", "the captured decode step does not reproduce the eager decoding"
+            )
+        return None
 
     def _sharing_unavailable(
         self, model: torch.nn.Module, device: torch.device, span_needed: int

@@ -1,0 +1,341 @@
+"""The builtin engine's decode step written with fixed shapes, captured once per rollout as a CUDA graph and
+replayed (`fast.graph_decode`).
+
+At a Qwen2.5-0.5B size a decode step is about 1,300 small kernels, each launched from Python: on a GPU the host,
+not the device, sets the pace (32 ms a step on an H200, against a bandwidth floor near 0.5 ms). A captured step
+launches them all at once. Capture needs a step that Python does not steer: every shape fixed, every changing
+number a device tensor, no host sync. So the static step:
+
+- feeds the last token of every row (`tok`, `pos`: device buffers) through the model, whose cache layers
+  (`cohort.fastpath.kv_cache.StepLayer`) write at the device index `step` into buffers of all T own positions,
+  and whose attention (`cohort.fastpath.attention.StepPlan`) reads the prompt's keys once per group (or once per
+  row where the prompt is not shared) plus the row's own keys, the unwritten ones masked;
+- samples inside the step: temperature, top-k / top-p, and the draw as the exponential race
+  argmax(p / q) with q ~ Exp(1) drawn into a buffer *outside* the graph (`noise.exponential_(generator=g)`, one
+  launch a step). That race is what `torch.multinomial` itself computes for one sample (tokens and generator
+  state equal), so the captured engine draws what today's eager one draws on a GPU;
+- records token and log-prob at column `step + 1` (pad and 0 once a row has ended), EOS on the device (lengths,
+  ended flags), then advances `pos` and `step`.
+
+Rows are never dropped (no compaction: below a few hundred rows the weights, not the rows, set the device's cost),
+and the host learns that every row has ended from a copy made every `graph_decode_check_every` steps without
+blocking, so the loop runs at most that many steps past the last EOS (those steps write pad).
+
+Under autocast, each Linear's weight and bias are cast once per rollout to the autocast dtype and handed to the
+forward with `torch.func.functional_call` (`cast_linears`): the graph holds no weight casts, and the result is
+bitwise what autocast computes (autocast rounds the same way, and leaves a tensor already in its dtype alone).
+The graph is captured anew every rollout, so updated weights, LoRA adapters and a sampling copy stay current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from cohort.fastpath.attention import StepPlan, plan_attention, plan_carrier
+from cohort.fastpath.kv_cache import preallocated_cache, step_cache
+from cohort.models import cache_kwargs, forward_accepts
+from cohort.rollout.base import SamplingParams, left_pad
+from cohort.rollout.sampling import drawable, filter_logits
+
+SAMPLER_STATE = ("tok", "pos", "tokens", "logps", "lengths", "ended")
+"""The decoder's device buffers a step reads and writes (besides the cache and the plan)."""
+
+
+def race_sample(
+    logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (tokens [n] long, log-probs [n] float32) for logits [n, V], drawn as argmax(p / noise) with noise
+    [n, V] ~ Exp(1) (unused when greedy); the log-prob is before top-k / top-p filtering, as in sample_next."""
+    logits = logits.float()  # [n, V]
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)  # [n]
+        return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert noise is not None
+    scaled = logits / params.temperature if params.temperature != 1.0 else logits  # [n, V]
+    logp_all = torch.log_softmax(scaled, dim=-1)  # [n, V]
+    if 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0:
+        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(dim=-1)  # [n, V]
+    else:
+        probs = logp_all.exp()  # [n, V]
+    tokens = (drawable(probs) / noise).argmax(dim=-1)  # [n]; multinomial's one-sample draw, without its sync
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@contextlib.contextmanager
+def cast_linears(model: torch.nn.Module, device_type: str) -> Iterator[dict[str, torch.Tensor]]:
+    """Yields {name: tensor} of every Linear's weight and bias cast to the autocast dtype when autocast is on
+    for `device_type` and the tensor is wider (empty otherwise): hand it to functional_call."""
+    swapped: dict[str, torch.Tensor] = {}
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        for name, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            for part in ("weight", "bias"):
+                t = getattr(module, part, None)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+                    swapped[f"{name}.{part}" if name else part] = t.detach().to(dtype)
+    try:
+        yield swapped
+    finally:
+        swapped.clear()
+
+
+class StaticDecoder:
+    """One rollout's static decode state (fixed-shape device buffers) and its step, run eagerly or captured.
+
+    Built from the prefill: `prompt_kv` per layer [B', Hkv, P, D] (B' = B with a shared prefix, N = B*G without),
+    `prompt_mask` [B', P], `first` the tokens and log-probs of column 0 [N], `pos` [N] the position of column 0's
+    token, `noise` the [N, V] buffer the draws go through (None: greedy), `weights` what `cast_linears` gave.
+    `step()` decodes one more column of every row; `run()` decodes the rollout."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompt_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        prompt_mask: torch.Tensor,
+        first: tuple[torch.Tensor, torch.Tensor],
+        pos: torch.Tensor,
+        params: SamplingParams,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        noise: torch.Tensor | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.model, self.params, self.pad = model, params, pad_token_id
+        self.weights = weights or {}
+        T = params.max_completion_length
+        tok0, lp0 = first
+        N, device = tok0.shape[0], tok0.device
+        self.T, self.device = T, device
+        self.plan = StepPlan(prompt_kv, prompt_mask, T)
+        self.carrier = plan_carrier(device, self.plan)
+        self.cache = step_cache(getattr(model, "config", None), N, T, prompt_kv, self.plan.step)
+        self.eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)  # [E]
+        self.tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
+        self.logps = torch.zeros(N, T, dtype=torch.float32, device=device)  # [N, T]
+        self.lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
+        self.ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N]
+        self.tok = tok0.clone()  # [N] the token fed next
+        self.pos = pos.clone()  # [N] its position
+        self.noise = None if params.greedy else noise  # [N, V]
+        self.tokens[:, 0] = tok0
+        self.logps[:, 0] = lp0
+        self._record(tok0, self.plan.step)  # column 0: EOS from the prefill's own sample
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def _record(self, tok: torch.Tensor, column: torch.Tensor) -> None:
+        hit = (tok[:, None] == self.eos[None, :]).any(-1) & ~self.ended  # [N]
+        self.lengths.copy_(torch.where(hit, column + 1, self.lengths))
+        self.ended.logical_or_(hit)
+
+    def step(self) -> None:
+        """Decodes one column for every row in place: no host sync, no shape or Python value that changes."""
+        plan = self.plan
+        plan.refresh()
+        inputs = {
+            "input_ids": self.tok[:, None],
+            "attention_mask": self.carrier,
+            "position_ids": self.pos[:, None],
+            **cache_kwargs(self.model, self.cache),
+        }
+        if forward_accepts(self.model, "logits_to_keep"):
+            inputs["logits_to_keep"] = 1
+        if self.weights:
+            out = torch.func.functional_call(
+                self.model, self.weights, (), inputs, strict=False, tie_weights=False
+            )
+        else:
+            out = self.model(**inputs)
+        logits = out.logits[:, -1, :]  # [N, V]
+        tok, lp = race_sample(logits, self.params, self.noise)
+        column = (plan.step + 1).view(1, 1).expand(tok.shape[0], 1)  # [N, 1]
+        done = self.ended[:, None]  # [N, 1] rows that ended before this column write pad
+        self.tokens.scatter_(1, column, torch.where(done, self.pad, tok[:, None]))
+        self.logps.scatter_(1, column, torch.where(done, 0.0, lp[:, None]))
+        self._record(tok, plan.step + 1)
+        self.tok.copy_(tok)
+        self.pos.add_(1)
+        plan.step.add_(1)
+
+    def draw_noise(self, generator: torch.Generator | None) -> None:
+        """Fills the noise buffer with Exp(1) draws from `generator` (outside any graph; nothing when greedy)."""
+        if self.noise is not None:
+            self.noise.exponential_(1, generator=generator)
+
+    def capture(self, warmup: int = 2, generator: torch.Generator | None = None) -> int:
+        """Returns how many real steps ran as warm-up (on a side stream) before the step was captured."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self.draw_noise(generator)
+                self.step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with contextlib.ExitStack() as scope:
+            if torch.is_autocast_enabled("cuda"):
+                # autocast's cast cache would hand the graph tensors freed when the capture's autocast ends
+                dtype = torch.get_autocast_dtype("cuda")
+                scope.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
+            scope.enter_context(torch.cuda.graph(graph))
+            self.step()
+        self.graph = graph
+        return warmup
+
+    def run(
+        self,
+        generator: torch.Generator | None,
+        *,
+        capture: bool,
+        check_every: int = 8,
+        on_finished: Callable[[int, list[int]], None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) after decoding every
+        column (captured and replayed when `capture`, else the same step called eagerly), stopping at most
+        `check_every` steps after the last row ended; on_finished hears each EOS row at most as late."""
+        done_steps = 1  # column 0 came from the prefill
+        if capture and self.T > 1:
+            done_steps += self.capture(warmup=min(2, self.T - 1), generator=generator)
+        flag = torch.zeros(1, dtype=torch.bool, pin_memory=self.device.type == "cuda")
+        pending: tuple[torch.Tensor, ...] | None = None
+        heard = torch.zeros_like(self.ended, device="cpu")
+        event = None
+        while done_steps < self.T:
+            if done_steps % check_every == 0:
+                if event is not None:
+                    event.synchronize()  # the copy of check_every steps ago: long finished
+                    if on_finished is not None and pending is not None:
+                        heard = self._tell(pending, heard, on_finished)
+                    if bool(flag[0]):
+                        break
+                flag.copy_(self.ended.all().view(1), non_blocking=True)
+                if on_finished is not None:
+                    pending = (
+                        self.ended.to("cpu", non_blocking=True),
+                        self.lengths.to("cpu", non_blocking=True),
+                    )
+                event = torch.cuda.Event() if self.device.type == "cuda" else _Done()
+                event.record()
+            self.draw_noise(generator)
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.step()
+            done_steps += 1
+        if on_finished is not None:
+            self._tell((self.ended.cpu(), self.lengths.cpu()), heard, on_finished)
+        return self.tokens, self.lengths, self.ended, self.logps
+
+    def _tell(self, snapshot, heard: torch.Tensor, on_finished) -> torch.Tensor:
+        ended, lengths = snapshot
+        for row in (ended & ~heard).nonzero().flatten().tolist():
+            on_finished(row, self.tokens[row, : int(lengths[row])].tolist())
+        return heard | ended
+
+
+class _Done:
+    """Stands for a CUDA event on a CPU, where every copy has already happened."""
+
+    def record(self) -> None:
+        """Returns None (nothing to record)."""
+
+    def synchronize(self) -> None:
+        """Returns None (nothing to wait for)."""
+
+
+def _filled(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return layer.keys, layer.values
+
+
+@contextlib.contextmanager
+def open_decoder(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    group_size: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    device: torch.device,
+    *,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    shared: bool,
+) -> Iterator[StaticDecoder]:
+    """Yields the StaticDecoder of G samples per prompt after the prefill and column 0, with cohort's attention
+    selected and, under autocast, the Linear weights cast (both undone on exit). shared: the G samples of a
+    prompt read one copy of its prompt's keys (else each row its own copy)."""
+    G = group_size
+    input_ids, attn = left_pad(prompt_ids, pad_token_id, device)  # [B, P]
+    config = getattr(model, "config", None)
+    cache = preallocated_cache(config, input_ids.shape[1])
+    extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        **cache_kwargs(model, cache),
+        **extra,
+    )
+    logits = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # [N, V]
+    # [B, Hkv, P, D] each (full-attention layers only: graph_decode is unavailable for any other kind)
+    prompt_kv = [_filled(layer) for layer in cache.layers]
+    prompt_mask = attn
+    if not shared and G > 1:
+        prompt_kv = [(k.repeat_interleave(G, dim=0), v.repeat_interleave(G, dim=0)) for k, v in prompt_kv]
+        prompt_mask = attn.repeat_interleave(G, dim=0)  # [N, P]
+    noise = None
+    if not params.greedy:  # [N, V] float32, as multinomial draws it for float32 probabilities
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=device).exponential_(
+            1, generator=generator
+        )
+    first = race_sample(logits, params, noise)
+    pos = attn.sum(-1).repeat_interleave(G)  # [N]
+    with plan_attention(model), cast_linears(model, device.type) as weights:
+        yield StaticDecoder(
+            model,
+            prompt_kv,
+            prompt_mask,
+            first,
+            pos,
+            params,
+            eos_token_ids,
+            pad_token_id,
+            noise=noise,
+            weights=weights,
+        )
+
+
+def static_decode(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    group_size: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    device: torch.device,
+    *,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    shared: bool,
+    capture: bool,
+    check_every: int = 8,
+    on_finished: Callable[[int, list[int]], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) of G samples per prompt,
+    decoded by the static step (captured as a CUDA graph when `capture`; eagerly otherwise, which is how a CPU
+    tests it). shared: the G samples of a prompt read one copy of its prompt's keys."""
+    with open_decoder(
+        model,
+        prompt_ids,
+        group_size,
+        params,
+        generator,
+        device,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        shared=shared,
+    ) as decoder:
+        return decoder.run(generator, capture=capture, check_every=check_every, on_finished=on_finished)

@@ -1,0 +1,295 @@
+"""The static decode step of fast.graph_decode (cohort.rollout.graph), run uncaptured on the CPU: it must decode
+what today's engine decodes (greedy: `_decode` itself; sampled: today's accelerator sampler, multinomial over
+`drawable` probabilities), with no host sync inside the step, and draw exactly what torch.multinomial draws.
+The GPU-only tests at the end capture the step and compare it with itself uncaptured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cohort.config import load_config
+from cohort.fastpath import FastConfig, FastPathError
+from cohort.fastpath.switches import FastPathConfigError
+from cohort.models import cache_kwargs
+from cohort.rollout import SamplingParams
+from cohort.rollout.graph import cast_linears, open_decoder, race_sample, static_decode
+from cohort.rollout.sampling import drawable, filter_logits
+
+CPU = torch.device("cpu")
+T = 10
+
+
+@pytest.fixture(scope="module")
+def model64():
+    """A float64 tiny model whose greedy continuations differ by prompt (peaked logits)."""
+    return tiny_model(seed=3, logit_scale=4.0).double()
+
+
+def _eos_mid_rollout(model, prompts, G):
+    """Returns an EOS id that greedy decoding emits mid-rollout in some rows and never in others."""
+    engine = make_test_engine("builtin", eos=(10_000,), fast=FastConfig(packed_weights="off"))
+    params = SamplingParams(max_completion_length=T, greedy=True)
+    with torch.no_grad():
+        tokens = engine._decode(model, prompts, G, params, None, CPU)[0]
+    for t in range(2, T - 2):
+        for tok in tokens[:, t].tolist():
+            hit = (tokens == tok).any(1)
+            first = (tokens == tok).long().argmax(1)
+            if hit.any() and not hit.all() and bool((first[hit] >= 2).all()):
+                return tok
+    raise AssertionError("no token ends some rows mid-rollout")
+
+
+def _equal_rollouts(a, b, atol=1e-10):
+    tok_a, len_a, end_a, lp_a = a
+    tok_b, len_b, end_b, lp_b = b
+    assert torch.equal(len_a, len_b) and torch.equal(end_a, end_b)
+    live = torch.arange(tok_a.shape[1])[None] < len_a[:, None]  # [N, T] tokens each row holds
+    assert torch.equal(tok_a[live], tok_b[live])
+    assert float((lp_a - lp_b).abs()[live].max()) <= atol
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("G", [1, 4])
+def test_greedy_static_steps_reproduce_todays_engine(model64, shared, G):
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)  # left padding
+    eos = _eos_mid_rollout(model64, prompts, G)
+    engine = make_test_engine(
+        "builtin", eos=(eos,), fast=FastConfig(shared_prefix="on" if shared else "off", packed_weights="off")
+    )
+    params = SamplingParams(max_completion_length=T, greedy=True)
+    with torch.no_grad():
+        today = engine._decode(model64, prompts, G, params, None, CPU, shared=shared and G > 1)
+        static = static_decode(
+            model64, prompts, G, params, None, CPU, eos_token_ids=[eos], pad_token_id=PAD, shared=shared,
+            capture=False, check_every=3,
+        )  # fmt: skip
+    lengths = today[1]
+    assert 1 < int(lengths.min()) < T and bool(today[2].any()) and not bool(today[2].all())  # EOS mid-way
+    _equal_rollouts(today, static)
+
+
+def _reference_sampling(model, prompts, G, params, generator, eos):
+    """Today's engine on an accelerator, written out: a growing cache repeated per sample, sample_next's
+    log-probs, and torch.multinomial over drawable probabilities; no row dropped."""
+    from transformers import DynamicCache
+
+    from cohort.rollout.base import left_pad
+
+    ids, attn = left_pad(prompts, PAD, CPU)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                **cache_kwargs(model, cache))  # fmt: skip
+    logits = out.logits[:, -1].repeat_interleave(G, 0)
+    cache.batch_repeat_interleave(G)
+    N = logits.shape[0]
+    mask = torch.cat([attn.repeat_interleave(G, 0), torch.ones(N, T, dtype=attn.dtype)], 1)
+    pos = attn.sum(-1).repeat_interleave(G)
+    tokens = torch.full((N, T), PAD)
+    logps = torch.zeros(N, T)
+    lengths = torch.full((N,), T)
+    ended = torch.zeros(N, dtype=torch.bool)
+    for t in range(T):
+        scaled = logits.float() / params.temperature
+        logp_all = scaled.log_softmax(-1)
+        probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+        tok = torch.multinomial(drawable(probs), 1, generator=generator).squeeze(-1)
+        tokens[:, t] = torch.where(ended, PAD, tok)
+        logps[:, t] = torch.where(ended, 0.0, logp_all.gather(-1, tok[:, None]).squeeze(-1))
+        hit = (tok == eos) & ~ended
+        lengths = torch.where(hit, t + 1, lengths)
+        ended |= hit
+        if t < T - 1:
+            out = model(input_ids=tok[:, None], attention_mask=mask[:, : ids.shape[1] + t + 1],
+                        position_ids=pos[:, None], **cache_kwargs(model, cache))  # fmt: skip
+            logits, pos = out.logits[:, -1], pos + 1
+    return tokens, lengths, ended, logps
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_completion_length=T, temperature=1.0),
+        SamplingParams(max_completion_length=T, temperature=0.7, top_k=5),
+        SamplingParams(max_completion_length=T, temperature=1.3, top_p=0.8),
+    ],
+    ids=["plain", "top_k", "top_p"],
+)
+@pytest.mark.parametrize("shared", [True, False])
+def test_sampled_static_steps_draw_what_the_accelerator_engine_draws(model64, params, shared):
+    prompts = random_prompts(2, seed=4, min_len=3, max_len=8)
+    eos = 7
+    g_ref, g_static = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        ref = _reference_sampling(model64, prompts, 4, params, g_ref, eos)
+        static = static_decode(
+            model64, prompts, 4, params, g_static, CPU, eos_token_ids=[eos], pad_token_id=PAD, shared=shared,
+            capture=False, check_every=4,
+        )  # fmt: skip
+    _equal_rollouts(ref, static)
+    assert torch.equal(g_ref.get_state(), g_static.get_state())  # the same draws, consumed alike
+
+
+def test_the_step_called_again_and_again_is_the_rollout(model64):
+    """No Python value is baked into a step: calling the same step T-1 times gives the whole rollout."""
+    prompts = random_prompts(3, seed=2)
+    params = SamplingParams(max_completion_length=T, temperature=1.0)
+    kw = {"eos_token_ids": [5], "pad_token_id": PAD, "shared": True}
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(3)
+        whole = static_decode(model64, prompts, 2, params, g, CPU, capture=False, check_every=1000, **kw)
+        g = torch.Generator().manual_seed(3)
+        with open_decoder(model64, prompts, 2, params, g, CPU, **kw) as decoder:
+            for _ in range(T - 1):
+                decoder.draw_noise(g)
+                decoder.step()
+            stepped = (decoder.tokens, decoder.lengths, decoder.ended, decoder.logps)
+    _equal_rollouts(whole, stepped, atol=0.0)
+
+
+class _NoHostSync(TorchDispatchMode):
+    """Raises on every op that copies a device value to the host (what a captured graph cannot hold)."""
+
+    SYNCS = ("_local_scalar_dense", "nonzero", "is_nonzero", "item", "equal", "_assert_async")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in self.SYNCS:
+            raise AssertionError(f"host sync inside the decode step: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_step_never_syncs_with_the_host(model64, greedy):
+    params = SamplingParams(max_completion_length=T, greedy=greedy, top_p=0.9)
+    g = torch.Generator().manual_seed(0)
+    with (
+        torch.no_grad(),
+        open_decoder(
+            model64,
+            random_prompts(2, seed=5),
+            3,
+            params,
+            g,
+            CPU,
+            eos_token_ids=[EOS],
+            pad_token_id=PAD,
+            shared=True,
+        ) as decoder,
+    ):
+        decoder.draw_noise(g)
+        with _NoHostSync():
+            decoder.step()
+            decoder.step()
+        with pytest.raises(AssertionError, match="host sync"), _NoHostSync():
+            decoder.ended.any().item()  # the mode does catch a sync
+
+
+@pytest.mark.parametrize("top_k, top_p, temperature", [(0, 1.0, 1.0), (7, 1.0, 0.5), (0, 0.85, 1.4)])
+def test_the_exponential_race_is_multinomials_own_draw(top_k, top_p, temperature):
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)) * 3
+    params = SamplingParams(max_completion_length=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    for _ in range(5):
+        probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+        expected = torch.multinomial(drawable(probs), 1, generator=g1).squeeze(-1)
+        noise = torch.empty(6, 300).exponential_(1, generator=g2)
+        got, _ = race_sample(logits, params, noise)
+        assert torch.equal(got, expected)
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_cast_linears_is_bitwise_what_autocast_computes():
+    model = tiny_model(seed=1)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = model(input_ids=ids).logits
+        with cast_linears(model, "cpu") as weights:
+            assert weights and all(w.dtype == torch.bfloat16 for w in weights.values())
+            cast = torch.func.functional_call(model, weights, (), {"input_ids": ids}, tie_weights=False)
+    assert torch.equal(plain, cast.logits)
+    with cast_linears(model, "cpu") as weights:
+        assert weights == {}  # no autocast: nothing to cast
+
+
+def test_steps_after_every_row_ended_change_nothing_and_each_eos_is_heard(model64):
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
+    eos = _eos_mid_rollout(model64, prompts, 2)
+    params = SamplingParams(max_completion_length=T, greedy=True)
+    heard: dict[int, list[int]] = {}
+    with torch.no_grad():
+        tokens, lengths, ended, logps = static_decode(
+            model64, prompts, 2, params, None, CPU, eos_token_ids=[eos], pad_token_id=PAD, shared=True,
+            capture=False, check_every=2, on_finished=lambda row, ids: heard.setdefault(row, ids),
+        )  # fmt: skip
+    assert sorted(heard) == ended.nonzero().flatten().tolist()
+    for row, ids in heard.items():
+        assert ids == tokens[row, : int(lengths[row])].tolist() and ids[-1] == eos
+    after = torch.arange(T)[None] >= lengths[:, None]
+    assert bool((tokens[after] == PAD).all()) and bool((logps[after] == 0).all())
+
+
+def test_graph_decode_is_off_on_a_cpu_and_refused_when_on(model64, tiny_model_dir, tmp_path):
+    assert FastConfig.all("off").graph_decode == "off" and FastConfig().graph_decode == "auto"
+    prompts = random_prompts(2, seed=1)
+    params = SamplingParams(max_completion_length=T, temperature=1.0)
+    auto = make_test_engine("builtin", fast=FastConfig(packed_weights="off"))
+    with torch.no_grad():
+        out = auto.generate(model64, prompts, 2, params, generator=torch.Generator().manual_seed(0))
+    assert out.paths["graph_decode"] is False  # auto on a CPU: today's engine, bit for bit
+    on = make_test_engine("builtin", fast=FastConfig(graph_decode="on", packed_weights="off"))
+    with pytest.raises(FastPathError, match=r"fast.graph_decode=on.*CUDA graphs need a CUDA GPU"):
+        with torch.no_grad():
+            on.generate(model64, prompts, 2, params)
+    base = {"model": {"name_or_path": str(tiny_model_dir), "device": "cpu"}, "data": {"task": "addition"}}
+    for over, why in [
+        ({}, "CUDA graphs need a CUDA GPU, and model.device='cpu'"),
+        ({"model": {"device": "cuda", "attn_implementation": "eager"}}, "model.attn_implementation='eager'"),
+        ({"rollout": {"engine": "hf"}}, "rollout.engine='hf'"),
+    ]:
+        cfg = {**base, "fast": {"graph_decode": "on"}}
+        for k, v in over.items():
+            cfg[k] = {**cfg.get(k, {}), **v}
+        with pytest.raises(FastPathConfigError, match=rf"fast.graph_decode=on cannot run: .*{why}"):
+            load_config(None, cfg).validate()
+    with pytest.raises(
+        ValueError, match=r"fast.graph_decode_check_every=0 must be an integer >= 1 \(steps\)"
+    ):
+        FastConfig(graph_decode_check_every=0).validate()
+    with pytest.raises(ValueError, match=r"fast.graph_decode='yes' is not valid"):
+        FastConfig(graph_decode="yes").validate()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="captures a CUDA graph: needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("autocast", [False, True])
+def test_on_a_gpu_the_captured_step_is_the_uncaptured_step(autocast):
+    device = torch.device("cuda")
+    model = tiny_model(seed=3, logit_scale=4.0).to(device)
+    prompts = random_prompts(3, seed=1)
+    params = SamplingParams(max_completion_length=24, temperature=1.0, top_p=0.95)
+    kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True, "check_every": 4}
+    outs = []
+    for capture in (False, True):
+        g = torch.Generator(device=device).manual_seed(5)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            outs.append(static_decode(model, prompts, 4, params, g, device, capture=capture, **kw))
+    _equal_rollouts(outs[0], outs[1], atol=0.0)
+
+
+@cuda
+def test_on_a_gpu_the_engine_takes_the_captured_step_with_lora():
+    peft = pytest.importorskip("peft")
+    device = torch.device("cuda")
+    model = peft.get_peft_model(
+        tiny_model(seed=3).to(device), peft.LoraConfig(r=4, target_modules=["q_proj"])
+    )
+    engine = make_test_engine("builtin", fast=FastConfig(graph_decode="on", graph_decode_min_tokens=0))
+    params = SamplingParams(max_completion_length=20, greedy=True)
+    with torch.no_grad():
+        out = engine.generate(model, random_prompts(2, seed=1), 2, params)
+    assert out.paths["graph_decode"] is True
