@@ -13,6 +13,7 @@ run, never its result; `FastConfig.all("off")` is the reference. Measured on thi
 | shared-prefix decoding | `attention.py` | reading a prompt's cache G times: rollout 1.12x faster on (b), 14 M | probe per model ("shared_prefix") | `shared_prefix` |
 | packed decode weights | `packed_linear.py` | MKL's slow few-row matmuls: rollout 1.14x faster at Qwen2.5-0.5B width (0.94x at 14 M, so not packed there) | probe per torch build ("packed_linear") | `packed_weights` |
 | preallocated KV cache | `kv_cache.py` | the cache copy at every decode step: rollout 1.08x faster on (b), 14 M | tests | `preallocated_kv` |
+| captured decode step (CUDA only) | `attention.py` (`StepPlan`), `kv_cache.py` (`StepLayer`); the step in `cohort/rollout/graph.py` | ~1,300 kernel launches a decode step from Python (0.5B): not measured yet, no GPU | probe per model ("graph_decode"); CPU tests of the uncaptured step | `graph_decode` |
 | heap bound | `memory.py` | heap fragmentation (1.9 GB resident for 0.5 GB live at a 152k vocabulary, round 3) | Linux/glibc only | `heap_bound` |
 
 `switches.py` holds the switchboard (`auto | on | off`, thresholds, `choose`); `probes.py` the one
