@@ -271,9 +271,11 @@ def test_resume_with_a_changed_config_says_what_differs(tiny_model_dir, tmp_path
         GRPOTrainer(
             _cfg(tiny_model_dir, tmp_path / "cc", steps=2, resume="auto", **{"rollout.group_size": 2})
         )
-    # steps, logging and fast-path keys may change; allow_config_change accepts the rest
+    # steps, logging, fast-path and health-check keys may change; allow_config_change accepts the rest
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", **{"fast.segments": "off"}))
     assert t.step_idx == 1
+    over = {"health.logprob_gap_max": 1e-3, "health.window": 3}  # a run saved before logprob_gap_max's null
+    assert GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "cc", steps=3, resume="auto", **over)).step_idx == 1
     t = GRPOTrainer(
         _cfg(
             tiny_model_dir,

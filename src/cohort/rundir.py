@@ -206,6 +206,7 @@ RESUMABLE_CHANGES = (
     "logging_steps",
     "out_dir",
     "fast.",
+    "health.",  # thresholds of warnings (an older run's logprob_gap_max 1e-3 resumes under today's null)
     "distributed.strategy",
     "distributed.backend",
     "distributed.load",
