@@ -86,9 +86,9 @@ class Run:
         self.path.write_text(json.dumps(self.data, indent=1))
 
     def add(self, rec: dict) -> None:
-        """Records one measurement and prints it."""
+        """Records one measurement, updates the summary and prints it."""
         self.data["results"].append(rec)
-        self.write()
+        summarise(self)
         if "error" in rec:
             print(f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} FAILED: {rec['error']}", flush=True)
         elif "skipped" in rec:
@@ -402,8 +402,6 @@ def main(argv=None) -> None:
         for precision in precisions:
             use = engines if i == 0 else [e for e in args.second_shape_engines.split(",") if e]
             run_shape(shape, precision, use, args, run, sync)
-            summarise(run)
-    summarise(run)
     for row in run.data["summary"]:
         print(json.dumps(row), flush=True)
 

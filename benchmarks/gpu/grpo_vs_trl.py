@@ -362,21 +362,27 @@ def main(argv=None) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path), str(out)]
         timed_out = False
         t0 = time.perf_counter()
+        stop = False
         try:
             subprocess.run(cmd, timeout=left, check=False)
         except subprocess.TimeoutExpired:
             timed_out = True  # subprocess.run killed the worker; its record holds the steps it finished
+        except KeyboardInterrupt:
+            # check.sh's timeout interrupts the whole process group: keep what the worker finished, then stop.
+            timed_out = stop = True
         rec = json.loads(out.read_text()) if out.exists() else {"framework": framework, "precision": precision}
         if timed_out:
             rec["timed_out"] = True
         summary = summarise_worker(rec, args.warmup)
         summary["wall_s"] = round(time.perf_counter() - t0, 1)
         result["runs"].append(summary)
+        result["comparison"] = compare(result["runs"])
         save()
         print(json.dumps(summary), flush=True)
-    result["comparison"] = compare(result["runs"])
+        if stop:
+            break
     save()
-    for row in result["comparison"]:
+    for row in result.get("comparison", []):
         print(json.dumps(row), flush=True)
 
 
