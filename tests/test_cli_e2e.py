@@ -52,7 +52,7 @@ def test_train_cli_learns_an_easy_reward(tiny_model_dir, tmp_path):
         "data: {task: addition, n_train: 200, n_eval: 16}\n"
         "rollout: {group_size: 8, batch_size: 64, max_completion_length: 8}\n"
         "algo: {loss_type: dapo, beta: 0.02}\n"
-        "optim: {lr: 3.0e-3, warmup_steps: 2}\n"
+        "optim: {lr: 1.0e-2, warmup_steps: 2}\n"
         f"rewards: ['{REWARD}']\n"
         "steps: 25\nsave_every: 10\nprogress: false\nthreads: 2\n"
     )
@@ -66,7 +66,9 @@ def test_train_cli_learns_an_easy_reward(tiny_model_dir, tmp_path):
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["kl"]) for r in rows)
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
-    assert last > first + 0.1, (first, last)  # digits are ~4 % of random characters at the start
+    # Digits are ~4 % of random characters at the start; measured 0.93-0.96 after 25 steps (seeds 0-2, 1 and 2
+    # threads), against 0.16 at lr 3e-3, whose margin over a +0.1 check was too thin to hold on every CPU.
+    assert last > first + 0.4, (first, last)
     before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     after = load_file(str(out / "final" / "model.safetensors"))
     assert any(not (before[k] == after[k]).all() for k in before)

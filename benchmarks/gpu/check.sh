@@ -10,13 +10,16 @@
 #   A. the test suite on the GPU (pytest -n 16, cohort from source)      TESTS_S  (default 180 s)
 #   B. the decode benchmark (benchmarks/gpu/decode.py)                   DECODE_S (default 150 s)
 #   C. cohort vs TRL on a GRPO step (benchmarks/gpu/grpo_vs_trl.py)     GRPO_S   (default 170 s)
-# and no step starts past TOTAL_S (default 525 s) from the start. Writes under $OUT (./gpu-check-out when unset):
-# gpu-check.json (everything), gpu-check.md (the tables, printed at the end), and each step's log.
+# and no step starts past TOTAL_S (default 525 s) from the start. Writes six files under $OUT (./gpu-check-out when
+# unset; the device tool brings back at most 8): gpu-check.json (everything), gpu-check.md (the tables, printed at
+# the end), setup.log, pytest.log, decode.log, grpo.log. The parts they are made from stay in $PARTS.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
+PARTS=${PARTS:-/tmp/gpu-check/parts}
 mkdir -p "$OUT"
+rm -rf "$PARTS" && mkdir -p "$PARTS"
 START=$SECONDS
 DRY=${DRY:-0}
 TOTAL_S=${TOTAL_S:-525}
@@ -31,10 +34,10 @@ export TRANSFORMERS_VERBOSITY=error
 # (TRL, datasets and what they need, pyzmq) go to /tmp/site, ahead of the machine's own packages.
 if [[ "$DRY" != 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
   if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl >"$OUT/wheels.log" 2>&1; then
+    .whl/*.whl >>"$OUT/setup.log" 2>&1; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   else
-    echo "installing .whl/ failed: see wheels.log" | tee -a "$OUT/wheels.log"
+    echo "installing .whl/ failed: see setup.log" | tee -a "$OUT/setup.log"
   fi
 fi
 export PYTHONPATH=$ROOT/src:$ROOT/tests:$ROOT${PYTHONPATH:+:$PYTHONPATH}
@@ -50,7 +53,7 @@ else
 fi
 
 # The card, the versions, and whether what the tests and TRL import is there.
-python3 - "$OUT/env.json" "$DEVICE" <<'EOF' 2>"$OUT/env.log"
+python3 - "$PARTS/env.json" "$DEVICE" <<'EOF' 2>>"$OUT/setup.log"
 import importlib, json, platform, subprocess, sys
 out, device = sys.argv[1], sys.argv[2]
 env = {"python": platform.python_version()}
@@ -74,12 +77,12 @@ env["imports"] = imports
 json.dump(env, open(out, "w"), indent=1)
 print(json.dumps(env))
 EOF
-nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 || true
+nvidia-smi >>"$OUT/setup.log" 2>&1 || true
 
 STEPS="{}"
 record() {  # record NAME STATUS SECONDS: adds a step's outcome to steps.json
   STEPS=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d[sys.argv[2]]={"status":sys.argv[3],"seconds":int(sys.argv[4])}; print(json.dumps(d))' "$STEPS" "$1" "$2" "$3")
-  echo "$STEPS" >"$OUT/steps.json"
+  echo "$STEPS" >"$PARTS/steps.json"
 }
 
 run_step() {  # run_step NAME LIMIT_S COMMAND...: runs COMMAND under the step's limit, cut to the time left
@@ -108,20 +111,19 @@ run_step() {  # run_step NAME LIMIT_S COMMAND...: runs COMMAND under the step's 
 }
 
 # A. The test suite (each outcome logged as it comes by benchmarks/gpu/pytest_record.py: kept if cut short).
-rm -f "$OUT/tests.jsonl"
-export GPU_CHECK_TESTLOG=$OUT/tests.jsonl
+export GPU_CHECK_TESTLOG=$PARTS/tests.jsonl
 run_step pytest "$TESTS_S" \
   python3 -m pytest -q -p no:cacheprovider -p benchmarks.gpu.pytest_record "${PYTEST_ARGS[@]}"
 
 # B. Decode: ms per decode step, eager vs captured vs transformers' static and eager generate.
 run_step decode "$DECODE_S" bash -c \
-  'exec python3 benchmarks/gpu/decode.py "$@" --budget-s $((LIMIT - 25)) --out "'"$OUT"'/decode.json"' _ \
+  'exec python3 benchmarks/gpu/decode.py "$@" --budget-s $((LIMIT - 25)) --out "'"$PARTS"'/decode.json"' _ \
   "${BENCH_FLAGS[@]}" ${DECODE_FLAGS:-}
 
 # C. cohort vs TRL on a GRPO step, both precisions, each framework in its own process.
 run_step grpo "$GRPO_S" bash -c \
-  'exec python3 benchmarks/gpu/grpo_vs_trl.py "$@" --budget-s $((LIMIT - 10)) --out "'"$OUT"'/grpo.json"' _ \
+  'exec python3 benchmarks/gpu/grpo_vs_trl.py "$@" --budget-s $((LIMIT - 10)) --out "'"$PARTS"'/grpo.json"' _ \
   "${BENCH_FLAGS[@]}" --workdir /tmp/gpu-check/grpo ${GRPO_FLAGS:-}
 
-python3 benchmarks/gpu/report.py "$OUT"
+python3 benchmarks/gpu/report.py "$PARTS" "$OUT"
 echo "total $((SECONDS - START)) s; results in $OUT/gpu-check.json and $OUT/gpu-check.md"

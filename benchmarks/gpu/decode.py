@@ -90,9 +90,15 @@ class Run:
         self.data["results"].append(rec)
         summarise(self)
         if "error" in rec:
-            print(f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} FAILED: {rec['error']}", flush=True)
+            print(
+                f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} FAILED: {rec['error']}",
+                flush=True,
+            )
         elif "skipped" in rec:
-            print(f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} skipped: {rec['skipped']}", flush=True)
+            print(
+                f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} skipped: {rec['skipped']}",
+                flush=True,
+            )
         else:
             print(
                 f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} {rec['ms_per_step']:8.2f} ms/step "
@@ -333,7 +339,9 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
                 elif engine in ("hf-static", "hf-eager"):
                     rec.update(measure_hf(model, prompts, args, engine == "hf-static", sync))
                     if engine == "hf-static" and not cuda:
-                        rec["note"] = "transformers compiles the static-cache forward on CUDA only: eager here"
+                        rec["note"] = (
+                            "transformers compiles the static-cache forward on CUDA only: eager here"
+                        )
                 else:
                     raise ValueError(f"unknown engine {engine!r}")
                 rec["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -392,7 +400,10 @@ def main(argv=None) -> None:
         try:
             equality_check(args, run, sync)
         except Exception as e:  # noqa: BLE001 - recorded; the timings still run
-            run.data["equality"] = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-3000:]}
+            run.data["equality"] = {
+                "error": f"{type(e).__name__}: {e}"[:2000],
+                "traceback": traceback.format_exc()[-3000:],
+            }
             run.write()
             print(f"equality: FAILED {e}", flush=True)
     shapes = [s for s in args.shapes.split(",") if s]

@@ -58,7 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--loss", default="dapo")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=0, help="stop the workers after this many seconds (0: none)")
+    p.add_argument(
+        "--budget-s", type=float, default=0, help="stop the workers after this many seconds (0: none)"
+    )
     p.add_argument("--workdir", default="/tmp/gpu-check/grpo", help="the saved model, prompts, worker files")
     p.add_argument("--out", default="grpo.json")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -236,7 +238,12 @@ def worker(spec_path: str, out: str) -> None:
     hf_logging.set_verbosity_error()
     torch.manual_seed(spec["seed"])
     rows = [json.loads(line) for line in Path(spec["rows"]).read_text().splitlines() if line.strip()]
-    rec = {"framework": spec["framework"], "precision": spec["precision"], "steps": [], "started": time.time()}
+    rec = {
+        "framework": spec["framework"],
+        "precision": spec["precision"],
+        "steps": [],
+        "started": time.time(),
+    }
     write_record(out, rec)
     try:
         (run_cohort if spec["framework"] == "cohort" else run_trl)(spec, rows, rec, out)
@@ -351,12 +358,17 @@ def main(argv=None) -> None:
             "seed": args.seed,
             "scratch": str(work / f"scratch-{framework}-{precision}"),
         }
-        spec_path, out = work / f"spec-{framework}-{precision}.json", work / f"out-{framework}-{precision}.json"
+        spec_path, out = (
+            work / f"spec-{framework}-{precision}.json",
+            work / f"out-{framework}-{precision}.json",
+        )
         spec_path.write_text(json.dumps(spec))
         out.unlink(missing_ok=True)
         left = args.budget_s - (time.perf_counter() - t_start) if args.budget_s else None
         if left is not None and left < 20:
-            result["runs"].append({"framework": framework, "precision": precision, "skipped": "time budget spent"})
+            result["runs"].append(
+                {"framework": framework, "precision": precision, "skipped": "time budget spent"}
+            )
             save()
             continue
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path), str(out)]
@@ -370,7 +382,9 @@ def main(argv=None) -> None:
         except KeyboardInterrupt:
             # check.sh's timeout interrupts the whole process group: keep what the worker finished, then stop.
             timed_out = stop = True
-        rec = json.loads(out.read_text()) if out.exists() else {"framework": framework, "precision": precision}
+        rec = (
+            json.loads(out.read_text()) if out.exists() else {"framework": framework, "precision": precision}
+        )
         if timed_out:
             rec["timed_out"] = True
         summary = summarise_worker(rec, args.warmup)

@@ -31,7 +31,12 @@ def pytest_runtest_logreport(report) -> None:
         outcome = "xfailed" if report.skipped else "xpassed"
     elif report.when != "call" and report.failed:
         outcome = "error"
-    rec = {"nodeid": report.nodeid, "when": report.when, "outcome": outcome, "seconds": round(report.duration, 2)}
+    rec = {
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": outcome,
+        "seconds": round(report.duration, 2),
+    }
     if report.failed:
         rec["message"] = str(report.longrepr)[-600:]
     _FILE.write(json.dumps(rec) + "\n")

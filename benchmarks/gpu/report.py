@@ -1,8 +1,8 @@
 """Collects the GPU check's parts (benchmarks/gpu/check.sh) into one JSON file and a markdown table.
 
-    python benchmarks/gpu/report.py OUT_DIR      # reads env.json, tests.jsonl, decode.json, grpo.json there
+    python benchmarks/gpu/report.py PARTS OUT   # reads env.json, steps.json, tests.jsonl, decode.json, grpo.json
 
-Writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.md and prints the table. A part that is missing or broken
+Writes OUT/gpu-check.json and OUT/gpu-check.md and prints the tables. A part that is missing or broken
 (its step failed or ran out of time) is reported as such; the others still are.
 """
 
@@ -39,7 +39,9 @@ def test_counts(path: Path, steps: dict) -> dict | None:
             continue
         counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
         if rec["outcome"] in ("failed", "error"):
-            failing.append({"id": rec["nodeid"], "when": rec["when"], "message": rec.get("message", "")[-300:]})
+            failing.append(
+                {"id": rec["nodeid"], "when": rec["when"], "message": rec.get("message", "")[-300:]}
+            )
         slowest.append((rec.get("seconds", 0.0), rec["nodeid"]))
     slowest.sort(reverse=True)
     return {
@@ -49,7 +51,7 @@ def test_counts(path: Path, steps: dict) -> dict | None:
         "skipped": counts.get("skipped", 0) + counts.get("xfailed", 0),
         "finished": finished,
         "exitstatus": exitstatus,
-        "step": steps.get("tests"),
+        "step": steps.get("pytest"),
         "failing": failing,
         "slowest": [{"id": n, "seconds": s} for s, n in slowest[:10]],
     }
@@ -64,7 +66,12 @@ def fmt(x, digits: int = 2, suffix: str = "") -> str:
 
 def decode_table(decode: dict | None) -> list[str]:
     """Returns the markdown lines of the decode section."""
-    lines = ["## Decode: ms per decode step (64 rows x 256 new tokens)", ""]
+    head = decode.get("header", {}) if decode else {}
+    lines = [
+        f"## Decode: ms per decode step ({head.get('rows', '?')} rows x {head.get('tokens', '?')} new tokens, "
+        f"prompts of {head.get('prompt_len', '?')} tokens, median of {head.get('repeats', '?')})",
+        "",
+    ]
     if not decode or "error" in decode and "results" not in decode:
         return [*lines, f"not measured: {decode.get('error') if decode else 'decode.json is missing'}", ""]
     lines += [
@@ -120,19 +127,25 @@ def grpo_table(grpo: dict | None) -> list[str]:
             f"{fmt(row.get('memory_vs_trl'), suffix='x')} |"
         )
     for r in grpo["runs"]:
-        notes = [r[k] if k != "timed_out" else "timed out" for k in ("error", "skipped", "note", "timed_out") if r.get(k)]
+        notes = [
+            r[k] if k != "timed_out" else "timed out"
+            for k in ("error", "skipped", "note", "timed_out")
+            if r.get(k)
+        ]
         if notes:
-            lines.append(f"- {r['framework']} {r['precision']}: {'; '.join(str(n).splitlines()[0][:200] for n in notes)}")
+            lines.append(
+                f"- {r['framework']} {r['precision']}: {'; '.join(str(n).splitlines()[0][:200] for n in notes)}"
+            )
     return [*lines, ""]
 
 
 def main(argv=None) -> None:
-    """Writes gpu-check.json and gpu-check.md in the given folder and prints the table."""
-    out = Path((argv or sys.argv[1:])[0])
-    env = load(out / "env.json") or {}
-    steps = load(out / "steps.json") or {}
-    tests = test_counts(out / "tests.jsonl", steps)
-    decode, grpo = load(out / "decode.json"), load(out / "grpo.json")
+    """Writes gpu-check.json and gpu-check.md from the parts folder into the output folder and prints the tables."""
+    parts, out = (Path(p) for p in (argv or sys.argv[1:])[:2])
+    env = load(parts / "env.json") or {}
+    steps = load(parts / "steps.json") or {}
+    tests = test_counts(parts / "tests.jsonl", steps)
+    decode, grpo = load(parts / "decode.json"), load(parts / "grpo.json")
     result = {"environment": env, "steps": steps, "tests": tests, "decode": decode, "grpo": grpo}
     (out / "gpu-check.json").write_text(json.dumps(result, indent=1))
     lines = [
