@@ -167,14 +167,17 @@ def main(argv=None) -> None:
         done = "finished" if tests["finished"] else "stopped by its time limit"
         lines += [
             f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped ({done}; "
-            f"exit status {tests['exitstatus']}, step: {tests['step']})",
+            f"exit status {tests['exitstatus']})",
             "",
         ]
         lines += [f"- FAILED {f['id']} ({f['when']})" for f in tests["failing"][:60]]
         lines.append("")
     lines += decode_table(decode)
     lines += grpo_table(grpo)
-    lines += ["Steps (exit status, seconds): " + ", ".join(f"{k} {v}" for k, v in steps.items()), ""]
+    lines += [
+        "Steps: " + ", ".join(f"{k} {v.get('status')} after {v.get('seconds')} s" for k, v in steps.items()),
+        "",
+    ]
     text = "\n".join(lines)
     (out / "gpu-check.md").write_text(text)
     print(text)
