@@ -293,3 +293,22 @@ def test_on_a_gpu_the_engine_takes_the_captured_step_with_lora():
     with torch.no_grad():
         out = engine.generate(model, random_prompts(2, seed=1), 2, params)
     assert out.paths["graph_decode"] is True
+
+
+@cuda
+def test_on_a_gpu_a_forward_that_syncs_with_the_host_is_refused_by_the_probe():
+    device = torch.device("cuda")
+    model = tiny_model(seed=4).to(device)
+    model.model.layers[0].register_forward_hook(
+        lambda m, i, o: bool(o[0].sum() > 0) and None
+    )  # .item() inside
+    engine = make_test_engine("builtin", fast=FastConfig(graph_decode="auto", graph_decode_min_tokens=0))
+    params = SamplingParams(max_completion_length=12, greedy=True)
+    with pytest.warns(UserWarning, match="fast path 'graph_decode' off"), torch.no_grad():
+        out = engine.generate(model, random_prompts(2, seed=1), 2, params)
+    assert (
+        out.paths["graph_decode"] is False
+    )  # the eager engine decoded it: never a token from a broken graph
+    strict = make_test_engine("builtin", fast=FastConfig(graph_decode="on", graph_decode_min_tokens=0))
+    with pytest.raises(FastPathError, match="fast.graph_decode=on"), torch.no_grad():
+        strict.generate(model, random_prompts(2, seed=1), 2, params)

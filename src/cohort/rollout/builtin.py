@@ -344,7 +344,7 @@ class BuiltinEngine(RolloutEngine):
         probe = BuiltinEngine(
             eos_token_ids=[vocab],
             pad_token_id=self.pad_token_id,
-            fast=self.fast.replace(packed_weights="off"),
+            fast=self.fast.replace(packed_weights="off", graph_decode="off"),
         )
 
         def run(shared: bool):
