@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import torch
@@ -85,7 +86,9 @@ def single_thread() -> Iterator[None]:
     that wait on each other made these tests 10-20x slower.
     """
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    # COHORT_TEST_THREADS=2 runs the suite on two threads: other reduction orders, to find tests that hold on one
+    # float kernel only (as an AVX2-only CPU found).
+    torch.set_num_threads(int(os.environ.get("COHORT_TEST_THREADS", "1")))
     try:
         yield
     finally:

@@ -98,8 +98,8 @@ class FastConfig:
     graph_decode_min_tokens: int = 16
     """auto: capture only rollouts of at least this many new tokens (capture costs a few eager steps)."""
     graph_decode_check_every: int = 8
-    """graph_decode: the host learns every this many steps whether every row has ended (a copy that does not
-    block), so a rollout runs at most this many steps past its last EOS, writing pad."""
+    """graph_decode: every this many steps the host copies whether every row has ended (without blocking) and
+    reads the previous copy, so a rollout runs at most twice this many steps past its last EOS, writing pad."""
     drop_ended_fraction: float = 0.25
     """Builtin sampler: drop rows that ended (EOS) from the decoding batch once this fraction of it has ended."""
     heap_bound: str = "auto"

@@ -19,7 +19,8 @@ number a device tensor, no host sync. So the static step:
 
 Rows are never dropped (no compaction: below a few hundred rows the weights, not the rows, set the device's cost),
 and the host learns that every row has ended from a copy made every `graph_decode_check_every` steps without
-blocking, so the loop runs at most that many steps past the last EOS (those steps write pad).
+blocking and read at the next check, so the loop runs at most twice that many steps past the last EOS (those steps
+write pad).
 
 Under autocast, each Linear's weight and bias are cast once per rollout to the autocast dtype and handed to the
 forward with `torch.func.functional_call` (`cast_linears`): the graph holds no weight casts, and the result is
@@ -182,7 +183,8 @@ class StaticDecoder:
                 # autocast's cast cache would hand the graph tensors freed when the capture's autocast ends
                 dtype = torch.get_autocast_dtype("cuda")
                 scope.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
-            scope.enter_context(torch.cuda.graph(graph))
+            # thread_local: CUDA work of another thread (a prefetching loader, say) does not break the capture
+            scope.enter_context(torch.cuda.graph(graph, capture_error_mode="thread_local"))
             self.step()
         self.graph = graph
         return warmup
@@ -197,7 +199,7 @@ class StaticDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) after decoding every
         column (captured and replayed when `capture`, else the same step called eagerly), stopping at most
-        `check_every` steps after the last row ended; on_finished hears each EOS row at most as late."""
+        2 * `check_every` steps after the last row ended; on_finished hears each EOS row at most as late."""
         done_steps = 1  # column 0 came from the prefill
         if capture and self.T > 1:
             done_steps += self.capture(warmup=min(2, self.T - 1), generator=generator)
