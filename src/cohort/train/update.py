@@ -22,7 +22,7 @@ import torch
 
 from cohort import distributed as dist
 from cohort import seeds
-from cohort.algo import LOSS_TYPES, check_loss_options, loss_normalisers, policy_loss
+from cohort.algo import LOSS_TYPES, POLICY_LOSSES, check_loss_options, loss_normalisers, policy_loss
 from cohort.algo.controls import ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from cohort.config import AlgoConfig
@@ -196,7 +196,11 @@ class PolicyUpdater:
             sampler_correction="none" if algo.sampler_correction == "auto" else algo.sampler_correction,
             sampler_is_max=algo.sampler_is_max,
             sampler_is_min=algo.sampler_is_min,
+            off_policy_mask_threshold=algo.off_policy_mask_threshold,
         )
+        # trust_region_anchor=sampler: the ratio, DPPO's masks and kl_tau are taken against the sampler's
+        # log-probs, which then stand in for pi_old on every pass (the config refuses a sampler correction).
+        self.sampler_anchor = algo.trust_region_anchor == "sampler"
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
@@ -212,7 +216,11 @@ class PolicyUpdater:
             max_completion_length=max_completion_length,
             importance=algo.importance,
             kl_kind=algo.kl_estimator,
+            kl_tau=algo.kl_tau,
+            use_bias_correction_kl=algo.use_bias_correction_kl,
         )
+        spec = POLICY_LOSSES.get(self._loss_options.loss_type)
+        self.folds_sampler_weights = spec is not None and spec.folds_sampler_weights
         self.entropy_coef = float(algo.entropy_coef)
         self.last_entropy: float | None = None
         # `on` that cannot be honoured fails here, before any work.
@@ -221,9 +229,17 @@ class PolicyUpdater:
             "skip_zero_advantage",
             model,
             # where it cannot apply, auto simply computes every row; `on` is an error
-            worth=algo.beta == 0 and builtin_loss and selection is None and not self.entropy_on,
+            worth=algo.beta == 0
+            and algo.kl_tau == 0
+            and builtin_loss
+            and selection is None
+            and not self.entropy_on,
             unavailable=lambda: skip_unavailable(
-                algo.beta, builtin_loss=builtin_loss, selection=selection, entropy_bonus=self.entropy_on
+                algo.beta,
+                builtin_loss=builtin_loss,
+                selection=selection,
+                entropy_bonus=self.entropy_on,
+                kl_tau=algo.kl_tau,
             ),
         )
         # Zero (not None) gradients make a step whose rows were all skipped identical to one that
@@ -367,7 +383,14 @@ class PolicyUpdater:
         lengths = batch.loss_lengths  # tokens in the loss: inserted ones count in no normaliser
         loss_rows = [r for r in range(n) if in_loss[r]]
         multi_step = a.num_iterations * a.num_minibatches > 1
-        old = self._frozen_logprobs(self.model, batch, loss_rows) if multi_step else None
+        if self.sampler_anchor and batch.sampling_logprobs is None:
+            raise TrainingError(
+                "algo.trust_region_anchor=sampler takes the ratio against the sampler's log-probs, but this rollout "
+                "engine returned none; use rollout.engine=builtin or hf, or algo.trust_region_anchor=old"
+            )
+        # Under the sampler anchor the sampler's log-probs are pi_old: no pass computes the trainer's own.
+        need_old = multi_step and not self.sampler_anchor
+        old = self._frozen_logprobs(self.model, batch, loss_rows) if need_old else None
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
@@ -431,10 +454,15 @@ class PolicyUpdater:
                     gap_here = it == 0 and mb_index == 0
                     sampled_mb = None
                     if batch.sampling_logprobs is not None and (
-                        gap_here or self.controls.sampler_correction != "none"
+                        gap_here
+                        or self.controls.sampler_correction != "none"
+                        or self.controls.off_policy_mask_threshold is not None
+                        or self.sampler_anchor
                     ):
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
                         sampled_mb = self._stack(sampled, micro, width)
+                    if self.sampler_anchor:
+                        old_mb = sampled_mb
                     if gap_here and sampled_mb is not None:
                         meter.sampler_gap(lp.logp, sampled_mb, mask)
                     if token_adv is None:
@@ -449,12 +477,17 @@ class PolicyUpdater:
                         else None
                     )
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
+                    sampler_weights = None
+                    if ctl and self.folds_sampler_weights:
+                        # vespo folds the sampler's ratios into its sequence weight: passed apart, once.
+                        weights, sampler_weights = ctl.unsampled_weights, ctl.sampler_weights
                     loss, metrics = policy_loss(
                         lp.logp,
                         old_mb,
                         adv_mb,
                         mask,
                         token_weights=weights,
+                        sampler_weights=sampler_weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
                         ref_logp=self._stack(ref, micro, width) if ref is not None else None,
