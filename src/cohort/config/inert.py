@@ -117,6 +117,12 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        "algo.use_bias_correction_kl",
+        lambda c, _: (
+            "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key" if c.algo.beta == 0 else None
+        ),
+    ),
+    Inert(
         "algo.sampler_is_max",
         lambda c, _: (
             "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None
