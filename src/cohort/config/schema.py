@@ -579,7 +579,8 @@ class TrainConfig:
     """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
     preset: str | None = None
     """Named recipe applied before the file and overrides (cohort.presets): r1, dapo, dr_grpo, gspo, cispo,
-    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, ppo_classic."""
+    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, dppo, prime_rl, vespo, luspo, max_rl,
+    ppo_classic (`cohort config --presets` lists each with its source)."""
 
     @property
     def prompts_per_step(self) -> int:
