@@ -31,7 +31,9 @@ def _train(cfg):
 
 @pytest.mark.parametrize("loss_type", [t for t in LOSS_TYPES if t not in ("grpo", "bnpo", "dapo", "dr_grpo")])
 def test_each_new_loss_type_trains_from_yaml(tiny_model_dir, tmp_path, loss_type):
-    over = {"algo.kl_tau": 1e-3, "algo.num_iterations": 2} if loss_type == "dro" else {}  # dro needs its penalty
+    over = (
+        {"algo.kl_tau": 1e-3, "algo.num_iterations": 2} if loss_type == "dro" else {}
+    )  # dro needs its penalty
     if loss_type == "luspo":
         over = {"algo.importance": "sequence"}
     cfg = _cfg(tiny_model_dir, tmp_path, **{"algo.loss_type": loss_type, "steps": 2, **over})
@@ -63,7 +65,11 @@ def test_each_advantage_estimator_trains_from_yaml(tiny_model_dir, tmp_path, adv
             "off_policy_mask/dropped_frac",
         ),
         (
-            {"algo.loss_type": "vespo", "algo.sampler_correction": "token_tis", "rollout.sampler_dtype": "bfloat16"},
+            {
+                "algo.loss_type": "vespo",
+                "algo.sampler_correction": "token_tis",
+                "rollout.sampler_dtype": "bfloat16",
+            },
             "vespo/phi_seq_mean",
         ),
         ({"algo.kl_tau": 1e-3, "algo.num_iterations": 2}, "kl_tau/penalty_mean"),

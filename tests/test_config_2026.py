@@ -23,7 +23,10 @@ def _validate(tmp_path, **over):
     [
         ({"algo.kl_tau": -0.1}, "algo.kl_tau=-0.1 must be a number >= 0"),
         ({"algo.loss_type": "dro"}, "set algo.kl_tau > 0"),
-        ({"algo.off_policy_mask_threshold": -0.5}, "algo.off_policy_mask_threshold=-0.5 must be a number >= 0"),
+        (
+            {"algo.off_policy_mask_threshold": -0.5},
+            "algo.off_policy_mask_threshold=-0.5 must be a number >= 0",
+        ),
         ({"algo.loss_type": "vespo", "algo.loss_kwargs": {"k": 1.0}}, "has no parameter 'k'"),
         ({"algo.loss_type": "vespo", "algo.loss_kwargs": {"k_pos": 0}}, "k_pos must be > 0"),
         ({"algo.loss_type": "vespo", "algo.loss_kwargs": {"lambda_pos": -1.0}}, "lambda_pos must be > 0"),
@@ -110,8 +113,15 @@ def test_the_2026_presets_validate_and_say_their_source(name):
 
 
 def test_prime_rl_preset_is_its_default_loss():
-    a = load_config(None, {"model": {"name_or_path": "m"}, "data": {"task": "addition"}, "preset": "prime_rl"}).algo
-    assert (a.loss_type, a.aggregation, a.trust_region_anchor, a.kl_tau) == ("dppo_tv", "dapo", "sampler", 1e-3)
+    a = load_config(
+        None, {"model": {"name_or_path": "m"}, "data": {"task": "addition"}, "preset": "prime_rl"}
+    ).algo
+    assert (a.loss_type, a.aggregation, a.trust_region_anchor, a.kl_tau) == (
+        "dppo_tv",
+        "dapo",
+        "sampler",
+        1e-3,
+    )
     assert a.loss_kwargs == {"mask_low": 0.2, "mask_high": 0.2, "max_ratio": None}
 
 
@@ -147,5 +157,7 @@ def test_trl_off_policy_mask_and_bias_corrected_kl_follow_trls_defaults():
 
 
 def test_trl_luspo_maps_onto_the_luspo_loss():
-    a = GRPOConfig(output_dir="x", loss_type="luspo", importance_sampling_level="sequence").to_train_config("m", 8)
+    a = GRPOConfig(output_dir="x", loss_type="luspo", importance_sampling_level="sequence").to_train_config(
+        "m", 8
+    )
     assert (a.algo.loss_type, a.algo.importance) == ("luspo", "sequence")

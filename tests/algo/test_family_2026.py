@@ -66,7 +66,9 @@ def test_max_rl_by_hand():
 def test_max_rl_matches_loop_reference():
     g = torch.Generator().manual_seed(0)
     for size in (2, 3, 8):
-        r = torch.randint(0, 3, (size * 6,), generator=g).to(F64) - 0.5 * (torch.rand(size * 6, generator=g) < 0.2)
+        r = torch.randint(0, 3, (size * 6,), generator=g).to(F64) - 0.5 * (
+            torch.rand(size * 6, generator=g) < 0.2
+        )
         got = max_rl_advantages(r, size)
         for start in range(0, r.numel(), size):
             group = r[start : start + size].tolist()
@@ -168,7 +170,9 @@ def test_kl_tau_by_hand_and_not_scaled_by_weights():
             logp, old, adv, mask, loss_type="dapo", kl_tau=0.5, token_weights=weights, sampler_weights=weights
         )
         assert loss.item() == pytest.approx(0.0125, abs=1e-14)
-        torch.testing.assert_close(_grad(loss, logp), torch.tensor([[0.1, -0.05]], dtype=F64), rtol=0, atol=1e-14)
+        torch.testing.assert_close(
+            _grad(loss, logp), torch.tensor([[0.1, -0.05]], dtype=F64), rtol=0, atol=1e-14
+        )
         assert m["kl_tau/penalty_mean"].item() == pytest.approx(0.025, abs=1e-14)
 
 
@@ -341,7 +345,10 @@ def _trl_vespo(logp, old, adv, mask, is_ratio, *, k_pos=2.0, lam_pos=3.0, k_neg=
     for i, toks in enumerate(_tokens(mask)):
         a = float(adv[i])
         s = sum(max(min(logp[i, t].item() - float(old[i, t]), 20.0), -20.0) for t in toks)
-        s += sum(min(max(math.log(float(is_ratio[i, t])) if is_ratio[i, t] > 0 else -math.inf, lo), hi) for t in toks)
+        s += sum(
+            min(max(math.log(float(is_ratio[i, t])) if is_ratio[i, t] > 0 else -math.inf, lo), hi)
+            for t in toks
+        )
         log_w = min(max(s, lo), hi)
         k, lam = (k_pos, lam_pos) if a >= 0 else (k_neg, lam_neg)
         phi = math.exp(max(lam, 1e-4) + k * log_w - max(lam, 1e-4) * math.exp(log_w))
@@ -356,7 +363,9 @@ def test_vespo_matches_trls_loop():
         logp, old, mu, _, adv, mask = _case(6, 7, seed=seed, spread=0.15)
         w = torch.where(mask, torch.exp(old - mu).clamp(max=2.0), 0)  # token TIS weights, 0 at padding
         for kwargs in ({}, {"k_pos": 1.0, "lambda_pos": 0.5, "k_neg": 4.0, "lambda_neg": 1.0}):
-            loss, _ = policy_loss(logp, old, adv, mask, loss_type="vespo", loss_kwargs=kwargs, sampler_weights=w)
+            loss, _ = policy_loss(
+                logp, old, adv, mask, loss_type="vespo", loss_kwargs=kwargs, sampler_weights=w
+            )
             ref_kw = {
                 {"k_pos": "k_pos", "lambda_pos": "lam_pos", "k_neg": "k_neg", "lambda_neg": "lam_neg"}[k]: v
                 for k, v in kwargs.items()
@@ -397,7 +406,9 @@ def test_luspo_aggregation_by_hand():
     mask = torch.tensor([[True, False, False], [True, True, True]])
     loss, _ = policy_loss(logp, None, torch.tensor([1.0, 2.0], dtype=F64), mask, loss_type="luspo")
     assert loss.item() == -3.5
-    loss, _ = policy_loss(logp, None, torch.tensor([1.0, 2.0], dtype=F64), mask, loss_type="luspo", num_sequences=7)
+    loss, _ = policy_loss(
+        logp, None, torch.tensor([1.0, 2.0], dtype=F64), mask, loss_type="luspo", num_sequences=7
+    )
     assert loss.item() == -1.0
 
 
@@ -503,7 +514,9 @@ def test_otb_by_hand():
     old = torch.tensor([[0.5, 0.5, 0.9], [0.25, 0.25, 0.25]], dtype=F64).log()
     s2 = torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.25, 0.25]], dtype=F64)
     adv = optimal_token_baseline(torch.tensor([1.0, 0.0]), 2, old_logp=old, sum_pi_squared=s2, mask=mask)
-    torch.testing.assert_close(adv, torch.tensor([[0.6, 0.6, 0], [-0.4, -0.4, 0]], dtype=F64), rtol=0, atol=1e-7)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.6, 0.6, 0], [-0.4, -0.4, 0]], dtype=F64), rtol=0, atol=1e-7
+    )
     # A lone completion has no baseline: its advantage is its return.
     alone = optimal_token_baseline(torch.tensor([1.0, 0.0]), 1, old_logp=old, sum_pi_squared=s2, mask=mask)
     torch.testing.assert_close(alone, torch.tensor([[1.0, 1, 0], [0, 0, 0]], dtype=F64))

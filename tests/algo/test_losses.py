@@ -349,7 +349,9 @@ def test_micro_batches_sum_to_the_full_batch_gradient(loss_type, importance, bet
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_dropping_zero_advantage_rows_keeps_loss_and_gradient(loss_type):
     if loss_type == "dro":
-        pytest.skip("dro needs kl_tau > 0, whose penalty has a gradient on zero-advantage rows (never skipped)")
+        pytest.skip(
+            "dro needs kl_tau > 0, whose penalty has a gradient on zero-advantage rows (never skipped)"
+        )
     # Groups 0 and 2 have all-equal rewards, so their advantages are exactly 0; with beta = 0 and token-level
     # ratios they carry no gradient, and the trainer may skip them if it keeps the full-batch normalisers.
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.0, 0.5, 1.0, 0.0])
@@ -402,8 +404,10 @@ OPTIONS = st.fixed_dictionaries(
         "kl_tau": st.sampled_from([0.0, 1e-3]),
     }
 ).filter(
-    lambda o: not (POLICY_LOSSES[o["loss_type"]].token_importance and o["importance"] == "sequence")
-    and not (o["loss_type"] == "dro" and o["kl_tau"] == 0)
+    lambda o: (
+        not (POLICY_LOSSES[o["loss_type"]].token_importance and o["importance"] == "sequence")
+        and not (o["loss_type"] == "dro" and o["kl_tau"] == 0)
+    )
 )
 
 

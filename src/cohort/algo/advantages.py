@@ -395,14 +395,16 @@ def optimal_token_baseline(
     contiguous rows of `group_size`.
     """
     r, _, n, g = _scalar_rewards(rewards, group_size)
-    for name, t in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared), ("mask", mask)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] != n:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a tensor [N={n}, T] (one value per completion token), got {got}.")
+    for name, v in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared), ("mask", mask)):
+        if not isinstance(v, torch.Tensor) or v.dim() != 2 or v.shape[0] != n:
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(
+                f"{name} must be a tensor [N={n}, T] (one value per completion token), got {got}."
+            )
     shape = mask.shape
-    for name, t in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared)):
-        if t.shape != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}; it must match mask {tuple(shape)}.")
+    for name, v in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared)):
+        if v.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(v.shape)}; it must match mask {tuple(shape)}.")
     if is_weights is not None and (not isinstance(is_weights, torch.Tensor) or is_weights.shape != shape):
         raise ValueError(f"is_weights must be None or a tensor of mask's shape {tuple(shape)}.")
     eps = check_nonneg("eps", eps)

@@ -918,7 +918,9 @@ def policy_loss(
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
         if kl_tau > 0:
-            metrics["kl_tau/penalty_mean"] = masked_mean(token_log_ratio.detach().square().to(ratio_d.dtype), mask)
+            metrics["kl_tau/penalty_mean"] = masked_mean(
+                token_log_ratio.detach().square().to(ratio_d.dtype), mask
+            )
         for key, value in (terms.metrics or {}).items():
             metrics[key] = value.detach()
     return loss, metrics

@@ -95,7 +95,12 @@ def off_policy_mask(
     negative and KL_i > threshold, so only off-policy *negative* samples are silenced. advantages [N] or [N, T];
     logp [N, T] the current log-probs (detached here); sampler_logp [N, T]; threshold >= 0.
     """
-    for name, t in (("advantages", advantages), ("logp", logp), ("sampler_logp", sampler_logp), ("mask", mask)):
+    for name, t in (
+        ("advantages", advantages),
+        ("logp", logp),
+        ("sampler_logp", sampler_logp),
+        ("mask", mask),
+    ):
         check_tensor(name, t)
     if logp.dim() != 2 or logp.shape != sampler_logp.shape or logp.shape != mask.shape:
         raise ValueError(

@@ -119,7 +119,9 @@ INERT_OPTIONS: tuple[Inert, ...] = (
     Inert(
         "algo.use_bias_correction_kl",
         lambda c, _: (
-            "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key" if c.algo.beta == 0 else None
+            "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key"
+            if c.algo.beta == 0
+            else None
         ),
     ),
     Inert(

@@ -28,7 +28,9 @@ def skip_unavailable(
     if beta != 0:
         return f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
     if kl_tau != 0:
-        return f"algo.kl_tau={kl_tau} > 0: the squared log-ratio penalty of a zero-advantage row has a gradient"
+        return (
+            f"algo.kl_tau={kl_tau} > 0: the squared log-ratio penalty of a zero-advantage row has a gradient"
+        )
     if entropy_bonus:
         return "algo.entropy_coef / adaptive_entropy: the entropy term of a zero-advantage row has a gradient"
     if not builtin_loss:
