@@ -65,6 +65,7 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         num_iterations=case.get("mu", 1),
         num_minibatches=case.get("minibatches", 1),
         eps_high=0.28 if case["loss_type"] in ("grpo", "bnpo", "dapo", "dr_grpo") else None,
+        kl_tau=case.get("kl_tau", 0.0),
     )
     # SGD: AdamW divides each step by sqrt(v), which turns the rounding noise (~1e-17) of an element whose true
     # gradient is 0 into a step of ~lr * 1e-9 in either direction; the gradients themselves agree to rounding.

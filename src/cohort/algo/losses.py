@@ -12,7 +12,15 @@ averaged into one scalar). Per token t of completion i, with ratio rho = pi_thet
     gmpo  (Geometric-Mean Policy Optimization, arXiv 2507.20673): the sequence's geometric-mean ratio,
           R_i = exp(mean_t pess_t), pess_t the token log-ratio clipped to [-clip, clip] on the side the
           advantage pushes; every token of i carries l_it = -R_i * A_i (so the "grpo" mean gives -mean_i R_i A_i)
-    loss = aggregate(l + beta * k3)   (plus KL-Cov's penalty and token weights when given, see policy_loss)
+    luspo (arXiv 2602.05261): the clip loss, aggregated as each sequence's token sum averaged over sequences
+    vespo (arXiv 2602.10693): l_it = -phi_i * A * r, phi_i = e^lam w_i^k e^(-lam w_i) a detached gamma weight of
+          the sequence's whole importance weight w_i (sampler weights folded in)
+    dppo_tv / dppo_kl (arXiv 2602.04879): l_it = -(1 - drop_it) * sg(min(rho, C)) * A * r, drop_it when the
+          token's divergence from the anchor (|p - p_old| or its binary KL) passes the threshold in the
+          direction the advantage pushes
+    dro (verl): l_it = -A * r, with the squared log-ratio penalty kl_tau * (log rho)^2 that policy_loss adds
+    loss = aggregate(l + beta * k3)   (plus KL-Cov's penalty, kl_tau's squared log-ratio and token weights when
+                                        given, see policy_loss)
 
 Here r = exp(log pi_theta - sg(log pi_theta)) (value 1, gradient grad log pi_theta): cispo's loss then has
 the value -w * A and the gradient -w * A * grad log pi_theta, so its logged loss reads like the others'.
