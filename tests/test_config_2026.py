@@ -91,9 +91,19 @@ def test_new_options_validate_together(tmp_path):
             "algo.beta": 0.01,
             "algo.use_bias_correction_kl": True,
             "algo.advantage": "max_rl",
+            "algo.num_iterations": 2,
         },
     )
     assert cfg.algo.loss_type == "dppo_kl" and cfg.algo.kl_tau == 1e-3
+
+
+def test_kl_tau_against_pi_old_in_one_step_is_named_inert(tmp_path):
+    with pytest.warns(ConfigWarning, match="algo.kl_tau=0.001 changes nothing.*trust_region_anchor=sampler"):
+        _validate(tmp_path, **{"algo.kl_tau": 1e-3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        _validate(tmp_path, **{"algo.kl_tau": 1e-3, "algo.trust_region_anchor": "sampler"})
+        _validate(tmp_path, **{"algo.kl_tau": 1e-3, "algo.num_minibatches": 2})
 
 
 def test_defaults_are_unchanged():
