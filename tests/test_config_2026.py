@@ -45,7 +45,6 @@ def _validate(tmp_path, **over):
         ({"algo.dppo_topk": 20}, "set algo.loss_type to dppo_tv or dppo_kl"),
         ({"algo.loss_type": "dppo_tv", "algo.dppo_topk": 20}, "none of cohort's engines"),
         ({"algo.loss_type": "dppo_tv", "algo.dppo_topk": -1}, "algo.dppo_topk=-1 must be an int >= 0"),
-        ({"algo.advantage": "optimal_token_baseline"}, "not wired into the trainer yet"),
         (
             {"algo.advantage": "optimal_token_baseline", "algo.loss_type": "gmpo"},
             "loss_type=gmpo needs one per completion",

@@ -447,3 +447,63 @@ def _gradient_of(model, batch, **algo):
         p.grad = None
     stats = _updater(model, **algo).update(batch)
     return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
+
+
+def test_sum_pi_squared_comes_out_of_every_head_path_as_the_full_softmax_gives_it(model64, batch):
+    # Issue 40 (OTB): sum_v pi(v)^2 at the sampling temperature, computed inside the (chunked) LM head, equals
+    # the full logits' softmax squared and summed, on every layout and with the head in chunks or not.
+    from cohort.logprobs import completion_logprobs
+
+    rows = list(range(3 * G))
+    want = []
+    with torch.no_grad():
+        for r in rows:
+            prompt, comp = batch.prompt_ids[r // G], batch.completion_ids[r]
+            logits = model64(torch.tensor([prompt + comp])).logits[0] / 0.9  # [L, V]
+            probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(comp)].softmax(-1)
+            want.append(probs.square().sum(-1))
+    for fast in _combinations():
+        with torch.no_grad():
+            lp = completion_logprobs(
+                model64,
+                batch.prompt_ids,
+                batch.completion_ids,
+                G,
+                temperature=0.9,
+                fast=fast,
+                with_sum_pi_squared=True,
+                chunk_size=5,
+            )
+        for i, r in enumerate(rows):
+            got = lp.sum_pi_squared[i, : len(batch.completion_ids[r])]
+            torch.testing.assert_close(got, want[i], rtol=1e-12, atol=1e-14)
+            assert lp.sum_pi_squared[i, len(batch.completion_ids[r]) :].eq(0).all()
+
+
+def test_the_optimal_token_baseline_trains_on_its_own_pi_old_pass(model64, batch):
+    # The updater's per-token advantages are cohort.algo.optimal_token_baseline over its pi_old pass (log-probs
+    # and sum pi^2 at the sampling temperature) for every row, rewards as the batch gives them.
+    import dataclasses
+
+    from cohort.algo import optimal_token_baseline
+    from cohort.logprobs import completion_logprobs
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 2.0, 0.0, 1.0, 0.0])
+    otb = dataclasses.replace(batch, rewards=rewards)
+    updater = _updater(model64, advantage="optimal_token_baseline")
+    _, token_adv = updater._otb_pass(otb)
+    with torch.no_grad():
+        lp = completion_logprobs(
+            model64, batch.prompt_ids, batch.completion_ids, G, temperature=0.9, with_sum_pi_squared=True
+        )
+    want = optimal_token_baseline(
+        rewards, G, old_logp=lp.logp, sum_pi_squared=lp.sum_pi_squared, mask=lp.mask
+    )
+    for r, tok in enumerate(token_adv):
+        torch.testing.assert_close(tok, want[r, : len(batch.completion_ids[r])].float(), rtol=1e-6, atol=1e-7)
+    assert any(t.abs().max() > 0 for t in token_adv)
+    # The update runs on them (and a process reward with OTB is refused, naming the fix).
+    updater.update(otb)
+    with pytest.raises(Exception, match="use algo.advantage=grpo with process rewards"):
+        bad = dataclasses.replace(otb, token_advantages=[torch.zeros(len(c)) for c in batch.completion_ids])
+        updater.update(bad)

@@ -231,8 +231,8 @@ class AlgoConfig:
     null}, or your own loss's."""
     advantage: str = "grpo"
     """Advantage estimator: grpo (group z-score, with scale / std / adv_eps), rloo, reinforce_pp,
-    reinforce_pp_baseline, max_rl ((r - mean) / mean per group), or your own 'my_pkg.module:function'
-    (optimal_token_baseline is refused: not wired into the trainer yet, see cohort.algo.optimal_token_baseline)."""
+    reinforce_pp_baseline, max_rl ((r - mean) / mean per group), optimal_token_baseline (per-token baselines
+    from the update's pi_old pass; not with gmpo or process rewards), or your own 'my_pkg.module:function'."""
     advantage_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of your own advantage estimator."""
     top_entropy_quantile: float = 1.0

@@ -403,7 +403,7 @@ def _check_objective(cfg: TrainConfig) -> None:
     """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
     run as configured (user code named by spec is imported and its signature checked here)."""
     a, r = cfg.algo, cfg.rollout
-    _check_unwired_advantage(a)
+    _check_advantage_fits_loss(a)
     for key in ("loss_kwargs", "advantage_kwargs"):
         if not isinstance(getattr(a, key), dict):
             raise ConfigError(f"algo.{key}={getattr(a, key)!r} must be a mapping of keyword arguments")
@@ -508,18 +508,12 @@ TRUST_REGION_ANCHORS = ("old", "sampler")
 """algo.trust_region_anchor's values: pi_old, or the sampler's log-probs."""
 
 
-def _check_unwired_advantage(a: AlgoConfig) -> None:
-    """Raises ConfigError for an advantage estimator cohort.algo has but the trainer cannot feed yet (OTB)."""
-    if a.advantage == "optimal_token_baseline":
-        if a.loss_type == "gmpo":
-            raise ConfigError(
-                "algo.advantage=optimal_token_baseline gives one advantage per token, and loss_type=gmpo needs one "
-                "per completion: choose another loss type"
-            )
+def _check_advantage_fits_loss(a: AlgoConfig) -> None:
+    """Raises ConfigError for an advantage estimator the loss cannot take (OTB's per-token ones with gmpo)."""
+    if a.advantage == "optimal_token_baseline" and a.loss_type == "gmpo":
         raise ConfigError(
-            "algo.advantage=optimal_token_baseline is not wired into the trainer yet: it needs sum_v pi_old(v)^2 "
-            "from the pi_old pass inside the chunked LM head, which cohort does not compute. Use "
-            "cohort.algo.optimal_token_baseline in your own loop, or choose algo.advantage grpo, rloo or max_rl"
+            "algo.advantage=optimal_token_baseline gives one advantage per token, and loss_type=gmpo needs one "
+            "per completion: choose another loss type"
         )
 
 
