@@ -348,6 +348,8 @@ class PolicyUpdater:
                 "a process reward gives per-token advantages too: use algo.advantage=grpo with process rewards"
             )
         n = len(batch.completion_ids)
+        if n == 0:  # a process without groups (still joins the collectives of the update that follows)
+            return {}, []
         rows = list(range(n))
         old: dict[int, torch.Tensor] = {}
         square: dict[int, torch.Tensor] = {}
