@@ -348,8 +348,6 @@ class PolicyUpdater:
                 "a process reward gives per-token advantages too: use algo.advantage=grpo with process rewards"
             )
         n = len(batch.completion_ids)
-        if n == 0:  # a process without groups (still joins the collectives of the update that follows)
-            return {}, []
         rows = list(range(n))
         old: dict[int, torch.Tensor] = {}
         square: dict[int, torch.Tensor] = {}
@@ -366,6 +364,8 @@ class PolicyUpdater:
                 for i, r in enumerate(micro):
                     length = len(batch.completion_ids[r])
                     old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
+        if n == 0:  # a process without groups: it joined the pass's collectives above, and has nothing to score
+            return old, []
         width = max((len(c) for c in batch.completion_ids), default=0)
         old_all = self._stack(old, rows, width)  # [N, T]
         mask_all = self._stack(
