@@ -364,7 +364,9 @@ class PolicyUpdater:
                 for i, r in enumerate(micro):
                     length = len(batch.completion_ids[r])
                     old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
-        if n == 0:  # a process without groups: it joined the pass's collectives above, and has nothing to score
+        if (
+            n == 0
+        ):  # a process without groups: it joined the pass's collectives above, and has nothing to score
             return old, []
         width = max((len(c) for c in batch.completion_ids), default=0)
         old_all = self._stack(old, rows, width)  # [N, T]
