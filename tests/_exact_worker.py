@@ -22,8 +22,9 @@ from cohort.train.update import PolicyBatch, PolicyUpdater
 GROUPS, G = 7, 3
 
 
-def global_batch(equal_lengths: bool = False, groups: int = GROUPS):
-    """Returns (prompts, completions, advantages [N]) of the fixed global batch: 7 groups of 3, two of them
+def global_batch(equal_lengths: bool = False, groups: int = GROUPS, with_rewards: bool = False):
+    """Returns (prompts, completions, advantages [N]) of the fixed global batch (and the rewards [N] last when
+    with_rewards): 7 groups of 3, two of them
     with all-equal rewards (zero advantage), completions of 1..6 tokens (all 4 with equal_lengths)."""
     prompts = random_prompts(GROUPS, seed=1)
     g = torch.Generator().manual_seed(2)
@@ -34,6 +35,8 @@ def global_batch(equal_lengths: bool = False, groups: int = GROUPS):
     rewards = torch.rand(groups * G, generator=g, dtype=torch.float64)
     rewards[0:3] = 1.0  # group 0 all equal
     rewards[9:12] = 0.0  # group 3 all equal
+    if with_rewards:
+        return prompts, completions, group_advantages(rewards, G), rewards
     return prompts, completions, group_advantages(rewards, G)
 
 
@@ -65,6 +68,8 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         num_iterations=case.get("mu", 1),
         num_minibatches=case.get("minibatches", 1),
         eps_high=0.28 if case["loss_type"] in ("grpo", "bnpo", "dapo", "dr_grpo") else None,
+        kl_tau=case.get("kl_tau", 0.0),
+        advantage=case.get("advantage", "grpo"),
     )
     # SGD: AdamW divides each step by sqrt(v), which turns the rounding noise (~1e-17) of an element whose true
     # gradient is 0 into a step of ~lr * 1e-9 in either direction; the gradients themselves agree to rounding.
@@ -88,7 +93,9 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         else FastConfig(segments_min_tokens=0),  # every fast path, segment attention even on short groups
     )
     groups = case.get("groups", GROUPS)
-    prompts, completions, adv = global_batch(case.get("equal_lengths", False), groups)
+    prompts, completions, adv, rewards = global_batch(
+        case.get("equal_lengths", False), groups, with_rewards=True
+    )
     mine = torch.arange(groups).tensor_split(world)[rank].tolist()
     rows = [g * G + i for g in mine for i in range(G)]
     batch = PolicyBatch(
@@ -99,6 +106,7 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         torch.ones(len(rows), dtype=torch.bool),
         group_offset=mine[0] if mine else 0,
         total_groups=groups,
+        rewards=rewards[rows] if case.get("advantage") == "optimal_token_baseline" else None,
     )
     if world > 1:  # as the trainer does: the once-per-model checks on every process together, on the shards
         warm_probes(model, updater.fast)

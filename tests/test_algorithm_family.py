@@ -31,7 +31,12 @@ def _train(cfg):
 
 @pytest.mark.parametrize("loss_type", [t for t in LOSS_TYPES if t not in ("grpo", "bnpo", "dapo", "dr_grpo")])
 def test_each_new_loss_type_trains_from_yaml(tiny_model_dir, tmp_path, loss_type):
-    cfg = _cfg(tiny_model_dir, tmp_path, **{"algo.loss_type": loss_type, "steps": 2})
+    over = (
+        {"algo.kl_tau": 1e-3, "algo.num_iterations": 2} if loss_type == "dro" else {}
+    )  # dro needs its penalty
+    if loss_type == "luspo":
+        over = {"algo.importance": "sequence"}
+    cfg = _cfg(tiny_model_dir, tmp_path, **{"algo.loss_type": loss_type, "steps": 2, **over})
     _, rows, moved = _train(cfg)
     assert moved and len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
 
@@ -55,6 +60,23 @@ def test_each_advantage_estimator_trains_from_yaml(tiny_model_dir, tmp_path, adv
             "cov/selected_frac",
         ),
         ({"algo.sampler_correction": "token_tis"}, "sampler/is_ratio_mean"),
+        (
+            {"algo.off_policy_mask_threshold": 0.0, "rollout.sampler_dtype": "bfloat16"},
+            "off_policy_mask/dropped_frac",
+        ),
+        (
+            {
+                "algo.loss_type": "vespo",
+                "algo.sampler_correction": "token_tis",
+                "rollout.sampler_dtype": "bfloat16",
+            },
+            "vespo/phi_seq_mean",
+        ),
+        ({"algo.kl_tau": 1e-3, "algo.num_iterations": 2}, "kl_tau/penalty_mean"),
+        (
+            {"preset": "prime_rl", "rollout.sampler_dtype": "bfloat16", "algo.num_iterations": 2},
+            "clip_ratio/region_mean",
+        ),
         (
             {"algo.sampler_correction": "sequence_mis", "rollout.sampler_dtype": "bfloat16"},
             "sampler/is_ratio_max",

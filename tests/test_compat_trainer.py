@@ -328,3 +328,19 @@ def test_entropy_regularisation_from_trl_fields(tiny_model_dir, tmp_path):
     assert coefs == pytest.approx([0.06, 0.07])  # entropy below the target: up by delta each optimizer step
     state = torch.load(tmp_path / "out" / "checkpoints" / "step-2" / "trainer_state.pt", weights_only=True)
     assert state["extra"]["entropy"]["coef"] == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(loss_type="vespo", vespo_k_pos=1.5, off_policy_mask_threshold=0.5, beta=0.04),
+        dict(loss_type="luspo", importance_sampling_level="sequence", beta=0.04, use_bias_correction_kl=True),
+    ],
+)
+def test_trl_2026_fields_train(tiny_model_dir, tmp_path, extra):
+    # Issue 40: a TRL 1.16 script with the 2026 fields runs on the drop-in (TRL's bias-corrected KL on at beta > 0).
+    trainer = _trainer(tiny_model_dir, tmp_path, max_steps=1, **extra)
+    assert trainer.cfg.algo.loss_type == extra["loss_type"] and trainer.cfg.algo.use_bias_correction_kl
+    before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())

@@ -19,8 +19,13 @@ from _exact_worker import run_case, worker
 from cohort.algo import LOSS_TYPES
 
 CASES: dict[str, dict] = {lt: {"loss_type": lt} for lt in LOSS_TYPES if lt != "bnpo"}
+CASES["dro"]["kl_tau"] = 1e-2  # dro is refused without its penalty
 CASES.update(
     {
+        # The policy moves inside the batch: DPPO's masks and the squared log-ratio penalty act.
+        "dppo_tv_mu2_kl_tau": {"loss_type": "dppo_tv", "mu": 2, "minibatches": 2, "kl_tau": 1e-2},
+        # Per-token baselines from the update's own pi_old pass, per group (groups never straddle processes).
+        "otb_mu2": {"loss_type": "dapo", "advantage": "optimal_token_baseline", "mu": 2},
         # 6 groups of equal lengths: every process (2 or 3) holds the same token count.
         "bnpo_equal_shares": {"loss_type": "bnpo", "equal_lengths": True, "groups": 6},
         "dapo_no_skip": {"loss_type": "dapo", "skip": "off"},

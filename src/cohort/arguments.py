@@ -275,4 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="list every config key with its default and what it does")
     p.add_argument("prefix", nargs="?", default="", help="only keys starting with this (e.g. algo or fast.)")
+    p.add_argument(
+        "--presets",
+        action="store_true",
+        help="list the named presets instead, each with its source and values",
+    )
     return parser

@@ -412,6 +412,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     from cohort.config import describe_keys
 
+    if getattr(args, "presets", False):
+        from cohort.presets import describe_presets
+
+        print("\n".join(describe_presets()))
+        return 0
     rows = [row for row in describe_keys() if row[0].startswith(args.prefix)]
     if not rows:
         print(

@@ -105,15 +105,32 @@ class GRPOConfig:
                 "tau_pos": self.sapo_temperature_pos,
                 "tau_neg": self.sapo_temperature_neg,
             }
+        elif self.loss_type == "vespo":
+            out["algo.loss_kwargs"] = {
+                "k_pos": self.vespo_k_pos,
+                "lambda_pos": self.vespo_lambda_pos,
+                "k_neg": self.vespo_k_neg,
+                "lambda_neg": self.vespo_lambda_neg,
+            }
         else:
             out["algo.eps_high"] = self.epsilon_high
+        vespo_fields = sorted(k for k in g if k.startswith("vespo_"))
+        if self.loss_type != "vespo" and vespo_fields:
+            raise ConfigError(
+                f"GRPOConfig: {', '.join(vespo_fields)} apply to loss_type='vespo', not {self.loss_type!r}; leave "
+                "them out or set loss_type='vespo'"
+            )
         if self.loss_type != "sapo" and {"sapo_temperature_pos", "sapo_temperature_neg"} & set(g):
             raise ConfigError(
                 f"GRPOConfig: sapo_temperature_pos / sapo_temperature_neg apply to loss_type='sapo', not "
                 f"{self.loss_type!r}; leave them out or set loss_type='sapo'"
             )
-        if self.loss_type not in ("cispo", "sapo") or self.delta is not None:
+        if self.loss_type not in ("cispo", "sapo", "vespo") or self.delta is not None:
             out["algo.delta"] = self.delta
+        if self.off_policy_mask_threshold is not None:
+            out["algo.off_policy_mask_threshold"] = self.off_policy_mask_threshold
+        if self.beta != 0:  # TRL applies the correction only with a KL term: its default True follows it
+            out["algo.use_bias_correction_kl"] = bool(self.use_bias_correction_kl)
         out["algo.top_entropy_quantile"] = self.top_entropy_quantile
         out["algo.entropy_coef"] = self.entropy_coef
         out["algo.adaptive_entropy"] = bool(self.use_adaptive_entropy)

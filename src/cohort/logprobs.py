@@ -47,6 +47,9 @@ class LogProbs:
     entropy: torch.Tensor | None = None
     """[n, T] entropy of the predictive distribution (logits / temperature), logp's dtype; 0 where masked.
     Carries no gradient."""
+    sum_pi_squared: torch.Tensor | None = None
+    """[n, T] sum_v pi(v)^2 of the predictive distribution (logits / temperature) when asked for (the Optimal
+    Token Baseline's variance proxy), logp's dtype; 0 where masked. Carries no gradient."""
     path: str = "padded"
     """The layout that computed them: segments, dense_mask or padded (see PATHS)."""
     chunked_head: bool = False
@@ -64,12 +67,14 @@ def completion_logprobs(
     with_entropy: bool | str = False,
     chunk_size: int = 1024,
     fast: FastConfig | None = None,
+    with_sum_pi_squared: bool = False,
 ) -> LogProbs:
     """Returns LogProbs ([n, T]) of the completion tokens of `rows` (all rows if None), in that order.
 
     Row r belongs to prompt r // group_size. Differentiable when grad is enabled. `fast` switches the
     paths (default: all auto); `FastConfig.all("off")` gives the plain reference computation.
     `with_entropy="grad"` makes the entropy differentiable too (entropy regularisation).
+    `with_sum_pi_squared` adds sum_v pi(v)^2 per token, computed inside the (chunked) LM head.
     """
     fast = FastConfig() if fast is None else fast
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, fast)
@@ -87,6 +92,7 @@ def completion_logprobs(
         path,
         chunked=chunked,
         fast=fast,
+        with_sum_pi_squared=with_sum_pi_squared,
     )
 
 
@@ -140,6 +146,7 @@ def compute_logprobs(
     *,
     chunked: bool = True,
     fast: FastConfig | None = None,
+    with_sum_pi_squared: bool = False,
 ) -> LogProbs:
     """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked`."""
     fast = FastConfig() if fast is None else fast
@@ -149,7 +156,14 @@ def compute_logprobs(
     mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # [n, T]
     if T == 0:
         empty = torch.zeros(n, 0, dtype=torch.promote_types(float_dtype(model), torch.float32), device=device)
-        return LogProbs(empty, mask, empty.clone() if with_entropy else None, path, chunked)
+        return LogProbs(
+            empty,
+            mask,
+            empty.clone() if with_entropy else None,
+            empty.clone() if with_sum_pi_squared else None,
+            path,
+            chunked,
+        )
 
     parts = split_model(model) if chunked else None
     if path == "segments":
@@ -188,11 +202,16 @@ def compute_logprobs(
         # One call of the head's FSDP unit per pass: its all-gather (and reduce-scatter) is a collective every
         # process must join, and processes hold different numbers of tokens. Logits of the completion tokens only.
         rows_per_chunk = max(picked.shape[0], 1)
-    logp, entropy = chunked_logprobs(head, picked, target, temperature, with_entropy, rows_per_chunk)  # [M]
+    logp, entropy, square = chunked_logprobs(
+        head, picked, target, temperature, with_entropy, rows_per_chunk, with_sum_pi_squared
+    )  # [M] each
     flat = torch.zeros(n * T, dtype=logp.dtype, device=device)  # [n*T]
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
     ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
-    return LogProbs(logp_out, mask, ent_out, path, parts is not None)
+    sq_out = (
+        flat.index_copy(0, dest, square.to(logp.dtype)).view(n, T) if square is not None else None
+    )  # [n, T]
+    return LogProbs(logp_out, mask, ent_out, sq_out, path, parts is not None)
 
 
 def _impl(model: torch.nn.Module) -> str | None:

@@ -1,5 +1,6 @@
 """Named recipes: DeepSeek R1, DAPO, Dr. GRPO and classic PPO from the seeds, and the later GRPO family (GSPO,
-CISPO, SAPO, GMPO, RLOO, REINFORCE++, top-entropy masking, Clip-Cov, KL-Cov) with each value's source.
+CISPO, SAPO, GMPO, RLOO, REINFORCE++, top-entropy masking, Clip-Cov, KL-Cov) and the 2026 family (DPPO, prime-rl's
+default loss, VESPO, LUSPO, MaxRL), with each value's source (`PRESET_SOURCES`; `cohort config --presets`).
 
 A preset only sets values; the YAML file and command-line overrides applied after it still win, so
 ``preset=dapo rollout.group_size=8`` is DAPO with smaller groups. Each value's source is in the comment.
@@ -132,12 +133,92 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "beta": 0.0,
         },
     },
+    # DPPO (arXiv 2602.04879), the authors' recipe (verl examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh):
+    # the binary-TV mask at 0.15 on both sides, the ratio truncated at 1e4 (effectively none), each sequence's
+    # token sum over a constant length (seq-mean-token-sum-norm = cohort's dr_grpo aggregation); no KL.
+    "dppo": {
+        "algo": {
+            "loss_type": "dppo_tv",
+            "loss_kwargs": {"mask_low": 0.15, "mask_high": 0.15, "max_ratio": 1e4},
+            "aggregation": "dr_grpo",
+            "eps_high": None,
+            "delta": None,
+            "beta": 0.0,
+        },
+    },
+    # prime-rl's default loss (src/prime_rl/trainer/rl/loss.py, configs/trainer.py defaults): DPPO's binary-TV
+    # mask at 0.2 / 0.2 measured against the sampler, the untruncated ratio pi / pi_sampler, the squared
+    # log-ratio penalty kl_tau = 1e-3, normalised over the batch's tokens (dapo); no KL to a reference.
+    "prime_rl": {
+        "algo": {
+            "loss_type": "dppo_tv",
+            "loss_kwargs": {"mask_low": 0.2, "mask_high": 0.2, "max_ratio": None},
+            "aggregation": "dapo",
+            "trust_region_anchor": "sampler",
+            "sampler_correction": "none",
+            "kl_tau": 1e-3,
+            "eps_high": None,
+            "delta": None,
+            "beta": 0.0,
+        },
+    },
+    # VESPO (arXiv 2602.10693) with TRL 1.16's defaults: gamma weights (k, lambda) = (2, 3) for A >= 0 and
+    # (3, 2) for A < 0, token-level ratios, normalised over the batch's tokens; no KL.
+    "vespo": {
+        "algo": {
+            "loss_type": "vespo",
+            "loss_kwargs": {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+            "importance": "token",
+            "eps_high": None,
+            "delta": None,
+            "beta": 0.0,
+        },
+    },
+    # LUSPO (arXiv 2602.05261), as TRL 1.16 runs it: GSPO's sequence ratio with each sequence's token sum
+    # averaged over sequences (TRL's documentation says luspo requires importance_sampling_level="sequence").
+    "luspo": {
+        "algo": {"loss_type": "luspo", "importance": "sequence", "beta": 0.0},
+    },
+    # MaxRL (arXiv 2602.02710; prime-rl's max_rl advantage): (r - mean) / mean per group, about 1 / pass rate.
+    "max_rl": {"algo": {"advantage": "max_rl", "scale": "group"}},
     # Classic PPO defaults as the seeds list them: small groups, a strong KL leash, several epochs.
     "ppo_classic": {
         "rollout": {"group_size": 4},
         "algo": {"loss_type": "grpo", "eps_low": 0.2, "eps_high": 0.2, "beta": 0.04, "num_iterations": 4},
     },
 }
+
+
+PRESET_SOURCES: dict[str, str] = {
+    "r1": "DeepSeekMath / DeepSeek-R1 GRPO (arXiv 2402.03300, 2501.12948)",
+    "dapo": "DAPO (arXiv 2503.14476)",
+    "dr_grpo": "Dr. GRPO (arXiv 2503.20783)",
+    "gspo": "GSPO (arXiv 2507.18071)",
+    "cispo": "CISPO (MiniMax-M1, arXiv 2506.13585) with ScaleRL's loss-side choices (arXiv 2510.13786)",
+    "sapo": "SAPO (arXiv 2511.20347)",
+    "gmpo": "GMPO (arXiv 2507.20673)",
+    "rloo": "RLOO (arXiv 2402.14740)",
+    "reinforce_pp": "REINFORCE++-baseline (arXiv 2501.03262)",
+    "top_entropy": "Beyond the 80/20 Rule (arXiv 2506.01939) on DAPO",
+    "clip_cov": "Clip-Cov (arXiv 2505.22617)",
+    "kl_cov": "KL-Cov (arXiv 2505.22617)",
+    "dppo": "DPPO (arXiv 2602.04879), the authors' verl recipe (examples/dppo_trainer)",
+    "prime_rl": "prime-rl's default loss (src/prime_rl/trainer/rl/loss.py, default since 2026-04)",
+    "vespo": "VESPO (arXiv 2602.10693) with TRL 1.16's defaults",
+    "luspo": "LUSPO (arXiv 2602.05261) as TRL 1.16 runs it",
+    "max_rl": "MaxRL (arXiv 2602.02710), prime-rl's max_rl advantage",
+    "ppo_classic": "classic PPO defaults as the seeds list them",
+}
+"""Each preset's source, which `cohort config --presets` prints beside its values."""
+
+
+def describe_presets() -> list[str]:
+    """Returns one line per preset: its name, its source and the values it sets."""
+    lines = []
+    for name, sections in PRESETS.items():
+        values = ", ".join(f"{sec}.{k}={v!r}" for sec, items in sections.items() for k, v in items.items())
+        lines.append(f"{name}: {PRESET_SOURCES[name]}\n    {values}")
+    return lines
 
 
 def apply_preset(cfg: Any, name: str) -> Any:

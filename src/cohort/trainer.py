@@ -572,6 +572,7 @@ class GRPOTrainer:
             group_offset=int(counts[: dist.rank()].sum()),
             total_groups=int(counts.sum()),
             loss_masks=rollout.loss_masks,
+            rewards=drawn.reward if self.cfg.algo.advantage == "optimal_token_baseline" else None,
         )
 
     def _update(self, batch: PolicyBatch, step: int) -> UpdateStats:

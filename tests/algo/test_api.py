@@ -40,6 +40,10 @@ def test_contract_signatures():
         "token_weights": None,
         "kl_cov_mask": None,
         "kl_cov_coef": 1.0,
+        "kl_tau": 0.0,
+        "use_bias_correction_kl": False,
+        "sampler_weights": None,
+        "divergence": None,
         "options": None,
     }
     sig = inspect.signature(algo.group_advantages)
@@ -55,7 +59,8 @@ def test_contract_signatures():
 def test_option_tuples_are_accepted():
     z, m, a = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), torch.zeros(2)
     for loss_type in algo.LOSS_TYPES:
-        algo.policy_loss(z, None, a, m, loss_type=loss_type, max_completion_length=3)
+        kl_tau = 1e-3 if loss_type == "dro" else 0.0  # dro is refused without its penalty
+        algo.policy_loss(z, None, a, m, loss_type=loss_type, max_completion_length=3, kl_tau=kl_tau)
     for importance in algo.IMPORTANCE_LEVELS:
         algo.policy_loss(z, None, a, m, importance=importance)
     for scale in algo.SCALES:
@@ -65,8 +70,16 @@ def test_option_tuples_are_accepted():
         algo.combine_rewards(torch.zeros(4, 2), None, 2, mode=mode)
     for kind in algo.KL_KINDS:
         algo.kl_estimate(z, z, kind)
-    assert set(algo.LOSS_AGGREGATIONS) == {"grpo", "bnpo", "dapo", "dr_grpo"}
-    assert set(algo.LOSS_TYPES) == set(algo.LOSS_AGGREGATIONS) | {"cispo", "sapo", "gmpo"}
+    assert set(algo.LOSS_AGGREGATIONS) == {"grpo", "bnpo", "dapo", "dr_grpo", "luspo"}
+    assert set(algo.LOSS_TYPES) == set(algo.LOSS_AGGREGATIONS) | {
+        "cispo",
+        "sapo",
+        "gmpo",
+        "vespo",
+        "dppo_tv",
+        "dppo_kl",
+        "dro",
+    }
 
 
 @pytest.mark.parametrize("bad", [2.0, "4", True])

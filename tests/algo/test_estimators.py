@@ -34,7 +34,12 @@ def test_a_declaration_that_differs_from_the_function_is_refused():
 @pytest.mark.parametrize("name", ADVANTAGE_TYPES)
 def test_the_config_passes_each_estimator_the_fields_it_declares(name):
     algo = AlgoConfig(advantage=name, std="population", adv_eps=1e-3)
-    expected = {"grpo": {"scale": "group", "std": "population", "eps": 1e-3}, "rloo": {}}
+    expected = {
+        "grpo": {"scale": "group", "std": "population", "eps": 1e-3},
+        "rloo": {},
+        "max_rl": {},
+        "optimal_token_baseline": {},
+    }
     assert advantage_arguments(name, algo) == expected.get(name, {"std": "population", "eps": 1e-3})
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 1.0])
     estimate_advantages(name, rewards, 3, **advantage_arguments(name, algo))  # the call the trainer makes

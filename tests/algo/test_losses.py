@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cohort.algo import AGGREGATIONS, LOSS_TYPES, group_advantages, kl_estimate, policy_loss
+from cohort.algo import AGGREGATIONS, LOSS_TYPES, POLICY_LOSSES, group_advantages, kl_estimate, policy_loss
 
 F64 = torch.float64
 
@@ -84,6 +84,8 @@ def loop_policy_loss(
         loss = sum((sum(terms) / len(terms) for terms in rows if terms), zero) / n_seq
     elif loss_type in ("bnpo", "dapo"):
         loss = sum(all_terms, zero) / n_tok
+    elif loss_type == "luspo":
+        loss = sum(all_terms, zero) / n_seq
     else:
         loss = sum(all_terms, zero) / (n_seq * max_completion_length)
     denom = max(tokens, 1)
@@ -282,10 +284,9 @@ def test_eps_high_widens_upper_clip_only():
 def test_per_token_advantages_equal_broadcast_sequence_advantages():
     logp, old, _, adv, mask = make_case(5, 7, 3)
     for loss_type in set(LOSS_TYPES) - {"gmpo"}:  # gmpo is defined for per-completion advantages only
-        a, _ = policy_loss(logp, old, adv, mask, loss_type=loss_type, max_completion_length=7)
-        b, _ = policy_loss(
-            logp, old, adv[:, None].expand(5, 7), mask, loss_type=loss_type, max_completion_length=7
-        )
+        opts = dict(loss_type=loss_type, max_completion_length=7, kl_tau=1e-3 if loss_type == "dro" else 0.0)
+        a, _ = policy_loss(logp, old, adv, mask, **opts)
+        b, _ = policy_loss(logp, old, adv[:, None].expand(5, 7), mask, **opts)
         assert a.item() == b.item()
 
 
@@ -314,11 +315,13 @@ def test_aggregations_by_hand():
 @pytest.mark.parametrize("importance", ["token", "sequence"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_micro_batches_sum_to_the_full_batch_gradient(loss_type, importance, beta):
-    if loss_type == "gmpo" and importance == "sequence":
-        pytest.skip("gmpo is built on token-level ratios (refused with importance='sequence')")
+    if POLICY_LOSSES[loss_type].token_importance and importance == "sequence":
+        pytest.skip(f"{loss_type} is built on token-level ratios (refused with importance='sequence')")
     n, t_len, max_len = 8, 10, 12
     logp, old, ref, adv, mask = make_case(n, t_len, seed=11)
     opts = dict(loss_type=loss_type, importance=importance, beta=beta, max_completion_length=max_len)
+    if loss_type == "dro":
+        opts["kl_tau"] = 1e-3  # dro is refused without its penalty
     full, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, **opts)
     full_grad = _grad(full, logp)
 
@@ -345,6 +348,10 @@ def test_micro_batches_sum_to_the_full_batch_gradient(loss_type, importance, bet
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_dropping_zero_advantage_rows_keeps_loss_and_gradient(loss_type):
+    if loss_type == "dro":
+        pytest.skip(
+            "dro needs kl_tau > 0, whose penalty has a gradient on zero-advantage rows (never skipped)"
+        )
     # Groups 0 and 2 have all-equal rewards, so their advantages are exactly 0; with beta = 0 and token-level
     # ratios they carry no gradient, and the trainer may skip them if it keeps the full-batch normalisers.
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.0, 0.5, 1.0, 0.0])
@@ -394,8 +401,14 @@ OPTIONS = st.fixed_dictionaries(
         "beta": st.sampled_from([0.0, 0.04, 1.0]),
         "eps_high": st.sampled_from([None, 0.28]),
         "delta": st.sampled_from([None, 2.0]),
+        "kl_tau": st.sampled_from([0.0, 1e-3]),
     }
-).filter(lambda o: not (o["loss_type"] == "gmpo" and o["importance"] == "sequence"))
+).filter(
+    lambda o: (
+        not (POLICY_LOSSES[o["loss_type"]].token_importance and o["importance"] == "sequence")
+        and not (o["loss_type"] == "dro" and o["kl_tau"] == 0)
+    )
+)
 
 
 @settings(max_examples=80, deadline=None)

@@ -11,6 +11,7 @@ plan_micro_batches (the last tests): whole groups, token budget respected, every
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -80,7 +81,9 @@ def batch():
     return PolicyBatch(prompts, comps, G, adv, in_loss)
 
 
-def _gradient(model, batch, loss_type, fast, micro_batch_tokens, beta=0.0) -> tuple[dict, UpdateStats]:
+def _gradient(
+    model, batch, loss_type, fast, micro_batch_tokens, beta=0.0, kl_tau=0.0
+) -> tuple[dict, UpdateStats]:
     """Returns ({name: gradient} of one update, its stats); the optimizer does not move the weights (lr 0)."""
     params = [p for p in model.parameters()]
     for p in params:
@@ -98,7 +101,7 @@ def _gradient(model, batch, loss_type, fast, micro_batch_tokens, beta=0.0) -> tu
         model,
         torch.optim.SGD(params, lr=0.0),
         None,
-        AlgoConfig(loss_type=loss_type, beta=beta, eps_high=0.28),
+        AlgoConfig(loss_type=loss_type, beta=beta, eps_high=0.28, kl_tau=kl_tau),
         temperature=0.9,
         max_completion_length=16,
         micro_batch_tokens=micro_batch_tokens,
@@ -119,13 +122,17 @@ def _assert_same(got: dict, ref: dict, what) -> None:
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_every_fast_path_combination_and_split_gives_the_same_gradient(model64, batch, loss_type):
     plain = FastConfig.all("off")
-    ref, ref_stats = _gradient(model64, batch, loss_type, plain, 10**6)
+    # dro needs its penalty, which has a gradient on zero-advantage rows: they are never skipped.
+    kl_tau = 1e-3 if loss_type == "dro" else 0.0
+    ref, ref_stats = _gradient(model64, batch, loss_type, plain, 10**6, kl_tau=kl_tau)
     assert ref_stats.paths["padded"] == 1.0 and ref_stats.paths["chunked_head"] == 0.0
     assert any(g.abs().max() > 0 for g in ref.values())
     seen_paths = set()
     for fast in _combinations():
+        if kl_tau and fast.skip_zero_advantage == "on":
+            continue
         for tokens in (10**6, 40, 12):  # one micro-batch, a few, one group piece at a time
-            got, stats = _gradient(model64, batch, loss_type, fast, tokens)
+            got, stats = _gradient(model64, batch, loss_type, fast, tokens, kl_tau=kl_tau)
             _assert_same(got, ref, (fast, tokens))
             # The path switched on is the path reported.
             expected = (
@@ -379,3 +386,124 @@ def test_the_adaptive_entropy_coefficient_follows_the_measured_entropy(model64, 
     _, _, fresh = _entropy_gradient(model64, batch, plain, 10**6, entropy_target=0.0, **common)
     fresh.load_entropy_state(state)
     assert fresh.entropy_state() == state
+
+
+def _updater(model, **algo) -> PolicyUpdater:
+    params = list(model.parameters())
+    return PolicyUpdater(
+        model,
+        torch.optim.SGD(params, lr=0.0),
+        None,
+        AlgoConfig(**algo),
+        temperature=0.9,
+        max_completion_length=16,
+        micro_batch_tokens=10**6,
+        max_grad_norm=0.0,
+    )
+
+
+def test_the_sampler_anchor_takes_the_ratio_against_the_samplers_log_probs(model64, batch):
+    # Issue 40: trust_region_anchor=sampler puts the sampler's log-probs where pi_old goes. The sampler here is
+    # the policy shifted by 0.1 nats per token: every ratio is e^0.1 (one step, the policy has not moved).
+    import dataclasses
+
+    with pytest.raises(Exception, match="trust_region_anchor=sampler .* returned none"):
+        _updater(model64, trust_region_anchor="sampler").update(batch)
+    own = _updater(model64)._frozen_logprobs(model64, batch, list(range(3 * G)))
+    sampled = [own[r] - 0.1 for r in range(3 * G)]
+    shifted = dataclasses.replace(batch, sampling_logprobs=sampled)
+    stats = _updater(model64, trust_region_anchor="sampler", loss_type="dppo_tv").update(shifted)
+    assert stats.ratio_mean == pytest.approx(math.exp(0.1), rel=1e-9)
+    assert _updater(model64, loss_type="dppo_tv").update(shifted).ratio_mean == pytest.approx(1.0, abs=1e-12)
+
+
+def test_vespo_takes_the_sampler_weights_once(model64, batch):
+    # token_tis weights are folded into VESPO's sequence weight and not multiplied into its tokens again: the
+    # update differs from one that (wrongly) also multiplies the tokens by them.
+    import dataclasses
+
+    updater = _updater(model64)
+    own = updater._frozen_logprobs(model64, batch, list(range(3 * G)))
+    g = torch.Generator().manual_seed(5)
+    sampled = [
+        own[r] + 0.3 * torch.randn(own[r].shape, generator=g, dtype=own[r].dtype) for r in range(3 * G)
+    ]
+    shifted = dataclasses.replace(batch, sampling_logprobs=sampled)
+    got, _ = _gradient_of(model64, shifted, loss_type="vespo", sampler_correction="token_tis")
+    # The same update with the weights multiplied into the tokens a second time differs.
+    from cohort.algo import losses
+
+    spec = losses.POLICY_LOSSES["vespo"]
+    losses.POLICY_LOSSES["vespo"] = dataclasses.replace(spec, folds_sampler_weights=False)
+    try:
+        twice, _ = _gradient_of(model64, shifted, loss_type="vespo", sampler_correction="token_tis")
+    finally:
+        losses.POLICY_LOSSES["vespo"] = spec
+    assert any((got[k] - twice[k]).abs().max() > 1e-9 for k in got)
+
+
+def _gradient_of(model, batch, **algo):
+    for p in model.parameters():
+        p.grad = None
+    stats = _updater(model, **algo).update(batch)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
+
+
+def test_sum_pi_squared_comes_out_of_every_head_path_as_the_full_softmax_gives_it(model64, batch):
+    # Issue 40 (OTB): sum_v pi(v)^2 at the sampling temperature, computed inside the (chunked) LM head, equals
+    # the full logits' softmax squared and summed, on every layout and with the head in chunks or not.
+    from cohort.logprobs import completion_logprobs
+
+    rows = list(range(3 * G))
+    want = []
+    with torch.no_grad():
+        for r in rows:
+            prompt, comp = batch.prompt_ids[r // G], batch.completion_ids[r]
+            logits = model64(torch.tensor([prompt + comp])).logits[0] / 0.9  # [L, V]
+            probs = logits[len(prompt) - 1 : len(prompt) - 1 + len(comp)].softmax(-1)
+            want.append(probs.square().sum(-1))
+    for fast in _combinations():
+        with torch.no_grad():
+            lp = completion_logprobs(
+                model64,
+                batch.prompt_ids,
+                batch.completion_ids,
+                G,
+                temperature=0.9,
+                fast=fast,
+                with_sum_pi_squared=True,
+                chunk_size=5,
+            )
+        for i, r in enumerate(rows):
+            got = lp.sum_pi_squared[i, : len(batch.completion_ids[r])]
+            torch.testing.assert_close(got, want[i], rtol=1e-12, atol=1e-14)
+            assert lp.sum_pi_squared[i, len(batch.completion_ids[r]) :].eq(0).all()
+
+
+def test_the_optimal_token_baseline_trains_on_its_own_pi_old_pass(model64, batch):
+    # The updater's per-token advantages are cohort.algo.optimal_token_baseline over its pi_old pass (log-probs
+    # and sum pi^2 at the sampling temperature) for every row, rewards as the batch gives them.
+    import dataclasses
+
+    from cohort.algo import optimal_token_baseline
+    from cohort.logprobs import completion_logprobs
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 2.0, 0.0, 1.0, 0.0])
+    otb = dataclasses.replace(batch, rewards=rewards)
+    updater = _updater(model64, advantage="optimal_token_baseline")
+    _, token_adv = updater._otb_pass(otb)
+    with torch.no_grad():
+        lp = completion_logprobs(
+            model64, batch.prompt_ids, batch.completion_ids, G, temperature=0.9, with_sum_pi_squared=True
+        )
+    want = optimal_token_baseline(
+        rewards, G, old_logp=lp.logp, sum_pi_squared=lp.sum_pi_squared, mask=lp.mask
+    )
+    for r, tok in enumerate(token_adv):
+        torch.testing.assert_close(tok, want[r, : len(batch.completion_ids[r])].float(), rtol=1e-6, atol=1e-7)
+    assert any(t.abs().max() > 0 for t in token_adv)
+    # The update runs on them (and a process reward with OTB is refused, naming the fix).
+    updater.update(otb)
+    with pytest.raises(Exception, match="use algo.advantage=grpo with process rewards"):
+        bad = dataclasses.replace(otb, token_advantages=[torch.zeros(len(c)) for c in batch.completion_ids])
+        updater.update(bad)

@@ -10,11 +10,14 @@ from .advantages import (
     STD_KINDS,
     combine_rewards,
     group_advantages,
+    max_rl_advantages,
+    optimal_token_baseline,
     process_advantages,
     process_advantages_to_tokens,
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from .divergence import topk_divergence
 from .entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
@@ -43,14 +46,18 @@ from .losses import (
     check_loss_options,
     cispo_loss,
     clip_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
+    dro_loss,
     gmpo_loss,
     loss_normalisers,
     masked_mean,
     policy_loss,
     register_loss,
     sapo_loss,
+    vespo_loss,
 )
-from .offpolicy import IS_LEVELS, IS_MODES, sampler_correction
+from .offpolicy import IS_LEVELS, IS_MODES, off_policy_mask, sampler_correction
 from .selection import clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 
 __all__ = [
@@ -70,6 +77,14 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "sampler_correction",
+    "off_policy_mask",
+    "topk_divergence",
+    "max_rl_advantages",
+    "optimal_token_baseline",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "dro_loss",
+    "vespo_loss",
     "token_covariance",
     "top_entropy_mask",
     "AGGREGATIONS",

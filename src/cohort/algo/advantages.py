@@ -351,3 +351,86 @@ def reinforce_pp_advantages(
     constant = bool(hi == lo) or int((valid & (w > 0)).sum()) <= 1
     adv = torch.zeros_like(values) if constant else torch.where(valid, dev / (sd + eps), 0)
     return adv.to(out_dtype)
+
+
+def max_rl_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Return MaxRL's advantages [N]: (r - mean_g) / mean_g, 0 in a group whose mean reward is <= 0.
+
+    MaxRL (arXiv 2602.02710; prime-rl's max_rl): dividing by the group's mean reward (its pass rate for 0/1
+    rewards) weighs a prompt by about 1 / p, so hard prompts that are sometimes solved count most. No eps: a
+    group whose mean is <= 0 has nothing to learn from and gets 0; a group whose rewards are all equal gets
+    exactly 0; NaN rewards get 0 and are left out of the mean.
+    """
+    r, out_dtype, n, g = _scalar_rewards(rewards, group_size)
+    grouped = r.view(n // g, g)  # [B, G]
+    valid = ~torch.isnan(grouped)  # [B, G]
+    mean, _, constant = _masked_stats(grouped, valid, "population")  # [B] each
+    usable = (mean > 0) & ~constant  # [B]
+    adv = (grouped - mean[:, None]) / torch.where(usable, mean, 1)[:, None]  # [B, G]
+    adv = torch.where(valid & usable[:, None], adv, 0)  # [B, G]
+    return adv.reshape(n).to(out_dtype)
+
+
+def optimal_token_baseline(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    old_logp: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    mask: torch.Tensor,
+    is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """Return the Optimal Token Baseline's per-token advantages [N, T] for outcome rewards [N].
+
+    OTB (arXiv 2602.07078; verl's optimal_token_baseline): with the outcome reward on the last token, the
+    reward-to-go is G_it = r_i on every completion token. Each token's variance proxy is
+    w_it = 1 - 2 pi_old(y_it) + sum_v pi_old(v)^2 (times the sampler weight squared when is_weights [N, T] is
+    given), W_it = sum_{j <= t} mask * w_ij, and each group's baseline per position t is
+    B_t = sum_i G_it W_it m_it / (sum_i W_it m_it + eps); A_it = (G_it - B_t) m_it. handle_zero_tail: when
+    one completion is strictly the longest of its group, its baseline past the second-longest length is 0
+    (no other completion estimates it). old_logp, sum_pi_squared, mask: [N, T] (sum_pi_squared at the
+    sampling temperature). NaN rewards get 0 and are left out of their group's baseline. Groups are the
+    contiguous rows of `group_size`.
+    """
+    r, _, n, g = _scalar_rewards(rewards, group_size)
+    for name, v in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared), ("mask", mask)):
+        if not isinstance(v, torch.Tensor) or v.dim() != 2 or v.shape[0] != n:
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(
+                f"{name} must be a tensor [N={n}, T] (one value per completion token), got {got}."
+            )
+    shape = mask.shape
+    for name, v in (("old_logp", old_logp), ("sum_pi_squared", sum_pi_squared)):
+        if v.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(v.shape)}; it must match mask {tuple(shape)}.")
+    if is_weights is not None and (not isinstance(is_weights, torch.Tensor) or is_weights.shape != shape):
+        raise ValueError(f"is_weights must be None or a tensor of mask's shape {tuple(shape)}.")
+    eps = check_nonneg("eps", eps)
+    wide = r.dtype  # float64 where the device has it
+    out_dtype = old_logp.dtype if old_logp.is_floating_point() else torch.get_default_dtype()
+    valid_row = ~torch.isnan(r)  # [N]
+    m = mask.bool() & valid_row[:, None]  # [N, T]
+    w = 1 - 2 * torch.exp(old_logp.detach().to(wide)) + sum_pi_squared.detach().to(wide)  # [N, T]
+    if is_weights is not None:
+        w = w * is_weights.detach().to(wide).square()
+    big_w = torch.where(m, w, 0).cumsum(-1)  # [N, T]
+    ret = torch.where(m, torch.nan_to_num(r, nan=0.0)[:, None], 0)  # [N, T], the reward-to-go
+    t = shape[1]
+    b = n // g
+    mw = torch.where(m, big_w, 0).view(b, g, t)  # [B, G, T]
+    num = (ret.view(b, g, t) * mw).sum(1)  # [B, T]
+    den = mw.sum(1) + eps  # [B, T]
+    baseline = (num / den)[:, None, :].expand(b, g, t).clone()  # [B, G, T]
+    if g == 1:
+        baseline.zero_()  # a lone completion has no baseline: its advantage is its return
+    elif handle_zero_tail:
+        lengths = m.sum(-1).view(b, g)  # [B, G]
+        top2 = lengths.topk(2, dim=-1).values  # [B, 2], longest and second-longest
+        unique_longest = (lengths == top2[:, :1]).sum(-1) == 1  # [B]
+        past = torch.arange(t, device=mask.device)[None, None, :] >= top2[:, 1, None, None]  # [B, 1, T]
+        longest = (lengths == top2[:, :1]) & unique_longest[:, None]  # [B, G]
+        baseline = torch.where(longest[:, :, None] & past, 0, baseline)
+    adv = torch.where(m, ret - baseline.reshape(n, t), 0)  # [N, T]
+    return adv.to(out_dtype)

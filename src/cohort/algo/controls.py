@@ -1,9 +1,11 @@
 """Token controls: which tokens of a micro-batch the policy loss counts, and with what weight.
 
-Four mechanisms compose into one typed result (:class:`TokenControls`): the high-entropy token mask
+Five mechanisms compose into one typed result (:class:`TokenControls`): the high-entropy token mask
 (arXiv 2506.01939), Clip-Cov's detached tokens and KL-Cov's KL-penalised tokens (arXiv 2505.22617), and
-the sampler's importance correction (truncated or masked, per token or per sequence). The loss multiplies
-its per-token terms by `weights` and adds KL-Cov's penalty on `kl_cov`; nothing here touches a model.
+DeepSeek-V3.2's off-policy sequence mask, and the sampler's importance correction (truncated or masked, per
+token or per sequence). The loss multiplies its per-token terms by `weights` and adds KL-Cov's penalty on
+`kl_cov`; a loss that folds the sampler weights into its own weight (vespo) takes `unsampled_weights` and
+`sampler_weights` apart instead. Nothing here touches a model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .offpolicy import sampler_correction
+from .offpolicy import off_policy_mask, sampler_correction
 from .selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
 
 COV_METHODS = ("none", "clip_cov", "kl_cov")
@@ -39,6 +41,7 @@ class ControlSettings:
     sampler_correction: str = "none"
     sampler_is_max: float = 2.0
     sampler_is_min: float | None = None
+    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.cov_method not in COV_METHODS:
@@ -51,7 +54,12 @@ class ControlSettings:
     @property
     def active(self) -> bool:
         """Returns True when some control changes which tokens count or how much."""
-        return self.top_entropy_quantile < 1 or self.cov_method != "none" or self.sampler_correction != "none"
+        return (
+            self.top_entropy_quantile < 1
+            or self.cov_method != "none"
+            or self.sampler_correction != "none"
+            or self.off_policy_mask_threshold is not None
+        )
 
     @property
     def needs_entropy(self) -> bool:
@@ -68,6 +76,8 @@ class TokenControls:
     )
     kl_cov: torch.Tensor | None = None  # [n, T] bool: KL-Cov's tokens, which get its penalty
     kept: torch.Tensor | None = None  # [n, T] bool: the high-entropy mask alone (None: every token kept)
+    sampler_weights: torch.Tensor | None = None  # [n, T] the sampler correction's weights alone
+    unsampled_weights: torch.Tensor | None = None  # [n, T] `weights` without the sampler correction's
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -87,7 +97,8 @@ def token_controls(
     logp: [n, T] current log-probs (detached here); mask: [n, T] tokens in the loss; advantages: [n] or
     [n, T]; entropy: [n, T] token entropies (needed by the high-entropy mask); old_logp: π_old's log-probs
     (None at μ = 1, where it equals the detached current ones); sampled_logp: the sampler's log-probs (needed
-    by a sampler correction); generator: Clip-Cov's random draws. Metrics are fractions of the mask's tokens,
+    by a sampler correction; the off-policy mask's anchor, else old_logp, else the current log-probs, as TRL);
+    generator: Clip-Cov's random draws. Metrics are fractions of the mask's tokens,
     and the importance ratio's mean / min / max (keys ending _min / _max are extremes, not means).
     """
     weights: torch.Tensor | None = None
@@ -116,6 +127,12 @@ def token_controls(
         else:
             chosen = kl_cov = kl_cov_mask(cov, mask, ratio=ratio)
         metrics["cov/selected_frac"] = float(chosen.sum()) / n_tok
+    if s.off_policy_mask_threshold is not None:
+        anchor = sampled_logp if sampled_logp is not None else old_logp if old_logp is not None else logp
+        keep = off_policy_mask(advantages, logp, anchor, mask, s.off_policy_mask_threshold)
+        weights = times(keep)
+        metrics["off_policy_mask/dropped_frac"] = float((mask.bool() & ~keep).sum()) / n_tok
+    sampler_weights = unsampled = None
     correction = SAMPLER_CORRECTIONS[s.sampler_correction]
     if correction is not None:
         if sampled_logp is None:
@@ -133,6 +150,10 @@ def token_controls(
             max_ratio=s.sampler_is_max,
             min_ratio=s.sampler_is_min,
         )
+        unsampled = weights
+        sampler_weights = w.to(logp.dtype)
         weights = times(w)
         metrics.update({f"sampler/is_ratio_{k.split('/')[-1]}": float(v) for k, v in m.items()})
-    return TokenControls(weights, kl_cov, kept, metrics)
+    if sampler_weights is None:
+        unsampled = weights
+    return TokenControls(weights, kl_cov, kept, sampler_weights, unsampled, metrics)

@@ -4,7 +4,12 @@ Built-in (formulas and sources in advantages.py and docs/algorithms.md):
 - "grpo": the group z-score (DeepSeekMath), with `algo.scale` / `algo.std` / `algo.adv_eps`;
 - "rloo": REINFORCE leave-one-out, r_i minus the mean of the other G - 1 rewards of its group;
 - "reinforce_pp": REINFORCE++, the raw reward whitened over the batch;
-- "reinforce_pp_baseline": REINFORCE++-baseline, group-mean subtracted, then whitened over the batch.
+- "reinforce_pp_baseline": REINFORCE++-baseline, group-mean subtracted, then whitened over the batch;
+- "max_rl": MaxRL, (r - mean_g) / mean_g, 0 where the group's mean reward is <= 0;
+- "optimal_token_baseline": the Optimal Token Baseline is per token and needs the policy's pi_old and
+  sum_v pi^2 (cohort.algo.optimal_token_baseline, which the trainer calls after its pi_old pass); this [N]
+  entry gives its row-level summary r - mean_g (OTB's value where every completion's variance proxy is the
+  same), which the trainer logs and health-checks, never trains on.
 The REINFORCE++ statistics weigh each completion by its token count, as a whitening over the batch's tokens
 does (OpenRLHF's); pass lengths=None to weigh completions equally.
 
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 
 from ._checks import check_group_size
-from .advantages import group_advantages, reinforce_pp_advantages, rloo_advantages
+from .advantages import group_advantages, max_rl_advantages, reinforce_pp_advantages, rloo_advantages
 
 #: (rewards [N], group_size, lengths [N] or None, **kwargs) -> advantages [N]
 Estimator = Callable[..., torch.Tensor]
@@ -42,6 +47,14 @@ def _reinforce_pp(rewards, group_size, lengths, *, std="sample", eps=1e-4):
 
 def _reinforce_pp_baseline(rewards, group_size, lengths, *, std="sample", eps=1e-4):
     return reinforce_pp_advantages(rewards, group_size, baseline=True, std=std, eps=eps, weights=lengths)
+
+
+def _max_rl(rewards, group_size, lengths):
+    return max_rl_advantages(rewards, group_size)
+
+
+def _otb_rows(rewards, group_size, lengths):
+    return group_advantages(rewards, group_size, scale="none")
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
@@ -68,6 +81,8 @@ _builtin("grpo", _grpo, scale="scale", std="std", eps="adv_eps")
 _builtin("rloo", _rloo)
 _builtin("reinforce_pp", _reinforce_pp, std="std", eps="adv_eps")
 _builtin("reinforce_pp_baseline", _reinforce_pp_baseline, std="std", eps="adv_eps")
+_builtin("max_rl", _max_rl)
+_builtin("optimal_token_baseline", _otb_rows)
 
 ADVANTAGE_TYPES = tuple(ADVANTAGE_ESTIMATORS)
 """The built-in estimators' names."""

@@ -12,7 +12,15 @@ averaged into one scalar). Per token t of completion i, with ratio rho = pi_thet
     gmpo  (Geometric-Mean Policy Optimization, arXiv 2507.20673): the sequence's geometric-mean ratio,
           R_i = exp(mean_t pess_t), pess_t the token log-ratio clipped to [-clip, clip] on the side the
           advantage pushes; every token of i carries l_it = -R_i * A_i (so the "grpo" mean gives -mean_i R_i A_i)
-    loss = aggregate(l + beta * k3)   (plus KL-Cov's penalty and token weights when given, see policy_loss)
+    luspo (arXiv 2602.05261): the clip loss, aggregated as each sequence's token sum averaged over sequences
+    vespo (arXiv 2602.10693): l_it = -phi_i * A * r, phi_i = e^lam w_i^k e^(-lam w_i) a detached gamma weight of
+          the sequence's whole importance weight w_i (sampler weights folded in)
+    dppo_tv / dppo_kl (arXiv 2602.04879): l_it = -(1 - drop_it) * sg(min(rho, C)) * A * r, drop_it when the
+          token's divergence from the anchor (|p - p_old| or its binary KL) passes the threshold in the
+          direction the advantage pushes
+    dro (verl): l_it = -A * r, with the squared log-ratio penalty kl_tau * (log rho)^2 that policy_loss adds
+    loss = aggregate(l + beta * k3)   (plus KL-Cov's penalty, kl_tau's squared log-ratio and token weights when
+                                        given, see policy_loss)
 
 Here r = exp(log pi_theta - sg(log pi_theta)) (value 1, gradient grad log pi_theta): cispo's loss then has
 the value -w * A and the gradient -w * A * grad log pi_theta, so its logged loss reads like the others'.
@@ -118,6 +126,20 @@ def _aggregate_dr_grpo(
     return per_token.sum() / (n * max_completion_length)
 
 
+@_register("luspo")
+def _aggregate_luspo(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    num_items: Normaliser,
+    num_sequences: Normaliser,
+    **_: object,
+) -> torch.Tensor:
+    """Return sum_it l_it / num_sequences: each sequence's token sum, averaged over sequences (LUSPO)."""
+    # A sequence weighs its length here, which is LUSPO's point (arXiv 2602.05261): long answers are not diluted.
+    return per_token.sum() / (per_token.shape[0] if num_sequences is None else num_sequences)
+
+
 AGGREGATIONS = tuple(LOSS_AGGREGATIONS)
 
 TOKEN_COUNT_SCOPE: dict[str, str | None] = {
@@ -125,10 +147,11 @@ TOKEN_COUNT_SCOPE: dict[str, str | None] = {
     "bnpo": "process",
     "dapo": "global",
     "dr_grpo": None,
+    "luspo": None,
 }
 """Which token count each aggregation divides by: this process's minibatch ("process", BNPO), the minibatch
 summed over every process ("global", DAPO: every token of the batch weighs the same), or none (the grpo
-and dr_grpo normalisers count sequences). On one process bnpo and dapo are the same loss."""
+dr_grpo and luspo normalisers count sequences). On one process bnpo and dapo are the same loss."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +176,11 @@ class LossInputs:
     """Upper clip range of the clip loss."""
     delta: float | None
     """Cap on rho in the clip loss's unclipped term (dual-clip's c), None for none."""
+    sampler_weights: torch.Tensor | None = None
+    """[N, T] detached sampler importance weights pi_old / pi_sampler (0 at masked positions), or None; only a
+    loss registered with folds_sampler_weights sees them (vespo), every other loss is multiplied by them."""
+    divergence: torch.Tensor | None = None
+    """[N, T] detached per-token divergence from the anchor (DPPO's top-K TV or KL), or None for the binary one."""
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -173,6 +201,8 @@ class LossTerms(NamedTuple):
     """[N, T] bool: tokens whose ratio was clipped from below while the advantage was negative."""
     clipped_high: torch.Tensor | None = None
     """[N, T] bool: tokens whose ratio was clipped from above while the advantage was positive."""
+    metrics: dict[str, torch.Tensor] | None = None
+    """Detached scalar metrics of the loss itself (e.g. vespo/phi_seq_mean), merged into policy_loss's."""
 
 
 #: (inputs, **loss_kwargs) -> LossTerms or a [N, T] tensor of per-token losses
@@ -189,6 +219,11 @@ class PolicyLoss:
     """True when the loss is defined for one advantage per completion only (gmpo)."""
     token_importance: bool = False
     """True when the loss needs token-level ratios (importance="sequence" is refused)."""
+    folds_sampler_weights: bool = False
+    """True when the loss folds the sampler weights into its own weight (vespo): policy_loss then does not
+    multiply its tokens by them a second time."""
+    reads_divergence: bool = False
+    """True when the loss reads LossInputs.divergence (dppo_tv, dppo_kl); policy_loss refuses one otherwise."""
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
@@ -202,12 +237,16 @@ def register_loss(
     *,
     sequence_advantages: bool = False,
     token_importance: bool = False,
+    folds_sampler_weights: bool = False,
+    reads_divergence: bool = False,
 ) -> PolicyLoss:
     """Return the PolicyLoss registered under `name` (replacing any earlier one of that name)."""
     check_choice("aggregation", aggregation, LOSS_AGGREGATIONS)
     if not callable(fn):
         raise TypeError(f"loss {name!r} must be a function (inputs: LossInputs, **kwargs) -> Tensor [N, T]")
-    POLICY_LOSSES[name] = PolicyLoss(fn, aggregation, sequence_advantages, token_importance)
+    POLICY_LOSSES[name] = PolicyLoss(
+        fn, aggregation, sequence_advantages, token_importance, folds_sampler_weights, reads_divergence
+    )
     return POLICY_LOSSES[name]
 
 
@@ -223,11 +262,30 @@ LOSS_PARAMETERS: dict[str, dict[str, LossParameter]] = {
     "cispo": {"max_ratio": LossParameter("> 1", 5.0), "min_ratio": LossParameter("in [0, 1)", None)},
     "sapo": {"tau_pos": LossParameter("> 0", 1.0), "tau_neg": LossParameter("> 0", 1.05)},
     "gmpo": {"clip": LossParameter("> 0", 0.4)},
+    "vespo": {
+        "k_pos": LossParameter("> 0", 2.0),
+        "lambda_pos": LossParameter("> 0", 3.0),
+        "k_neg": LossParameter("> 0", 3.0),
+        "lambda_neg": LossParameter("> 0", 2.0),
+    },
+    "dppo_tv": {
+        "mask_low": LossParameter("> 0", 0.15),
+        "mask_high": LossParameter("> 0", 0.15),
+        "max_ratio": LossParameter("> 1", None),
+    },
+    "dppo_kl": {
+        "mask_low": LossParameter("> 0", 0.05),
+        "mask_high": LossParameter("> 0", 0.05),
+        "max_ratio": LossParameter("> 1", None),
+    },
 }
 """Each built-in loss's keyword parameters: (valid range, default), the one place their defaults are written
 (the loss functions' signatures read them). Sources: cispo's max_ratio 5.0 is the value TRL's documentation
 gives as ScaleRL's recommendation; sapo's temperatures are the SAPO paper's; gmpo's 0.4 (a ratio range of
-[e^-0.4, e^0.4]) is the GMPO paper's."""
+[e^-0.4, e^0.4]) is the GMPO paper's. vespo's (k, lambda) per advantage sign are TRL 1.16's defaults
+(vespo_k_pos ... vespo_lambda_neg); dppo's mask thresholds are the DPPO authors' recipe (0.15 for the TV mask,
+0.05 for the KL one), and max_ratio None leaves the detached ratio untruncated (prime-rl; the authors' 1e4 is
+nearly the same); dro has no parameter of its own (its penalty is algo.kl_tau)."""
 
 
 def _default(loss_type: str, name: str) -> Any:
@@ -296,11 +354,122 @@ def gmpo_loss(x: LossInputs, *, clip: float = _default("gmpo", "clip")) -> LossT
     return LossTerms((-seq_ratio * adv).expand_as(x.log_ratio), clipped_low, clipped_high)
 
 
+#: Bounds of VESPO's sequence log-weight (TRL's get_gamma_weights): log 1e-8 below, 20 above.
+VESPO_LOG_W_MIN = -18.420680743952367
+VESPO_LOG_W_MAX = 20.0
+
+
+def vespo_loss(
+    x: LossInputs,
+    *,
+    k_pos: float = _default("vespo", "k_pos"),
+    lambda_pos: float = _default("vespo", "lambda_pos"),
+    k_neg: float = _default("vespo", "k_neg"),
+    lambda_neg: float = _default("vespo", "lambda_neg"),
+) -> LossTerms:
+    """Return VESPO's per-token loss -phi_i * A * r, phi_i = e^lam w_i^k e^(-lam w_i) a detached gamma weight.
+
+    w_i is the sequence's whole importance weight, trainer ratio times sampler ratio:
+    log w_i = clamp(sum_t log(pi/pi_old) + sum_t clamp(log W_it, log 1e-8, 20), log 1e-8, 20), summed over the
+    completion's tokens (a sum, not a mean: the product of the token ratios); (k, lam) are (k_pos, lambda_pos)
+    where A >= 0, else (k_neg, lambda_neg). phi(1) = 1, so on-policy VESPO is REINFORCE; NaN/inf phi count 0.
+    """
+    with torch.no_grad():
+        wide = torch.promote_types(x.logp.dtype, torch.float32)
+        own = torch.where(x.mask, x.log_ratio.detach().to(wide), 0).sum(-1)  # [N]
+        if x.sampler_weights is None:
+            sampler = torch.zeros_like(own)
+        else:
+            # Sum over the mask only: cohort's sampler weights are 0 at padding, whose log would be -inf.
+            log_is = torch.log(x.sampler_weights.detach().to(wide)).clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)
+            sampler = torch.where(x.mask, log_is, 0).sum(-1)  # [N]
+        log_w = (own + sampler).clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)[:, None]  # [N, 1]
+        positive = x.advantages >= 0  # [N, T]; per-sequence advantages give one sign per row
+        k = torch.where(positive, k_pos, k_neg).to(wide)  # [N, T]
+        lam = torch.where(positive, lambda_pos, lambda_neg).to(wide).clamp(min=1e-4)  # [N, T]
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # [N, T]
+        phi = torch.where(torch.isfinite(phi), phi, 0)
+        rows = x.mask.any(-1)  # [N]
+        phi_row = torch.where(x.mask, phi, 0).sum(-1) / x.lengths  # [N]; constant per row for [N] advantages
+        phi_mean = torch.where(rows, phi_row, 0).sum() / rows.sum().clamp(min=1)
+    loss = -phi.to(x.logp.dtype) * x.advantages * x.policy_gradient_term()  # [N, T]
+    return LossTerms(loss, metrics={"vespo/phi_seq_mean": phi_mean})
+
+
+def _dppo_loss(
+    x: LossInputs,
+    *,
+    kind: str,
+    mask_low: float,
+    mask_high: float,
+    max_ratio: float | None,
+) -> LossTerms:
+    """Return DPPO's per-token loss -(1 - drop) * sg(min(rho, max_ratio)) * A * r for divergence `kind`.
+
+    drop = (D > mask_high and p > p_anchor) where A > 0, else (D > mask_low and p < p_anchor), with p = pi(y_t)
+    and p_anchor = pi_old(y_t) (the sampler's under trust_region_anchor=sampler). D is x.divergence when given
+    (top-K), else the binary one: |p - p_anchor| ("tv") or the Bernoulli KL of the sampled token ("kl").
+    """
+    ratio = torch.exp(x.log_ratio)  # [N, T]
+    with torch.no_grad():
+        wide = torch.promote_types(x.logp.dtype, torch.float32)
+        p = torch.exp(x.logp.detach().to(wide))  # [N, T]
+        p_old = torch.exp(x.old_logp.to(wide))  # [N, T]
+        if x.divergence is not None:
+            div = x.divergence.detach().to(wide)
+        elif kind == "tv":
+            div = (p - p_old).abs()
+        else:
+            # KL(Bernoulli(p_old) || Bernoulli(p)) over "the sampled token or not" (verl's dppo_kl, its 1e-8 guard).
+            div = p_old * (x.old_logp.to(wide) - x.logp.detach().to(wide)) + (1 - p_old) * torch.log(
+                (1 - p_old + 1e-8) / (1 - p + 1e-8)
+            )
+        positive = x.advantages > 0
+        drop_high = positive & (div > mask_high) & (p > p_old)  # [N, T]
+        drop_low = ~positive & (div > mask_low) & (p < p_old)  # [N, T]
+        keep = ~(drop_high | drop_low)
+        weight = ratio.detach() if max_ratio is None else ratio.detach().clamp(max=max_ratio)  # [N, T]
+    loss = -(keep * weight) * x.advantages * x.policy_gradient_term()  # [N, T]
+    return LossTerms(loss, drop_low & (x.advantages < 0), drop_high)
+
+
+def dppo_tv_loss(
+    x: LossInputs,
+    *,
+    mask_low: float = _default("dppo_tv", "mask_low"),
+    mask_high: float = _default("dppo_tv", "mask_high"),
+    max_ratio: float | None = _default("dppo_tv", "max_ratio"),
+) -> LossTerms:
+    """Return DPPO's per-token loss with the total-variation mask |pi - pi_anchor| (or x.divergence)."""
+    return _dppo_loss(x, kind="tv", mask_low=mask_low, mask_high=mask_high, max_ratio=max_ratio)
+
+
+def dppo_kl_loss(
+    x: LossInputs,
+    *,
+    mask_low: float = _default("dppo_kl", "mask_low"),
+    mask_high: float = _default("dppo_kl", "mask_high"),
+    max_ratio: float | None = _default("dppo_kl", "max_ratio"),
+) -> LossTerms:
+    """Return DPPO's per-token loss with the binary KL mask of the sampled token (or x.divergence)."""
+    return _dppo_loss(x, kind="kl", mask_low=mask_low, mask_high=mask_high, max_ratio=max_ratio)
+
+
+def dro_loss(x: LossInputs) -> LossTerms:
+    """Return the policy part of verl's DRO, -A * r; its squared log-ratio penalty is policy_loss's kl_tau."""
+    return LossTerms(-x.advantages * x.policy_gradient_term())
+
+
 for _name in AGGREGATIONS:
     register_loss(_name, clip_loss, _name)
 register_loss("cispo", cispo_loss, "dapo")  # MiniMax-M1 and ScaleRL normalise over all tokens of the batch
 register_loss("sapo", sapo_loss, "grpo")  # SAPO averages per sequence, then over sequences
 register_loss("gmpo", gmpo_loss, "grpo", sequence_advantages=True, token_importance=True)
+# VESPO, DPPO and DRO normalise over all tokens of the batch (TRL's and verl's token-mean, prime-rl's count).
+register_loss("vespo", vespo_loss, "dapo", token_importance=True, folds_sampler_weights=True)
+register_loss("dppo_tv", dppo_tv_loss, "dapo", token_importance=True, reads_divergence=True)
+register_loss("dppo_kl", dppo_kl_loss, "dapo", token_importance=True, reads_divergence=True)
+register_loss("dro", dro_loss, "dapo", token_importance=True)
 
 LOSS_TYPES = tuple(POLICY_LOSSES)
 """The built-in loss types (user losses registered later are in POLICY_LOSSES only)."""
@@ -317,7 +486,7 @@ def check_loss_kwargs(loss_type: str, kwargs: Mapping[str, object]) -> dict[str,
     spec = LOSS_PARAMETERS.get(loss_type)
     if spec is None:
         fn = POLICY_LOSSES[loss_type].fn
-        if fn is not clip_loss:
+        if fn not in (clip_loss, dro_loss):  # the built-in losses without parameters
             check_loss_signature(loss_type, fn, kwargs)
         elif kwargs:
             raise ValueError(f"loss_type={loss_type!r} takes no parameters, got {sorted(kwargs)}")
@@ -436,6 +605,10 @@ class LossOptions:
     """Checked by each policy_loss call against its padded length T."""
     importance: str
     kl_kind: str
+    kl_tau: float = 0.0
+    """Coefficient of the squared log-ratio penalty kl_tau * (log pi/pi_old)^2 per completion token (0: off)."""
+    use_bias_correction_kl: bool = False
+    """Multiply the beta term's KL estimate by the token ratio pi/pi_old (DeepSeek-V3.2's unbiased KL)."""
 
 
 def _checked_options(
@@ -450,6 +623,8 @@ def _checked_options(
     max_completion_length: int | None,
     importance: str,
     kl_kind: str,
+    kl_tau: float = 0.0,
+    use_bias_correction_kl: bool = False,
 ) -> LossOptions:
     """Returns the LossOptions of policy_loss's settings after their checks (in policy_loss's order)."""
     agg = aggregation_of(loss_type, aggregation)
@@ -474,6 +649,14 @@ def _checked_options(
                 "clip range for negative advantages. Fix: pass e.g. delta=4.0, or delta=None for no cap."
             )
     beta = check_nonneg("beta", beta)
+    kl_tau = check_nonneg("kl_tau", kl_tau)
+    if loss_type == "dro" and kl_tau == 0:
+        raise ValueError(
+            "loss_type='dro' is -A * r plus the squared log-ratio penalty kl_tau * (log pi/pi_old)^2, and "
+            "kl_tau=0 leaves only a plain policy gradient. Fix: pass kl_tau > 0 (verl's dro_beta = 2 * kl_tau)."
+        )
+    if not isinstance(use_bias_correction_kl, bool):
+        raise TypeError(f"use_bias_correction_kl must be True or False, got {use_bias_correction_kl!r}.")
     return LossOptions(
         loss_type=loss_type,
         aggregation=agg,
@@ -485,6 +668,8 @@ def _checked_options(
         max_completion_length=max_completion_length,
         importance=importance,
         kl_kind=kl_kind,
+        kl_tau=kl_tau,
+        use_bias_correction_kl=use_bias_correction_kl,
     )
 
 
@@ -510,6 +695,10 @@ def policy_loss(
     token_weights: torch.Tensor | None = None,
     kl_cov_mask: torch.Tensor | None = None,
     kl_cov_coef: float = 1.0,
+    kl_tau: float = 0.0,
+    use_bias_correction_kl: bool = False,
+    sampler_weights: torch.Tensor | None = None,
+    divergence: torch.Tensor | None = None,
     options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
@@ -526,12 +715,22 @@ def policy_loss(
     "sequence" (GSPO). token_weights [N] or [N, T] (detached) multiply each token's policy loss before the KL
     term is added: entropy masks, Clip-Cov's detached tokens, importance weights for the sampler. kl_cov_mask
     [N, T] bool adds KL-Cov's kl_cov_coef * |log(pi_theta / pi_old)| on the selected tokens.
+    kl_tau >= 0 adds kl_tau * (log pi_theta / pi_old)^2 on every completion token (the token log-ratio, also at
+    importance="sequence"), after and unscaled by token_weights / sampler_weights (prime-rl's penalty; verl's
+    dro). use_bias_correction_kl multiplies the beta term's estimate by the token ratio pi_theta / pi_old
+    (DeepSeek-V3.2's unbiased KL; differentiable, so it changes the gradient even on-policy).
+    sampler_weights [N, T] (detached): the sampler correction's importance weights; they multiply each token's
+    policy loss like token_weights, except for a loss that folds them into its own weight (vespo), which sees
+    them once. divergence [N, T] (detached): DPPO's per-token divergence from the anchor (top-K TV or KL,
+    topk_divergence), in place of the binary one; only dppo_tv / dppo_kl read it.
     num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo) are the counts of the whole batch this
     micro-batch belongs to (None: its own); summing the micro-batch losses then equals the full-batch loss.
-    Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, ratio/mean, and kl (masked
-    mean of the kl_kind estimate) when ref_logp is given.
+    Metrics: clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean (for dppo: the tokens its mask
+    dropped), ratio/mean, kl (masked mean of the kl_kind estimate, bias-corrected when asked) when ref_logp is
+    given, kl_tau/penalty_mean (the masked mean of (log pi/pi_old)^2) when kl_tau > 0, and the loss's own
+    (vespo/phi_seq_mean).
     options: the settings (loss_type, aggregation, loss_kwargs, eps_low, eps_high, delta, beta,
-    max_completion_length, importance, kl_kind) as check_loss_options returned them, checked once for a whole
+    max_completion_length, importance, kl_kind, kl_tau, use_bias_correction_kl) as check_loss_options returned them, checked once for a whole
     update instead of on every call; leave those keywords out when passing it.
     """
     check_tensor("logp", logp)
@@ -564,6 +763,8 @@ def policy_loss(
         max_completion_length=max_completion_length,
         importance=importance,
         kl_kind=kl_kind,
+        kl_tau=kl_tau,
+        use_bias_correction_kl=use_bias_correction_kl,
     )
     if options is None:
         options = _checked_options(**settings)
@@ -576,6 +777,7 @@ def policy_loss(
     loss_type, agg, kwargs = o.loss_type, o.aggregation, o.loss_kwargs
     importance, kl_kind, max_completion_length = o.importance, o.kl_kind, o.max_completion_length
     eps_low, eps_high, delta, beta = o.eps_low, o.eps_high, o.delta, o.beta
+    kl_tau, bias_kl = o.kl_tau, o.use_bias_correction_kl
     spec = POLICY_LOSSES[loss_type]
     if beta > 0 and ref_logp is None:
         raise ValueError(
@@ -608,6 +810,18 @@ def policy_loss(
             raise ValueError(
                 f"token_weights has shape {tuple(token_weights.shape)}; it must be [N] or [N, T]."
             )
+    if sampler_weights is not None:
+        check_tensor("sampler_weights", sampler_weights)
+        _check_same_shape("sampler_weights", sampler_weights, shape)
+    if divergence is not None:
+        check_tensor("divergence", divergence)
+        _check_same_shape("divergence", divergence, shape)
+        if not spec.reads_divergence:
+            readers = [name for name, s in POLICY_LOSSES.items() if s.reads_divergence]
+            raise ValueError(
+                f"divergence is read by {', '.join(readers)} only; loss_type={loss_type!r} would ignore it. "
+                "Fix: leave divergence out, or use loss_type='dppo_tv' / 'dppo_kl'."
+            )
     if kl_cov_mask is not None:
         check_tensor("kl_cov_mask", kl_cov_mask)
         _check_same_shape("kl_cov_mask", kl_cov_mask, shape)
@@ -635,7 +849,21 @@ def policy_loss(
         seq_log_ratio = log_ratio.sum(-1) / lengths  # [N], masked entries are already 0
         log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]  # [N, T], value log s_i
 
-    inputs = LossInputs(logp, old, log_ratio, adv, seq_adv, mask, eps_low, eps_high, delta)
+    sampler_w = None if sampler_weights is None else torch.where(mask, sampler_weights.detach(), 0)  # [N, T]
+    div = None if divergence is None else torch.where(mask, divergence.detach(), 0)  # [N, T]
+    inputs = LossInputs(
+        logp,
+        old,
+        log_ratio,
+        adv,
+        seq_adv,
+        mask,
+        eps_low,
+        eps_high,
+        delta,
+        sampler_weights=sampler_w if spec.folds_sampler_weights else None,
+        divergence=div,
+    )
     terms = spec.fn(inputs, **kwargs)
     if not isinstance(terms, LossTerms):
         terms = LossTerms(terms)
@@ -648,16 +876,29 @@ def policy_loss(
             f"loss {loss_type!r} returned {got}; a loss must return the per-token loss as a tensor of shape "
             f"[N, T]={tuple(shape)} (or a cohort.algo.LossTerms holding one)."
         )
-    if token_weights is not None:
-        w = token_weights.detach().to(per_token_policy.dtype)
-        per_token_policy = per_token_policy * (w[:, None] if w.dim() == 1 else w)
+    weights = None if token_weights is None else token_weights.detach()
+    if weights is not None and weights.dim() == 1:
+        weights = weights[:, None]  # [N, 1]
+    if sampler_w is not None and not spec.folds_sampler_weights:
+        # One product of the weights, then one multiplication: the same numbers as sampler weights folded
+        # into token_weights by the caller.
+        weights = sampler_w if weights is None else weights * sampler_w
+    if weights is not None:
+        per_token_policy = per_token_policy * weights.to(per_token_policy.dtype)
     if kl_cov_mask is not None and kl_cov_coef > 0:
         per_token_policy = per_token_policy + kl_cov_coef * token_log_ratio.abs() * kl_cov_mask.bool()
     per_token = per_token_policy
+    if kl_tau > 0:
+        # Unweighted: the leash holds on every token, those the weights silence included (decision D4).
+        per_token = per_token + kl_tau * token_log_ratio.square()
     kl = None
     if ref_logp is not None:
         ref = torch.where(mask, ref_logp.detach(), 0)  # [N, T]
         kl = kl_estimate(logp, ref, kl_kind)  # [N, T]
+        if bias_kl:
+            # DeepSeek-V3.2: samples come from pi_old, so the estimate is reweighted by pi_theta / pi_old per
+            # token; the factor keeps its gradient (TRL's coef_1).
+            kl = kl * torch.exp(token_log_ratio)
         if beta > 0:
             per_token = per_token + beta * kl
     per_token = torch.where(mask, per_token, 0)  # [N, T]
@@ -684,6 +925,12 @@ def policy_loss(
         }
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
+        if kl_tau > 0:
+            metrics["kl_tau/penalty_mean"] = masked_mean(
+                token_log_ratio.detach().square().to(ratio_d.dtype), mask
+            )
+        for key, value in (terms.metrics or {}).items():
+            metrics[key] = value.detach()
     return loss, metrics
 
 

@@ -78,3 +78,50 @@ def sampler_correction(
         "is_ratio/corrected_frac": changed.sum().to(dtype) / count,
     }
     return weights.detach(), metrics
+
+
+def off_policy_mask(
+    advantages: torch.Tensor,
+    logp: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """Return bool [N, T]: the tokens DeepSeek-V3.2's off-policy sequence mask keeps (False on padding).
+
+    DeepSeek-V3.2 (arXiv 2512.02556, eq. 9; TRL's off_policy_mask_threshold): a completion's distance from the
+    sampler is KL_i = sum_t (log pi_sampler - log pi_theta) / |o_i| over its tokens (a NaN term, a token the
+    engine could not score, adds 0 and still counts in |o_i|); the token is dropped when its advantage is
+    negative and KL_i > threshold, so only off-policy *negative* samples are silenced. advantages [N] or [N, T];
+    logp [N, T] the current log-probs (detached here); sampler_logp [N, T]; threshold >= 0.
+    """
+    for name, t in (
+        ("advantages", advantages),
+        ("logp", logp),
+        ("sampler_logp", sampler_logp),
+        ("mask", mask),
+    ):
+        check_tensor(name, t)
+    if logp.dim() != 2 or logp.shape != sampler_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask {tuple(mask.shape)} "
+            "must all be [N, T] (the same completion tokens)."
+        )
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; it must be [N] or [N, T] to match logp "
+            f"{tuple(logp.shape)}."
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise ValueError(
+            f"threshold must be a number >= 0 (the per-token KL above which a negative sample is dropped; "
+            f"DeepSeek-V3.2's examples use 0.5), got {threshold!r}."
+        )
+    mask = mask.bool()
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    gap = torch.nan_to_num(sampler_logp.detach().to(dtype) - logp.detach().to(dtype), nan=0.0)  # [N, T]
+    kl = torch.where(mask, gap, 0).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+    adv = advantages.detach()
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [N, 1] or [N, T]
+    keep = (adv >= 0) | (kl <= threshold)  # [N, 1] or [N, T]
+    return keep.expand_as(mask) & mask  # [N, T]

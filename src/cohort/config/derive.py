@@ -56,7 +56,8 @@ def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
     - rollout.batch_size: each process's share of distributed.global_batch_size, when one is given;
     - fast.*: a switch given as a boolean (a bare YAML on / off, or True / False from Python) as on / off;
     - algo.sampler_correction=auto: token_tis when rollout.max_staleness > 0 (the batches' sampler is an older
-      policy) or rollout.engine=vllm (another implementation's log-probs), else none.
+      policy) or rollout.engine=vllm (another implementation's log-probs), else none; always none with
+      algo.trust_region_anchor=sampler (the ratio is then taken against the sampler itself).
 
     Deriving twice gives the same config, so a config that was derived may be derived again."""
     share = per_process_batch(cfg, world_size)
@@ -66,5 +67,6 @@ def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
     if cfg.algo.sampler_correction == "auto":
         stale = isinstance(cfg.rollout.max_staleness, int) and cfg.rollout.max_staleness > 0
         other = cfg.rollout.engine == "vllm"  # its kernels and precision differ from the trainer's
-        cfg.algo.sampler_correction = "token_tis" if stale or other else "none"
+        anchored = cfg.algo.trust_region_anchor == "sampler"
+        cfg.algo.sampler_correction = "token_tis" if (stale or other) and not anchored else "none"
     return cfg

@@ -117,6 +117,23 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        "algo.kl_tau",
+        lambda c, _: (
+            "its penalty (log pi/pi_old)^2 is 0, with no gradient, when each batch makes one optimizer step against "
+            "pi_old; set algo.num_iterations or algo.num_minibatches above 1, or algo.trust_region_anchor=sampler"
+            if c.algo.trust_region_anchor == "old" and c.algo.num_iterations * c.algo.num_minibatches == 1
+            else None
+        ),
+    ),
+    Inert(
+        "algo.use_bias_correction_kl",
+        lambda c, _: (
+            "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key"
+            if c.algo.beta == 0
+            else None
+        ),
+    ),
+    Inert(
         "algo.sampler_is_max",
         lambda c, _: (
             "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None

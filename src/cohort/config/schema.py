@@ -218,17 +218,21 @@ class AlgoConfig:
     """The GRPO-family objective (see docs/algorithms.md for every formula)."""
 
     loss_type: str = "grpo"
-    """Policy loss: grpo, bnpo, dapo, dr_grpo (PPO's clip with that aggregation), cispo, sapo, gmpo, or your own
-    'my_pkg.module:function' / 'file.py:function' (see cohort.algo.LossInputs for the signature)."""
+    """Policy loss: grpo, bnpo, dapo, dr_grpo, luspo (PPO's clip with that aggregation), cispo, sapo, gmpo,
+    vespo, dppo_tv, dppo_kl, dro (needs kl_tau > 0), or your own 'my_pkg.module:function' / 'file.py:function'
+    (see cohort.algo.LossInputs for the signature)."""
     aggregation: str | None = None
-    """How per-token losses are averaged: grpo, bnpo, dapo or dr_grpo; None uses the loss type's own (dapo for
-    your own losses)."""
+    """How per-token losses are averaged: grpo, bnpo, dapo, dr_grpo or luspo; None uses the loss type's own
+    (dapo for your own losses)."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword parameters of the loss: cispo {max_ratio: 5.0, min_ratio: null}, sapo {tau_pos: 1.0, tau_neg:
-    1.05}, gmpo {clip: 0.4}, or your own loss's."""
+    1.05}, gmpo {clip: 0.4}, vespo {k_pos: 2.0, lambda_pos: 3.0, k_neg: 3.0, lambda_neg: 2.0}, dppo_tv
+    {mask_low: 0.15, mask_high: 0.15, max_ratio: null}, dppo_kl {mask_low: 0.05, mask_high: 0.05, max_ratio:
+    null}, or your own loss's."""
     advantage: str = "grpo"
     """Advantage estimator: grpo (group z-score, with scale / std / adv_eps), rloo, reinforce_pp,
-    reinforce_pp_baseline, or your own 'my_pkg.module:function'."""
+    reinforce_pp_baseline, max_rl ((r - mean) / mean per group), optimal_token_baseline (per-token baselines
+    from the update's pi_old pass; not with gmpo or process rewards), or your own 'my_pkg.module:function'."""
     advantage_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of your own advantage estimator."""
     top_entropy_quantile: float = 1.0
@@ -269,6 +273,23 @@ class AlgoConfig:
     """Upper bound of the sampler importance ratio (TIS's C = 2)."""
     sampler_is_min: float | None = None
     """Lower bound of the sampler importance ratio (None: none)."""
+    off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's field of that name): drop a completion with a negative
+    advantage from the policy loss when its mean per-token KL from the sampler, mean_t (log pi_sampler - log
+    pi), exceeds this (None: off; TRL's example 0.5)."""
+    use_bias_correction_kl: bool = False
+    """DeepSeek-V3.2's unbiased KL: multiply the beta term's per-token estimate by the token ratio pi / pi_old
+    (only with beta > 0; TRL's default is true, cohort's false keeps DeepSeekMath's gradient)."""
+    kl_tau: float = 0.0
+    """Squared log-ratio penalty: add kl_tau * (log pi / pi_anchor)^2 on every completion token, unscaled by
+    token or sampler weights (prime-rl's kl_tau, 1e-3 there; 0 is off). loss_type dro needs it > 0."""
+    trust_region_anchor: str = "old"
+    """What the importance ratio, DPPO's masks and kl_tau are measured against: old (pi_old, the trainer's
+    log-probs before the update) or sampler (the rollout engine's log-probs, as the DPPO paper and prime-rl;
+    then sampler_correction must be none, since the ratio already is pi / pi_sampler)."""
+    dppo_topk: int = 0
+    """DPPO's top-K divergence mask over the sampler's K most likely tokens (0: the binary mask of the sampled
+    token). Refused when > 0: no rollout engine of cohort returns top-K log-probs yet."""
 
     scale: str = "group"
     """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""
@@ -560,7 +581,8 @@ class TrainConfig:
     """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
     preset: str | None = None
     """Named recipe applied before the file and overrides (cohort.presets): r1, dapo, dr_grpo, gspo, cispo,
-    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, ppo_classic."""
+    sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, dppo, prime_rl, vespo, luspo, max_rl,
+    ppo_classic (`cohort config --presets` lists each with its source)."""
 
     @property
     def prompts_per_step(self) -> int:

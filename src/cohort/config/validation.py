@@ -404,6 +404,7 @@ def _check_objective(cfg: TrainConfig) -> None:
     """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
     run as configured (user code named by spec is imported and its signature checked here)."""
     a, r = cfg.algo, cfg.rollout
+    _check_advantage_fits_loss(a)
     for key in ("loss_kwargs", "advantage_kwargs"):
         if not isinstance(getattr(a, key), dict):
             raise ConfigError(f"algo.{key}={getattr(a, key)!r} must be a mapping of keyword arguments")
@@ -469,6 +470,7 @@ def _check_objective(cfg: TrainConfig) -> None:
             "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
         )
     _check_choice("algo.sampler_correction", a.sampler_correction, tuple(SAMPLER_CORRECTIONS))
+    _check_2026_family(a)
     if not a.sampler_is_max > 1:
         raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
     if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
@@ -501,6 +503,79 @@ def _check_objective(cfg: TrainConfig) -> None:
             f"process.step_separator={cfg.process.step_separator!r} must be a non-empty string (e.g. '\\n')"
         )
     _check_episodes(cfg)
+
+
+TRUST_REGION_ANCHORS = ("old", "sampler")
+"""algo.trust_region_anchor's values: pi_old, or the sampler's log-probs."""
+
+
+def _check_advantage_fits_loss(a: AlgoConfig) -> None:
+    """Raises ConfigError for an advantage estimator the loss cannot take (OTB's per-token ones with gmpo)."""
+    if a.advantage == "optimal_token_baseline" and a.loss_type == "gmpo":
+        raise ConfigError(
+            "algo.advantage=optimal_token_baseline gives one advantage per token, and loss_type=gmpo needs one "
+            "per completion: choose another loss type"
+        )
+
+
+def _check_2026_family(a: AlgoConfig) -> None:
+    """Raises ConfigError for a value of the 2026 family's options out of range, or a combination that cannot
+    run: VESPO with a sequence-level sampler correction, the sampler anchor with a sampler correction, dro
+    without kl_tau, DPPO's top-K without an engine that returns top-K log-probs. Warns, as TRL does, when
+    luspo runs with token-level importance."""
+    _check_choice("algo.trust_region_anchor", a.trust_region_anchor, TRUST_REGION_ANCHORS)
+    if not isinstance(a.kl_tau, (int, float)) or isinstance(a.kl_tau, bool) or not a.kl_tau >= 0:
+        raise ConfigError(
+            f"algo.kl_tau={a.kl_tau!r} must be a number >= 0 (the squared log-ratio penalty's coefficient; "
+            "prime-rl uses 1e-3, 0 turns it off)"
+        )
+    if a.loss_type == "dro" and a.kl_tau == 0:
+        raise ConfigError(
+            "algo.loss_type=dro is -A * r plus the squared log-ratio penalty, whose coefficient is algo.kl_tau; "
+            "kl_tau=0 leaves a plain policy gradient: set algo.kl_tau > 0 (verl's dro_beta = 2 * kl_tau)"
+        )
+    if not isinstance(a.use_bias_correction_kl, bool):
+        raise ConfigError(f"algo.use_bias_correction_kl={a.use_bias_correction_kl!r} must be true or false")
+    t = a.off_policy_mask_threshold
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+        raise ConfigError(
+            f"algo.off_policy_mask_threshold={t!r} must be a number >= 0 (the mean per-token KL from the sampler "
+            "above which a negative sample is dropped; TRL's example is 0.5), or null to turn the mask off"
+        )
+    if a.loss_type == "luspo" and a.importance != "sequence":
+        warnings.warn(
+            f"algo.loss_type=luspo is meant with algo.importance=sequence (the LUSPO paper's GSPO ratio); "
+            f"algo.importance={a.importance} runs it with token-level ratios",
+            ConfigWarning,
+            stacklevel=4,
+        )
+    if a.loss_type == "vespo" and a.sampler_correction.startswith("sequence_"):
+        raise ConfigError(
+            f"algo.loss_type=vespo folds the sampler's per-token ratios into its own sequence weight, so "
+            f"algo.sampler_correction={a.sampler_correction} would weigh each sequence twice: set "
+            "algo.sampler_correction to token_tis, token_mis or none"
+        )
+    if a.trust_region_anchor == "sampler" and a.sampler_correction not in ("none", "auto"):
+        raise ConfigError(
+            f"algo.trust_region_anchor=sampler takes the importance ratio against the sampler's log-probs, which "
+            f"already corrects for the sampler: algo.sampler_correction={a.sampler_correction} would correct "
+            "twice; set algo.sampler_correction=none (or trust_region_anchor=old)"
+        )
+    k = a.dppo_topk
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"algo.dppo_topk={k!r} must be an int >= 0 (0: DPPO's binary mask)")
+    if k > 0:
+        if a.loss_type not in ("dppo_tv", "dppo_kl"):
+            raise ConfigError(
+                f"algo.dppo_topk={k} is the top-K divergence of DPPO's mask; loss_type={a.loss_type!r} has no such "
+                "mask: set algo.loss_type to dppo_tv or dppo_kl, or algo.dppo_topk=0"
+            )
+        raise ConfigError(
+            f"algo.dppo_topk={k} needs the rollout engine to return each token's top-{k} log-probs with the "
+            "sampled token forced in, and none of cohort's engines (builtin, hf, vllm workers) returns them yet; "
+            "set algo.dppo_topk=0 for DPPO's binary mask (cohort.algo.topk_divergence and policy_loss(..., "
+            "divergence=) serve a training loop of your own that has them)"
+        )
 
 
 def _check_episodes(cfg: TrainConfig) -> None:

@@ -25,25 +25,40 @@ def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int
     return max(1, min(chunk_size, (chunk_mib << 20) // (4 * max(vocab, 1))))
 
 
-def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size):
-    """Returns (log-probs [M], entropy [M] or None) from hidden states (or logits when head is None) [M, *].
+def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size, with_sum_pi_squared=False):
+    """Returns (log-probs [M], entropy [M] or None, sum_v pi(v)^2 [M] or None) from hidden states (or logits
+    when head is None) [M, *].
 
-    `with_entropy`: False, True (a statistic, outside autograd) or "grad" (differentiable: a loss term)."""
+    `with_entropy`: False, True (a statistic, outside autograd) or "grad" (differentiable: a loss term).
+    `with_sum_pi_squared`: also each position's sum of squared next-token probabilities at `temperature` (a
+    statistic outside autograd: the Optimal Token Baseline's variance proxy), from the same chunk's logits."""
+    if with_sum_pi_squared and with_entropy == "grad":
+        raise ValueError(
+            "with_sum_pi_squared is a statistic of a pass without gradients; with_entropy='grad' is not"
+        )
     fn = _logp_entropy_grad if with_entropy == "grad" else _logp_entropy if with_entropy else _logp_only
+    if with_sum_pi_squared:
+        fn = _logp_stats_entropy if with_entropy else _logp_stats
     # Recomputing chunks in backward keeps one chunk's logits alive at a time. When everything fits in
     # one chunk that bound holds anyway, and skipping the recompute saves 7 % of the demo's update.
     use_ckpt = torch.is_grad_enabled() and picked.requires_grad and picked.shape[0] > chunk_size
-    logps, ents = [], []
+    logps, ents, squares = [], [], []
     for start in range(0, picked.shape[0], chunk_size):
         h = picked[start : start + chunk_size]  # [m, H]
         tgt = target[start : start + chunk_size]  # [m]
         if use_ckpt:
-            lp, ent = checkpoint(fn, head, h, tgt, temperature, use_reentrant=False)
+            out = checkpoint(fn, head, h, tgt, temperature, use_reentrant=False)
         else:
-            lp, ent = fn(head, h, tgt, temperature)
-        logps.append(lp)
-        ents.append(ent)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+            out = fn(head, h, tgt, temperature)
+        logps.append(out[0])
+        ents.append(out[1])
+        if with_sum_pi_squared:
+            squares.append(out[2])
+    return (
+        torch.cat(logps),
+        (torch.cat(ents) if with_entropy else None),
+        (torch.cat(squares) if with_sum_pi_squared else None),
+    )
 
 
 def _scaled_logits(head, h, temperature):
@@ -71,6 +86,24 @@ def _logp_entropy(head, h, target, temperature):
         z = logits.detach()
         entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
     return logp, entropy
+
+
+def _logp_stats(head, h, target, temperature):
+    logits = _scaled_logits(head, h, temperature)  # [m, V]
+    logz = logits.logsumexp(-1)  # [m]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
+    with torch.no_grad():
+        # sum_v pi_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)): in log space, so no [m, V] of probabilities.
+        square = torch.exp((2 * logits.detach()).logsumexp(-1) - 2 * logz.detach())  # [m]
+    return logp, None, square
+
+
+def _logp_stats_entropy(head, h, target, temperature):
+    logp, _, square = _logp_stats(head, h, target, temperature)
+    with torch.no_grad():
+        z = _scaled_logits(head, h, temperature).detach()
+        entropy = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)  # [m]
+    return logp, entropy, square
 
 
 def _logp_entropy_grad(head, h, target, temperature):

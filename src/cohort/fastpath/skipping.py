@@ -17,11 +17,20 @@ import torch
 
 
 def skip_unavailable(
-    beta: float, *, builtin_loss: bool = True, selection: str | None = None, entropy_bonus: bool = False
+    beta: float,
+    *,
+    builtin_loss: bool = True,
+    selection: str | None = None,
+    entropy_bonus: bool = False,
+    kl_tau: float = 0.0,
 ) -> str | None:
     """Returns why zero-advantage rows cannot be skipped (None: they can)."""
     if beta != 0:
         return f"beta={beta} > 0: the KL term of a zero-advantage row has a gradient"
+    if kl_tau != 0:
+        return (
+            f"algo.kl_tau={kl_tau} > 0: the squared log-ratio penalty of a zero-advantage row has a gradient"
+        )
     if entropy_bonus:
         return "algo.entropy_coef / adaptive_entropy: the entropy term of a zero-advantage row has a gradient"
     if not builtin_loss:

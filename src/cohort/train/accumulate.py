@@ -141,9 +141,12 @@ class UpdateMeter:
     def micro_batch(
         self, metrics: dict[str, Any], tokens: float, entropy: torch.Tensor | None, mask: torch.Tensor
     ) -> None:
-        """Adds a micro-batch's loss metrics and mean entropy, weighted by its `tokens` masked-in tokens."""
+        """Adds a micro-batch's loss metrics and mean entropy, weighted by its `tokens` masked-in tokens; a loss's
+        own metrics (vespo/phi_seq_mean, kl_tau/penalty_mean) are reported with the controls'."""
         for k, v in metrics.items():
             self.means.add(k, float(v), tokens)
+            if k not in ("kl", "ratio/mean") and not k.startswith("clip_ratio/"):
+                self.control_names.add(k)
         if "clip_ratio/low_mean" in metrics and tokens > 0:
             self.low_min = min(self.low_min, float(metrics["clip_ratio/low_mean"]))
             self.high_max = max(self.high_max, float(metrics["clip_ratio/high_mean"]))

@@ -22,8 +22,16 @@ import torch
 
 from cohort import distributed as dist
 from cohort import seeds
-from cohort.algo import LOSS_TYPES, check_loss_options, loss_normalisers, policy_loss
-from cohort.algo.controls import ControlSettings, TokenControls, token_controls
+from cohort.algo import (
+    LOSS_TYPES,
+    POLICY_LOSSES,
+    check_loss_options,
+    loss_normalisers,
+    optimal_token_baseline,
+    policy_loss,
+    sampler_correction,
+)
+from cohort.algo.controls import SAMPLER_CORRECTIONS, ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from cohort.config import AlgoConfig
 from cohort.errors import NonFiniteError, TrainingError
@@ -60,6 +68,9 @@ class PolicyBatch:
     inserted it (RolloutBatch.loss_masks). None: every token is the policy's. Inserted tokens stay in the
     forward pass (the policy reads them) but not in the loss, its normalisers, the KL, entropy, clip and
     sampler-gap metrics."""
+    rewards: torch.Tensor | None = None
+    """[N] each row's combined reward: the return the Optimal Token Baseline's per-token advantages are taken
+    from (algo.advantage=optimal_token_baseline; None otherwise)."""
 
     @property
     def lengths(self) -> list[int]:
@@ -196,7 +207,11 @@ class PolicyUpdater:
             sampler_correction="none" if algo.sampler_correction == "auto" else algo.sampler_correction,
             sampler_is_max=algo.sampler_is_max,
             sampler_is_min=algo.sampler_is_min,
+            off_policy_mask_threshold=algo.off_policy_mask_threshold,
         )
+        # trust_region_anchor=sampler: the ratio, DPPO's masks and kl_tau are taken against the sampler's
+        # log-probs, which then stand in for pi_old on every pass (the config refuses a sampler correction).
+        self.sampler_anchor = algo.trust_region_anchor == "sampler"
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
@@ -212,7 +227,11 @@ class PolicyUpdater:
             max_completion_length=max_completion_length,
             importance=algo.importance,
             kl_kind=algo.kl_estimator,
+            kl_tau=algo.kl_tau,
+            use_bias_correction_kl=algo.use_bias_correction_kl,
         )
+        spec = POLICY_LOSSES.get(self._loss_options.loss_type)
+        self.folds_sampler_weights = spec is not None and spec.folds_sampler_weights
         self.entropy_coef = float(algo.entropy_coef)
         self.last_entropy: float | None = None
         # `on` that cannot be honoured fails here, before any work.
@@ -221,9 +240,17 @@ class PolicyUpdater:
             "skip_zero_advantage",
             model,
             # where it cannot apply, auto simply computes every row; `on` is an error
-            worth=algo.beta == 0 and builtin_loss and selection is None and not self.entropy_on,
+            worth=algo.beta == 0
+            and algo.kl_tau == 0
+            and builtin_loss
+            and selection is None
+            and not self.entropy_on,
             unavailable=lambda: skip_unavailable(
-                algo.beta, builtin_loss=builtin_loss, selection=selection, entropy_bonus=self.entropy_on
+                algo.beta,
+                builtin_loss=builtin_loss,
+                selection=selection,
+                entropy_bonus=self.entropy_on,
+                kl_tau=algo.kl_tau,
             ),
         )
         # Zero (not None) gradients make a step whose rows were all skipped identical to one that
@@ -241,6 +268,7 @@ class PolicyUpdater:
         meter: UpdateMeter | None = None,
         *,
         with_entropy=False,
+        with_sum_pi_squared=False,
     ):
         with self.autocast():
             lp = completion_logprobs(
@@ -252,6 +280,7 @@ class PolicyUpdater:
                 temperature=self.temperature,
                 with_entropy=with_entropy,
                 fast=self.fast,
+                with_sum_pi_squared=with_sum_pi_squared,
             )
         if meter is not None:
             meter.path(lp.path, lp.chunked_head)
@@ -303,6 +332,70 @@ class PolicyUpdater:
                 for i, r in enumerate(micro):
                     out[r] = lp.logp[i, : len(batch.completion_ids[r])]
         return out
+
+    @torch.no_grad()
+    def _otb_pass(self, batch: PolicyBatch) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
+        """Returns ({row: [T_row] log pi_old}, per-row [T_row] token advantages) of the Optimal Token Baseline
+        over every row of `batch`: one pass without gradients at the sampling temperature whose chunked LM head
+        also gives sum_v pi_old(v)^2; the sampler correction's weights, when one is on, scale the proxy (verl)."""
+        if batch.rewards is None:
+            raise TrainingError(
+                "algo.advantage=optimal_token_baseline needs each row's reward in the batch, and none was given"
+            )
+        if batch.token_advantages is not None:
+            raise TrainingError(
+                "algo.advantage=optimal_token_baseline computes its own per-token advantages from outcome rewards; "
+                "a process reward gives per-token advantages too: use algo.advantage=grpo with process rewards"
+            )
+        n = len(batch.completion_ids)
+        rows = list(range(n))
+        old: dict[int, torch.Tensor] = {}
+        square: dict[int, torch.Tensor] = {}
+        keep: dict[int, torch.Tensor] = {}
+        with self._frozen(self.model, batch, rows) as micros:
+            for micro in micros:
+                if not micro:
+                    with self.autocast():
+                        idle_forward(self.model, self.device)
+                    continue
+                lp = self._logprobs(self.model, batch, micro, with_sum_pi_squared=True)
+                mask = self._loss_mask(lp, batch, micro)
+                squares = cast(torch.Tensor, lp.sum_pi_squared)
+                for i, r in enumerate(micro):
+                    length = len(batch.completion_ids[r])
+                    old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
+        if (
+            n == 0
+        ):  # a process without groups: it joined the pass's collectives above, and has nothing to score
+            return old, []
+        width = max((len(c) for c in batch.completion_ids), default=0)
+        old_all = self._stack(old, rows, width)  # [N, T]
+        mask_all = self._stack(
+            {r: m.to(old_all.dtype) for r, m in keep.items()}, rows, width
+        ).bool()  # [N, T]
+        is_weights = None
+        correction = SAMPLER_CORRECTIONS[self.controls.sampler_correction]
+        if correction is not None and batch.sampling_logprobs is not None:
+            sampled = self._stack({r: batch.sampling_logprobs[r].to(old_all) for r in rows}, rows, width)
+            is_weights, _ = sampler_correction(
+                old_all,
+                sampled,
+                mask_all,
+                level=correction[0],
+                mode=correction[1],
+                max_ratio=self.controls.sampler_is_max,
+                min_ratio=self.controls.sampler_is_min,
+            )
+        adv = optimal_token_baseline(
+            batch.rewards.to(old_all.device),
+            batch.group_size,
+            old_logp=old_all,
+            sum_pi_squared=self._stack(square, rows, width),
+            mask=mask_all,
+            is_weights=is_weights,
+        )  # [N, T]
+        token_adv = [adv[r, : len(batch.completion_ids[r])].float().cpu() for r in rows]
+        return old, token_adv
 
     @staticmethod
     def _stack(values: dict[int, torch.Tensor], rows: list[int], width: int) -> torch.Tensor:
@@ -367,13 +460,25 @@ class PolicyUpdater:
         lengths = batch.loss_lengths  # tokens in the loss: inserted ones count in no normaliser
         loss_rows = [r for r in range(n) if in_loss[r]]
         multi_step = a.num_iterations * a.num_minibatches > 1
-        old = self._frozen_logprobs(self.model, batch, loss_rows) if multi_step else None
+        if self.sampler_anchor and batch.sampling_logprobs is None:
+            raise TrainingError(
+                "algo.trust_region_anchor=sampler takes the ratio against the sampler's log-probs, but this rollout "
+                "engine returned none; use rollout.engine=builtin or hf, or algo.trust_region_anchor=old"
+            )
+        # Under the sampler anchor the sampler's log-probs are pi_old: no pass computes the trainer's own.
+        need_old = multi_step and not self.sampler_anchor
+        token_adv = batch.token_advantages
+        if a.advantage == "optimal_token_baseline":
+            # Its pi_old pass gives the per-token advantages, and pi_old itself where the update needs it.
+            otb_old, token_adv = self._otb_pass(batch)
+            old = {r: otb_old[r] for r in loss_rows} if need_old else None
+        else:
+            old = self._frozen_logprobs(self.model, batch, loss_rows) if need_old else None
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
                 ref = self._frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
-        token_adv = batch.token_advantages
         # A row can be skipped when every one of its tokens has advantage 0.
         row_zero = (
             adv
@@ -431,10 +536,15 @@ class PolicyUpdater:
                     gap_here = it == 0 and mb_index == 0
                     sampled_mb = None
                     if batch.sampling_logprobs is not None and (
-                        gap_here or self.controls.sampler_correction != "none"
+                        gap_here
+                        or self.controls.sampler_correction != "none"
+                        or self.controls.off_policy_mask_threshold is not None
+                        or self.sampler_anchor
                     ):
                         sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
                         sampled_mb = self._stack(sampled, micro, width)
+                    if self.sampler_anchor:
+                        old_mb = sampled_mb
                     if gap_here and sampled_mb is not None:
                         meter.sampler_gap(lp.logp, sampled_mb, mask)
                     if token_adv is None:
@@ -449,12 +559,17 @@ class PolicyUpdater:
                         else None
                     )
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
+                    sampler_weights = None
+                    if ctl and self.folds_sampler_weights:
+                        # vespo folds the sampler's ratios into its sequence weight: passed apart, once.
+                        weights, sampler_weights = ctl.unsampled_weights, ctl.sampler_weights
                     loss, metrics = policy_loss(
                         lp.logp,
                         old_mb,
                         adv_mb,
                         mask,
                         token_weights=weights,
+                        sampler_weights=sampler_weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
                         ref_logp=self._stack(ref, micro, width) if ref is not None else None,
