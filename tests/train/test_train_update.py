@@ -213,7 +213,12 @@ def test_sampled_completions_do_not_depend_on_the_decoding_paths():
 
     model64 = gpt2_64(seed=13, eos_bias=2.0)
     base = run(model64, shared_prefix="off", preallocated_kv="off", packed_weights="off")
-    assert base.paths == {"shared_prefix": False, "preallocated_kv": False, "packed_weights": False}
+    assert base.paths == {
+        "shared_prefix": False,
+        "preallocated_kv": False,
+        "packed_weights": False,
+        "graph_decode": False,  # auto: CUDA only
+    }
     lengths = {len(c) for c in base.completion_ids}
     assert len(lengths) > 2  # rows ended at different steps
     for shared, prealloc in itertools.product(("on", "off"), repeat=2):
