@@ -197,6 +197,9 @@ def test_code_is_a_built_in_by_every_name():
     assert reward_name(custom) == "code_reward" and custom.all_or_nothing is True
     with pytest.raises(ValueError, match="timeout=0"):
         resolve_reward_funcs("code(timeout=0)")
+    for bad in ("0", "-2", "1.5", "True"):
+        with pytest.raises(ValueError, match=rf"concurrency={bad} must be a whole number >= 1.*omit it"):
+            resolve_reward_funcs(f"code(concurrency={bad})")
     with pytest.raises(ValueError, match="unexpected keyword argument 'timout'"):
         resolve_reward_funcs("code(timout=2)")
     with pytest.raises(ValueError, match=r"built-in rewards are: accuracy, format, code, .*code\(timeout=5"):

@@ -278,6 +278,13 @@ def make_code_reward(
     if not isinstance(all_or_nothing, bool):
         raise ValueError(f"code reward: all_or_nothing={all_or_nothing!r} must be true or false")
     limits = Limits().with_(timeout=timeout, memory_mb=memory_mb)  # checks the values now, before any run
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(
+            f"code reward: concurrency={concurrency!r} must be a whole number >= 1 (the programs run at once); "
+            "omit it to run one per core"
+        )
     custom = any([timeout is not None, memory_mb is not None, concurrency, unsafe, python, site_packages])
     holder: list[Sandbox] = []
     lock = threading.Lock()
