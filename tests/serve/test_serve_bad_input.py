@@ -79,6 +79,46 @@ def test_an_address_that_does_not_answer(tiny_model_dir, tmp_path):
         GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [b"1\n\n2", b"\xff\xfe", b'"a string"', b'{"ok": true, "id": %d}', b'{"status": "ok", "id": %d}'],
+    ids=["not json", "not utf-8", "not an object", "no identity", "not cohort's reply"],
+)
+def test_an_address_where_another_server_answers(tiny_model_dir, tmp_path, answer):
+    """Another program's zmq server on the port: its reply to the greeting is not cohort's protocol."""
+    import json
+    import threading
+
+    import zmq
+
+    context = zmq.Context()
+    server = context.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def answer_everything():
+        while not stop.is_set():
+            if server.poll(50):
+                peer, header, *_ = server.recv_multipart()
+                reply = answer % json.loads(header)["id"] if b"%d" in answer else answer
+                server.send_multipart([peer, reply])
+
+    thread = threading.Thread(target=answer_everything, daemon=True)
+    thread.start()
+    try:
+        over = {"rollout.workers": [f"127.0.0.1:{port}"], "rollout.connect_timeout": 5}
+        with pytest.raises(
+            ConfigError,
+            match=rf"the server at 127.0.0.1:{port} is not a cohort rollout worker .*point rollout.workers at",
+        ):
+            GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
+    finally:
+        stop.set()
+        thread.join()
+        server.close(0)
+        context.term()
+
+
 @pytest.fixture(scope="module")
 def other_model_dir(tmp_path_factory):
     from cohort.models import build_tiny_model

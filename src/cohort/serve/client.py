@@ -683,12 +683,22 @@ def connect_workers(
         failed = None
         try:
             for c in clients:
+                port = c.address.rsplit(":", 1)[-1]
                 try:
                     reply, _ = c.request(hello, timeout=connect_timeout)
+                    if "ok" not in reply or (reply["ok"] and not isinstance(reply.get("identity"), dict)):
+                        raise ValueError(f"a reply with the keys {sorted(reply)}")
                 except _Lost as e:
                     raise ConfigError(
                         f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
-                        f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
+                        f"PATH --port {port}`, or correct rollout.workers"
+                    ) from None
+                except ValueError as e:  # another program's server: its reply is not cohort's protocol
+                    raise ConfigError(
+                        f"the server at {c.address} is not a cohort rollout worker (its answer to the greeting is "
+                        f"not cohort's protocol: {e}): point rollout.workers at the address a `cohort serve` "
+                        f"printed, or stop that server and start one there with `cohort serve --model PATH "
+                        f"--port {port}`"
                     ) from None
                 if not reply.get("ok"):
                     raise ConfigError(
