@@ -119,6 +119,20 @@ def test_an_address_where_another_server_answers(tiny_model_dir, tmp_path, answe
         context.term()
 
 
+def test_serve_on_a_taken_port_says_so_before_the_model_loads(tmp_path, capsys):
+    from cohort.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # The model does not exist: the port is checked first, so its error is the one reported.
+        assert main(["serve", "--model", str(tmp_path / "no-model"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is already in use" in err and "--port 0" in err, err
+    assert "Traceback" not in err and "no-model" not in err
+
+
 @pytest.fixture(scope="module")
 def other_model_dir(tmp_path_factory):
     from cohort.models import build_tiny_model
