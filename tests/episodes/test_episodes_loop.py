@@ -223,6 +223,35 @@ def test_a_text_environment_steps_on_each_turn_and_scores_per_turn(tok):
     loop.close()
 
 
+class BrokenStep(TextEnvironment):
+    """A text environment whose step raises on every episode (a bug in it)."""
+
+    def reset(self, **row):
+        return " Guess."
+
+    def step(self, action):
+        raise KeyError("score")
+
+
+def test_an_environment_whose_step_raises_is_said_once_loudly_and_counted(tok):
+    spec = build_episode_spec(EpisodeConfig(), environment_factory=BrokenStep)
+    full = render_prompt(tok, [{"role": "user", "content": "3*4? Guess."}])
+    turn = ids(tok, "5") + [tok.eos_token_id]
+    model = ScriptedLM(len(tok), tok.eos_token_id, script_of(len(full), [(True, turn)]))
+    loop = EpisodeGeneration(
+        spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+    )
+    params, rows = SamplingParams(max_completion_length=50), [{"prompt": PROMPT}]
+    with pytest.warns(UserWarning) as caught:
+        for _ in range(2):  # two batches of two episodes: every step fails
+            batch = loop.generate([full], 2, params, torch.Generator(), rows=rows)
+    loop.close()
+    said = [str(w.message) for w in caught if "BrokenStep.step" in str(w.message)]
+    assert len(said) == 1, said  # once, not once per episode
+    assert "KeyError: 'score'" in said[0] and "episodes/stop_env_error" in said[0] and "fix" in said[0]
+    assert loop.counts["env_errors"] == 4 and all(r.stop == "env_error" for r in batch.episodes)
+
+
 class Counter:
     """A TRL-style environment: reset(**row) -> str, a public method as its tool, get_reward."""
 
