@@ -768,3 +768,10 @@ def test_a_refused_run_imports_no_user_code(tiny_model_dir, tmp_path, case):
     with pytest.raises((ConfigError, DataError, ValueError)):
         GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", **over))
     assert not marker.exists(), f"{case}: the reward file ran for a run that was refused"
+
+
+def test_resuming_with_other_rollout_workers_says_they_must_be_back_where_they_were(tiny_model_dir, tmp_path):
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", steps=1, save_every=1)).train()
+    over = {"steps": 2, "resume": "auto", "rollout.workers": ["127.0.0.1:1"]}
+    with pytest.raises(ConfigError, match=r"rollout.workers: None -> \['127.0.0.1:1'\].*same addresses"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", **over))

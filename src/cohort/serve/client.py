@@ -556,11 +556,16 @@ class RemoteGeneration:
         live = self.live
         if not live:
             reasons = "; ".join(f"{c.address}: {c.lost}" for c in self.clients)
-            raise WorkersLostError(
-                f"every rollout worker is lost ({reasons}): the run stops; restart the workers (or set "
-                "rollout.workers to null to sample in the trainer) and continue from the last checkpoint with "
-                "resume=auto"
+            # A resume checks that rollout.workers is unchanged: listed workers must come back where they were.
+            how = (
+                "continue from the last checkpoint with resume=auto (it starts new local workers)"
+                if self.local is not None
+                else "restart the workers at the same addresses "
+                f"({', '.join(c.address for c in self.clients)}) and continue from the last checkpoint with "
+                "resume=auto (a resume refuses a changed rollout.workers; allow_config_change=true accepts "
+                "other workers, whose batches may differ from an uninterrupted run's)"
             )
+            raise WorkersLostError(f"every rollout worker is lost ({reasons}): the run stops; {how}")
         return live
 
     def metrics(self) -> dict[str, float]:

@@ -105,9 +105,14 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
         changed = config_changes(current_keys(saved), to_dict(cfg))  # an older cohort's keys, renamed
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
+            workers = (
+                " (rollout.workers: restart the workers at the same addresses the run used)"
+                if any(k == "rollout.workers" for k, _, _ in changed)
+                else ""
+            )
             raise ConfigError(
                 f"resume: the config differs from the one checkpoint {candidates[0][0]} was trained with "
-                f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values, or set "
+                f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values{workers}, or set "
                 "allow_config_change=true to continue with the new ones"
             )
     return candidates
