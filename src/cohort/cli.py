@@ -92,16 +92,20 @@ def _created_folders(path: str | os.PathLike) -> str:
 def _write_lines(path: str | os.PathLike, lines: list[str]) -> str:
     """Returns the note of `_created_folders` after writing `lines` to `path` whole or not at all (a temporary
     file renamed over it), so a failed write leaves the file that was there."""
+    from cohort.errors import disk_full_named
+
     note = _created_folders(path)
     out = Path(path).expanduser()
     tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    fix = "free some space there or pass another --out; an earlier file there is intact"
+    with disk_full_named(out.parent, out.name, fix):
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            tmp.replace(out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return note
 
 
