@@ -188,6 +188,7 @@ def _save_sharded(
             shutil.rmtree(tmp)
         tmp.mkdir()
     dist.barrier()
+    error: BaseException | None = None
     try:
         write_sharded(tmp)  # collective: torch.distributed.checkpoint, every process its shard
         torch.save(rank_state or {}, tmp / f"rank-{dist.rank()}.pt")
@@ -195,18 +196,29 @@ def _save_sharded(
         if isinstance(e, KeyboardInterrupt):
             raise
         error = _write_error(e, step, tmp)  # before the removal, which frees the space it reads
+    # Every process agrees before any moves on; a failure (a full disk meets them all) is told once, by process 0.
+    try:
+        dist.raise_once(error)
+    except BaseException:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise error from None
-    dist.barrier()
+        raise
     final = root / f"step-{step}"
     if main:
-        unwrap(model).config.save_pretrained(tmp)  # type: ignore[union-attr,operator]  # a transformers config
-        folder = _save_checkpoint_files(
-            tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
-        )
-        assert folder == final
-    dist.barrier()  # no process moves on (and, say, saves again) before the folder is in place
+        try:
+            unwrap(model).config.save_pretrained(tmp)  # type: ignore[union-attr,operator]  # a transformers config
+        except Exception as e:  # noqa: BLE001 - as in _save_checkpoint_files
+            error = _write_error(e, step, tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                folder = _save_checkpoint_files(
+                    tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
+                )
+                assert folder == final
+            except Exception as e:  # noqa: BLE001 - its own error, its temporary folder removed
+                error = e
+    dist.raise_once(error)  # no process moves on (and, say, saves again) before the folder is in place
     return final
 
 

@@ -509,7 +509,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
-    from cohort.errors import ConfigError, TrainingError
+    from cohort.errors import ConfigError, ReportedElsewhere, TrainingError
     from cohort.fastpath import FastPathError
     from cohort.rundir import RunLockedError
 
@@ -523,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
+    except ReportedElsewhere:  # process 0 of the group prints the failure, once
+        return 1
     except ImportError as e:
         if (e.name or "").split(".")[0] == "cohort":
             raise  # a name missing inside cohort is cohort's bug: the traceback is for it

@@ -29,6 +29,11 @@ class TrainingError(RuntimeError):
     does not fit the config). The message names the step or the file, the likely cause and the fix."""
 
 
+class ReportedElsewhere(TrainingError):
+    """Raised on the processes of a group other than the one that reports a failure they share, so the run prints
+    it once (`cohort` exits with code 1 and prints nothing for this one)."""
+
+
 class NonFiniteError(TrainingError):
     """A loss, gradient, logit or weight is NaN or infinite; the weights were not updated by it. The message
     names the quantity, the step where known and the usual causes (learning rate, half precision, clipping)."""
