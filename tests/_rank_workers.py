@@ -94,19 +94,11 @@ def error_case(rank: int, world: int, store: str, out: str, model_dir: str, over
 def unreachable_case(
     rank: int, world: int, store: str, out: str, model_dir: str, address: str, dead: str
 ) -> None:
-    """Connects to the worker at `address`, except on the last process, which is pointed at `dead` (nothing listens
-    there); writes the error each process raised to OUT/error-<rank>.pt."""
-    from cohort.serve import client
-
-    if rank == world - 1:
-        connect = client.WorkerClient.__init__
-
-        def elsewhere(self, context, _address, process=None):
-            connect(self, context, dead, process)
-
-        client.WorkerClient.__init__ = elsewhere  # type: ignore[method-assign]
+    """Connects to the worker at `address`, except on the last process, whose rollout.workers names `dead` (nothing
+    listens there); writes the error each process raised to OUT/error-<rank>.pt."""
+    workers = dead if rank == world - 1 else address
     error_case(
-        rank, world, store, out, model_dir, [f"rollout.workers=[{address}]", "rollout.connect_timeout=3"]
+        rank, world, store, out, model_dir, [f"rollout.workers=[{workers}]", "rollout.connect_timeout=3"]
     )
 
 
