@@ -481,9 +481,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(write_report(args.run_dirs[0], title=args.title, max_groups=args.groups))
         return 0
     out = args.out or "compare.html"
+    note = ""
     if not Path(out).is_dir():  # a folder gets compare.html inside
         _check_output(out)
+        note = _created_folders(out)
     print(write_comparison(args.run_dirs, out, title=args.title))
+    if note:  # standard output holds the page's path alone
+        print(note.removeprefix("; "), file=sys.stderr)
     return 0
 
 
