@@ -460,8 +460,24 @@ class RemoteGeneration:
         *,
         exact: bool,
     ) -> Ticket:
-        """Returns a sent ticket: one chunk per configured worker; `exact` with one worker carries the generator's
-        state (the in-process stream), else each chunk carries a seed drawn from it."""
+        """Returns a sent ticket of the requests `requests` builds."""
+        ticket = self.requests(prompt_ids, group_size, params, generator, exact=exact)
+        for i in range(len(ticket.requests)):
+            self._dispatch(ticket, i)
+        return ticket
+
+    def requests(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        exact: bool,
+    ) -> Ticket:
+        """Returns the ticket of a batch, not sent yet: one chunk request per configured worker; `exact` with one
+        worker carries the generator's state (the in-process stream), else each chunk carries a seed drawn from
+        it (so does every chunk for a worker that cannot take the state: another device type, or vLLM)."""
         n = min(self.chunks, len(prompt_ids))
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
         exact = exact and n == 1 and generator is not None
@@ -486,10 +502,7 @@ class RemoteGeneration:
             }
             blobs = [weights_bytes(generator.get_state())] if exact and generator is not None else []
             requests.append((header, blobs))
-        ticket = Ticket(requests, group_size, exact, [None] * n)
-        for i in range(n):
-            self._dispatch(ticket, i)
-        return ticket
+        return Ticket(requests, group_size, exact, [None] * n)
 
     def _dispatch(self, ticket: Ticket, chunk: int) -> None:
         """Sends a chunk's request to the live worker with the fewest requests awaited; WorkersLostError when none
