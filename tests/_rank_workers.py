@@ -24,31 +24,33 @@ def _join(rank: int, world: int, store: str) -> None:
     tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 
 
+def _overrides(model_dir: str, out: str, overrides: list[str]) -> list[str]:
+    """Returns the command-line overrides of a small fsdp run on the tiny model (then `overrides`)."""
+    reward = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
+    return [
+        f"model.name_or_path={model_dir}",
+        "data.task=addition",
+        "data.n_train=32",
+        "data.n_eval=0",
+        "rollout.group_size=4",
+        "rollout.batch_size=8",
+        "rollout.max_completion_length=4",
+        "optim.lr=0.05",  # steps that move the weights visibly
+        "model.device=cpu",
+        "progress=false",
+        "eval_at_ends=false",
+        "threads=1",
+        "distributed.strategy=fsdp",
+        f"rewards=['{reward}']",
+        f"out_dir={out}",
+        *overrides,
+    ]
+
+
 def _config(model_dir: str, out: str, overrides: list[str]):
     from cohort.config import load_config
 
-    reward = str(Path(__file__).parent / "digit_reward.py") + ":first_char_parity"
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=addition",
-            "data.n_train=32",
-            "data.n_eval=0",
-            "rollout.group_size=4",
-            "rollout.batch_size=8",
-            "rollout.max_completion_length=4",
-            "optim.lr=0.05",  # steps that move the weights visibly
-            "model.device=cpu",
-            "progress=false",
-            "eval_at_ends=false",
-            "threads=1",
-            "distributed.strategy=fsdp",
-            f"rewards=['{reward}']",
-            f"out_dir={out}",
-            *overrides,
-        ],
-    )
+    return load_config(None, _overrides(model_dir, out, overrides))
 
 
 def load_case(
@@ -92,19 +94,11 @@ def error_case(rank: int, world: int, store: str, out: str, model_dir: str, over
 def unreachable_case(
     rank: int, world: int, store: str, out: str, model_dir: str, address: str, dead: str
 ) -> None:
-    """Connects to the worker at `address`, except on the last process, which is pointed at `dead` (nothing listens
-    there); writes the error each process raised to OUT/error-<rank>.pt."""
-    from cohort.serve import client
-
-    if rank == world - 1:
-        connect = client.WorkerClient.__init__
-
-        def elsewhere(self, context, _address, process=None):
-            connect(self, context, dead, process)
-
-        client.WorkerClient.__init__ = elsewhere  # type: ignore[method-assign]
+    """Connects to the worker at `address`, except on the last process, whose rollout.workers names `dead` (nothing
+    listens there); writes the error each process raised to OUT/error-<rank>.pt."""
+    workers = dead if rank == world - 1 else address
     error_case(
-        rank, world, store, out, model_dir, [f"rollout.workers=[{address}]", "rollout.connect_timeout=3"]
+        rank, world, store, out, model_dir, [f"rollout.workers=[{workers}]", "rollout.connect_timeout=3"]
     )
 
 
@@ -167,4 +161,34 @@ def step_case(
         if remote is not None:
             remote.close()
         torch.save(seen, Path(out) / f"{name}-{rank}.pt")
+    exit_without_teardown(0)
+
+
+def full_disk_case(rank: int, world: int, store: str, out: str, model_dir: str) -> None:
+    """Runs `cohort train` (fsdp, a checkpoint every step) where process 1 finds the disk full writing its part of
+    the first checkpoint (torch's short write, the disk reported nearly full); writes each process's exit code and
+    standard error to OUT/full-<rank>.pt."""
+    import collections
+    import contextlib
+    import io
+    import shutil
+
+    from cohort.cli import main
+
+    _join(rank, world, store)
+    if rank == 1:
+        real_save = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if "rank-1.pt" in str(f):
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 986")
+            return real_save(obj, f, *args, **kwargs)
+
+        usage = collections.namedtuple("usage", "total used free")
+        torch.save = save  # type: ignore[assignment]
+        shutil.disk_usage = lambda path: usage(2**30, 2**30 - 4096, 4096)  # type: ignore[assignment]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", *_overrides(model_dir, str(Path(out) / "run"), ["steps=2", "save_every=1"])])
+    torch.save((code, err.getvalue()), Path(out) / f"full-{rank}.pt")
     exit_without_teardown(0)

@@ -751,3 +751,40 @@ def test_options_that_matter_raise_no_config_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         _cfg("no-model-needed", tmp_path / "o", **over).validate(need_model=False)
+
+
+def _marking_reward(tmp_path):
+    """Returns (a `file.py:function` reward spec whose import writes a marker file, the marker's path)."""
+    marker = tmp_path / "imported"
+    source = tmp_path / "user_reward.py"
+    source.write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n\n"
+        "def score(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    return f"{source}:score", marker
+
+
+@pytest.mark.parametrize("case", ["missing data", "bad data", "run exists", "missing model"])
+def test_a_refused_run_imports_no_user_code(tiny_model_dir, tmp_path, case):
+    spec, marker = _marking_reward(tmp_path)
+    over: dict = {"rewards": [spec]}
+    if case == "missing data":
+        over["data"] = {"path": str(tmp_path / "nowhere.jsonl")}
+    elif case == "bad data":
+        (tmp_path / "d.jsonl").write_text('{"prompt": "a"}\n{"other": 1}\n')
+        over["data"] = {"path": str(tmp_path / "d.jsonl")}
+    elif case == "run exists":
+        (tmp_path / "r").mkdir()
+        (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    else:
+        over["model.name_or_path"] = str(tmp_path / "no-model")
+    with pytest.raises((ConfigError, DataError, ValueError)):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", **over))
+    assert not marker.exists(), f"{case}: the reward file ran for a run that was refused"
+
+
+def test_resuming_with_other_rollout_workers_says_they_must_be_back_where_they_were(tiny_model_dir, tmp_path):
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", steps=1, save_every=1)).train()
+    over = {"steps": 2, "resume": "auto", "rollout.workers": ["127.0.0.1:1"]}
+    with pytest.raises(ConfigError, match=r"rollout.workers: None -> \['127.0.0.1:1'\].*same addresses"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", **over))

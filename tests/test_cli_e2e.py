@@ -217,3 +217,22 @@ def test_a_torchrun_process_exits_with_its_code_after_its_exit_handlers():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "beta" in proc.stdout and proc.stdout.rstrip().endswith("handler ran")
+
+
+def test_sample_says_what_it_wrote_and_which_folders_it_made(tiny_model_dir, tmp_path, capsys):
+    from cohort.cli import main
+
+    out = tmp_path / "new" / "deeper" / "kept.jsonl"
+    common = ["sample", "--model", str(tiny_model_dir), "--task", "addition", "--n", "2", "--k", "1"]
+    common += ["--max-completion-length", "2", "--reward", REWARD]
+    # No completion can score 2 (a digit share is at most 1): the file is written, empty, and said to be.
+    assert main([*common, "--threshold", "2", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert out.is_file() and out.read_text() == ""
+    assert "kept 0 of 2 prompts" in said and f"wrote {out} with no rows (lower --threshold" in said
+    assert f"created the folder {tmp_path / 'new'}" in said
+    # An existing folder is not announced; the earlier file is replaced whole.
+    assert main([*common, "--threshold", "0", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "kept 2 of 2" in said and "created the folder" not in said
+    assert len(out.read_text().splitlines()) == 2

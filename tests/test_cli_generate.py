@@ -307,3 +307,32 @@ def test_chat_session_leaves_old_exchanges_out_to_fit_the_context(model_dir):
     with pytest.raises(ValueError, match="no room for a reply"):
         session.reply("x" * 80)
     assert len(session.messages) == 8
+
+
+def test_chat_refuses_a_line_that_is_not_text_and_goes_on(model_dir):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (stdin's surrogateescape), a NUL byte is not
+    text: each such line gets a message, and the next line its reply."""
+    from cohort.generation import ChatSession
+    from cohort.models import load_model, load_tokenizer
+    from cohort.rollout import SamplingParams
+
+    tokenizer, model = load_tokenizer(model_dir), load_model(model_dir)
+    session = ChatSession(model, tokenizer, SamplingParams(max_completion_length=2, greedy=True))
+    with pytest.raises(ValueError, match=r"not UTF-8 text \(byte 0xff at character 1\)"):
+        session.reply(b"\xff\xfe hi".decode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=r"a NUL byte at character 3"):
+        session.reply("ab\x00cd")
+    assert session.messages == []  # nothing refused reached the history
+    lines = iter([b"\xff hi".decode("utf-8", "surrogateescape"), "ab\x00cd", "x" * 20_000, "hello"])
+    written: list[str] = []
+
+    def read(prompt: str) -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    assert chat_loop(session, read=read, write=written.append) == 0
+    errors = [w for w in written if w.startswith("error: ")]
+    assert len(errors) == 3 and "type it again" in errors[0] and "no room for a reply" in errors[2], errors
+    assert sum(w.startswith("model> ") for w in written) == 1  # the last line got its reply

@@ -312,6 +312,25 @@ def test_eval_steps_log_eval_rows_and_early_stopping_stops(tiny_model_dir, tmp_p
         GRPOConfig(output_dir="o", eval_stepz=3)
 
 
+def test_eval_steps_evaluate_after_every_step_including_the_last(tiny_model_dir, tmp_path):
+    recorder = Recorder()
+    trainer = _trainer(
+        tiny_model_dir,
+        tmp_path,
+        callbacks=[recorder],
+        eval_dataset=_rows(4),
+        eval_strategy="steps",
+        eval_steps=1,
+        max_steps=2,
+    )
+    trainer.train()
+    # TRL evaluates after step 1 and after step 2, the last one too, and only then.
+    evals = [r for r in trainer.state.log_history if "eval_reward" in r]
+    assert [r["step"] for r in evals] == [1, 2]
+    assert [s for e, s in recorder.events if e == "evaluate"] == [1, 2]
+    assert recorder.events.index(("evaluate", 2)) < recorder.events.index(("train_end", 2))
+
+
 # ------------------------------------------------------------------ entropy regularisation
 def test_entropy_regularisation_from_trl_fields(tiny_model_dir, tmp_path):
     trainer = _trainer(

@@ -279,12 +279,16 @@ def test_deriving_is_one_explicit_step_and_the_checks_change_nothing():
     assert other.validate(environment=RunEnvironment(world_size=2)).rollout.batch_size == 12
 
 
-def test_the_inert_table_reads_the_process_count_it_is_given():
-    from cohort.config import inert_options
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_the_inert_table_reads_the_process_count_it_is_given(backend):
+    from cohort.config import RunEnvironment, inert_options
+    from cohort.errors import ConfigWarning
 
-    cfg = load_config(None, _valid(**{"distributed.backend": "gloo"}))
+    cfg = load_config(None, _valid(**{"distributed.backend": backend}))
     assert [key for key, *_ in inert_options(cfg, world_size=1)] == ["distributed.backend"]
     assert inert_options(cfg, world_size=2) == []
+    with pytest.warns(ConfigWarning, match=f"distributed.backend='{backend}' changes nothing.*torchrun"):
+        cfg.validate(environment=RunEnvironment(world_size=1))
 
 
 def test_iterative_reward_model_takes_an_optimizer_section_and_the_old_key():

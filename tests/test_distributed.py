@@ -276,3 +276,25 @@ def test_fsdp_with_dynamic_sampling_where_processes_need_different_rounds(tiny_m
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sampling/groups_kept"] <= 4 and r["sampling/rounds"] >= 1 for r in rows)
     assert max(r["sampling/rounds"] for r in rows) > 1  # refills happened
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_from_process_0(tiny_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+    from _rank_workers import full_disk_case
+
+    mp.spawn(
+        full_disk_case,
+        args=(2, str(tmp_path / "store"), str(tmp_path), str(tiny_model_dir)),
+        nprocs=2,
+        join=True,
+    )
+    (code0, err0), (code1, err1) = (torch.load(tmp_path / f"full-{r}.pt") for r in (0, 1))
+    said = [line for line in err0.splitlines() if line.startswith("error:")]
+    assert code0 != 0 and len(said) == 1 and "Traceback" not in err0, err0
+    assert said[0].startswith(
+        "error: training process 1 of 2: no space left on device while writing the checkpoint"
+    )
+    assert str(tmp_path / "run" / "checkpoints") in said[0] and "resume=auto" in said[0]
+    assert code1 == 1 and "error:" not in err1 and "Traceback" not in err1, err1  # told once, by process 0
+    assert not (tmp_path / "run" / "checkpoints" / ".tmp-step-1").exists()

@@ -106,6 +106,6 @@ def test_two_reward_models_need_a_name(tiny_model_dir, rm_dir, tmp_path):
 
 def test_an_unknown_labeler_is_refused_before_the_policy_loads(tiny_model_dir, rm_dir, tmp_path):
     cfg = _it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **{"iterative.labeler": "no_such_reward"})
-    cfg.model.name_or_path = str(tmp_path / "no_model_here")  # loading it would fail with another error
+    cfg.model.name_or_path = "no_model_here"  # a Hub-like name: loading it would fail with another error
     with pytest.raises(ValueError, match="no_such_reward"):
         GRPOTrainer(cfg)

@@ -175,7 +175,7 @@ def test_a_process_reward_model_by_path_scores_each_step(tiny_model_dir, tmp_pat
                 **{
                     "rewards": [str(folder)],
                     "algo.loss_type": "gmpo",
-                    "model.name_or_path": str(tmp_path / "none"),
+                    "model.name_or_path": "not-loaded",  # a Hub-like name, never loaded
                 },
             )
         )

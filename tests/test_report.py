@@ -376,6 +376,11 @@ def test_the_cli_compares_runs_and_refuses_bad_report_arguments(tmp_path, monkey
     assert "--out is for comparing several runs" in capsys.readouterr().err
     assert main(["report", str(a), str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # a missing folder for --out is made, and said to be (the path alone stays on standard output)
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "new" / "cmp.html")]) == 0
+    said = capsys.readouterr()
+    assert said.out.strip() == str(tmp_path / "new" / "cmp.html")
+    assert f"created the folder {tmp_path / 'new'}" in said.err
 
 
 def test_the_report_shows_an_episode_turn_by_turn(tmp_path):

@@ -120,16 +120,15 @@ def test_a_signal_after_the_update_waits_until_the_step_is_logged_and_saved(tiny
     import signal
 
     t = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "sig", steps=4))
-    real_metrics = t._step_metrics
-    calls = {"n": 0}
+    updates = {"n": 0}
 
-    def metrics_then_signal(*args):
-        calls["n"] += 1
-        if calls["n"] == 2:
+    def signal_after_the_update(optimizer, args, kwargs):
+        """torch's optimizer hook: runs once the weights moved, before the step computes its metrics."""
+        updates["n"] += 1
+        if updates["n"] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_metrics(*args)
 
-    t._step_metrics = metrics_then_signal
+    t.optimizer.register_step_post_hook(signal_after_the_update)
     with pytest.raises(KeyboardInterrupt, match="at step 2"):
         t.train()
     rows = [json.loads(line) for line in (tmp_path / "sig" / "metrics.jsonl").read_text().splitlines()]

@@ -6,7 +6,6 @@ never leaves a half-written ``step-N`` folder that resume would pick up.
 
 from __future__ import annotations
 
-import errno
 import json
 import pickle
 import random
@@ -22,7 +21,13 @@ import numpy as np
 import torch
 
 from cohort import distributed as dist
-from cohort.errors import CheckpointMismatchError, UnsafeCheckpointError
+from cohort.errors import (
+    CheckpointMismatchError,
+    DiskFullError,
+    UnsafeCheckpointError,
+    free_text,
+    is_disk_full,
+)
 from cohort.fastpath.lm_head import unwrap
 from cohort.models import corrupt_weights_error, fix_adapter_base_path
 
@@ -138,8 +143,9 @@ def _save_checkpoint_files(
         torch.save(state, tmp / "trainer_state.pt")
         (tmp / "step.json").write_text(json.dumps({"step": step}))
     except Exception as e:  # noqa: BLE001 - safetensors and tokenizers raise their own types for a full disk
+        error = _write_error(e, step, tmp)  # before the removal, which frees the space it reads
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(e, step, tmp) from None
+        raise error from None
     if final.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -158,11 +164,11 @@ def _write_error(e: BaseException, step: int, tmp: Path) -> BaseException:
     for c in list(chain):
         if c.__cause__ is not None:
             chain.append(c.__cause__)
-    if any(isinstance(c, OSError) and c.errno == errno.ENOSPC or "No space left" in str(c) for c in chain):
-        return OSError(
-            errno.ENOSPC,
-            f"no space left on device while writing the checkpoint of step {step} to {tmp} (removed); free some "
-            "space (or lower keep_checkpoints) and resume with resume=auto: the previous checkpoints are intact",
+    if is_disk_full(e, tmp):
+        return DiskFullError(
+            f"no space left on device while writing the checkpoint of step {step} to {tmp} (removed; "
+            f"{free_text(tmp)} free there); free some space (or lower keep_checkpoints) and resume with "
+            "resume=auto: the previous checkpoints are intact"
         )
     io = next((c for c in chain if isinstance(c, OSError)), None)
     if io is not None:
@@ -182,24 +188,37 @@ def _save_sharded(
             shutil.rmtree(tmp)
         tmp.mkdir()
     dist.barrier()
+    error: BaseException | None = None
     try:
         write_sharded(tmp)  # collective: torch.distributed.checkpoint, every process its shard
         torch.save(rank_state or {}, tmp / f"rank-{dist.rank()}.pt")
     except BaseException as e:  # DCP's CheckpointException is a BaseException holding each process's error
         if isinstance(e, KeyboardInterrupt):
             raise
+        error = _write_error(e, step, tmp)  # before the removal, which frees the space it reads
+    # Every process agrees before any moves on; a failure (a full disk meets them all) is told once, by process 0.
+    try:
+        dist.raise_once(error)
+    except BaseException:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(e, step, tmp) from None
-    dist.barrier()
+        raise
     final = root / f"step-{step}"
     if main:
-        unwrap(model).config.save_pretrained(tmp)  # type: ignore[union-attr,operator]  # a transformers config
-        folder = _save_checkpoint_files(
-            tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
-        )
-        assert folder == final
-    dist.barrier()  # no process moves on (and, say, saves again) before the folder is in place
+        try:
+            unwrap(model).config.save_pretrained(tmp)  # type: ignore[union-attr,operator]  # a transformers config
+        except Exception as e:  # noqa: BLE001 - as in _save_checkpoint_files
+            error = _write_error(e, step, tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            try:
+                folder = _save_checkpoint_files(
+                    tmp, root, step, tokenizer, None, scheduler, generator, extra, keep, files, model=None
+                )
+                assert folder == final
+            except Exception as e:  # noqa: BLE001 - its own error, its temporary folder removed
+                error = e
+    dist.raise_once(error)  # no process moves on (and, say, saves again) before the folder is in place
     return final
 
 

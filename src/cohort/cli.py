@@ -78,6 +78,37 @@ def _check_output(path: str | None, flag: str = "--out", *, folder: bool = False
         raise ValueError(f"{flag} {path} cannot be written ({existing} is not writable); choose another path")
 
 
+def _created_folders(path: str | os.PathLike) -> str:
+    """Returns "" when `path`'s folder exists, else "; created the folder F" after creating it (and any missing
+    parents: F is the first that was missing), so a command never makes folders without saying so."""
+    parent = Path(path).expanduser().absolute().parent
+    missing = [p for p in (parent, *parent.parents) if not p.exists()]
+    if not missing:
+        return ""
+    parent.mkdir(parents=True, exist_ok=True)
+    return f"; created the folder {missing[-1]}"
+
+
+def _write_lines(path: str | os.PathLike, lines: list[str]) -> str:
+    """Returns the note of `_created_folders` after writing `lines` to `path` whole or not at all (a temporary
+    file renamed over it), so a failed write leaves the file that was there."""
+    from cohort.errors import disk_full_named
+
+    note = _created_folders(path)
+    out = Path(path).expanduser()
+    tmp = out.with_name(f".{out.name}.tmp")
+    fix = "free some space there or pass another --out; an earlier file there is intact"
+    with disk_full_named(out.parent, out.name, fix):
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            tmp.replace(out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return note
+
+
 _TASK_SPLITS = {"train": False, "test": True, "eval": True, "held-out": True}
 """--split values a built-in task understands, and whether each means its held-out problems."""
 
@@ -172,9 +203,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     cfg.optim.lr = args.lr
     sft_train(model, pairs, cfg, log=lambda row: print(json.dumps(row)))
     out = Path(args.out)
+    note = _created_folders(out / "config.json")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    print(f"saved the fine-tuned model to {out}")
+    print(f"saved the fine-tuned model to {out}{note}")
     return 0
 
 
@@ -250,31 +282,32 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     args.max_completion_length = _fit_completion_length(model, prompt_ids, args.max_completion_length)
     gen = torch.Generator().manual_seed(args.seed)
     params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
-    kept = 0
-    Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out).expanduser(), "w", encoding="utf-8") as f:
-        for start in range(0, len(rows), 32):
-            chunk = rows[start : start + 32]
-            batch = engine.generate(model, prompt_ids[start : start + 32], args.k, params, gen)
-            texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
-            cols = {
-                c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column
-            }
-            rewards = score(
-                [reward],
-                prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
-                completions=as_completions(texts, chunk[0][args.prompt_column]),
-                completion_ids=batch.completion_ids,
-                columns=cols,
-            )[:, 0]
-            for j, row in enumerate(chunk):
-                for i in range(j * args.k, (j + 1) * args.k):
-                    if float(rewards[i]) >= args.threshold:
-                        f.write(json.dumps({**row, "completion": texts[i]}) + "\n")
-                        kept += 1
-                        break  # one accepted completion per prompt
+    kept: list[str] = []
+    for start in range(0, len(rows), 32):
+        chunk = rows[start : start + 32]
+        batch = engine.generate(model, prompt_ids[start : start + 32], args.k, params, gen)
+        texts = tokenizer.batch_decode(batch.completion_ids, skip_special_tokens=True)
+        cols = {c: [r[c] for r in chunk for _ in range(args.k)] for c in chunk[0] if c != args.prompt_column}
+        rewards = score(
+            [reward],
+            prompts=[r[args.prompt_column] for r in chunk for _ in range(args.k)],
+            completions=as_completions(texts, chunk[0][args.prompt_column]),
+            completion_ids=batch.completion_ids,
+            columns=cols,
+        )[:, 0]
+        for j, row in enumerate(chunk):
+            for i in range(j * args.k, (j + 1) * args.k):
+                if float(rewards[i]) >= args.threshold:
+                    kept.append(json.dumps({**row, "completion": texts[i]}) + "\n")
+                    break  # one accepted completion per prompt
+    note = _write_lines(args.out, kept)
+    what = (
+        f"wrote them to {args.out}"
+        if kept
+        else f"wrote {args.out} with no rows (lower --threshold or raise --k to keep some)"
+    )
     print(
-        f"kept {kept} of {len(rows)} prompts with a completion scoring >= {args.threshold}; wrote {args.out}"
+        f"kept {len(kept)} of {len(rows)} prompts with a completion scoring >= {args.threshold}; {what}{note}"
     )
     return 0
 
@@ -330,10 +363,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.writelines(lines)
         return 0
-    Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out).expanduser(), "w", encoding="utf-8") as f:
-        f.writelines(lines)
-    print(f"wrote {len(rows)} row(s), {args.n} completion(s) each, to {args.out}")
+    note = _write_lines(args.out, lines)
+    print(f"wrote {len(rows)} row(s), {args.n} completion(s) each, to {args.out}{note}")
     return 0
 
 
@@ -440,7 +471,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     _check_output(args.out, "OUT", folder=True)
     tokenizer = load_tokenizer(args.adapter)
     model = load_model(args.adapter, dtype=args.dtype)
-    print(f"saved the merged model to {save_merged(model, tokenizer, args.out)}")
+    note = _created_folders(Path(args.out) / "config.json")
+    print(f"saved the merged model to {save_merged(model, tokenizer, args.out)}{note}")
     return 0
 
 
@@ -455,9 +487,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(write_report(args.run_dirs[0], title=args.title, max_groups=args.groups))
         return 0
     out = args.out or "compare.html"
+    note = ""
     if not Path(out).is_dir():  # a folder gets compare.html inside
         _check_output(out)
+        note = _created_folders(out)
     print(write_comparison(args.run_dirs, out, title=args.title))
+    if note:  # standard output holds the page's path alone
+        print(note.removeprefix("; "), file=sys.stderr)
     return 0
 
 
@@ -483,7 +519,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: list[str] | None = None) -> int:
     """Run the `cohort` command line and return its exit code."""
     args = build_parser().parse_args(argv)
-    from cohort.errors import ConfigError, TrainingError
+    from cohort.errors import ConfigError, ReportedElsewhere, TrainingError
     from cohort.fastpath import FastPathError
     from cohort.rundir import RunLockedError
 
@@ -497,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
         return 130
+    except ReportedElsewhere:  # process 0 of the group prints the failure, once
+        return 1
     except ImportError as e:
         if (e.name or "").split(".")[0] == "cohort":
             raise  # a name missing inside cohort is cohort's bug: the traceback is for it

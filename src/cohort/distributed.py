@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, ReportedElsewhere
 
 _MESHES: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = {}
 """Device meshes by shape and dimension names, made once per process group (FSDP units share them)."""
@@ -178,6 +178,32 @@ def raise_together(error: Exception | None) -> None:
             except TypeError:  # an error class whose constructor takes more than a message
                 raised = RuntimeError(f"training process {r} of {world_size()}: {kind.__name__}: {message}")
             raise raised
+
+
+def raise_once(error: BaseException | None) -> None:
+    """Returns None when no process has an error; else raises on process 0 its own error, or the first failing
+    process's (same type and message, naming that process), and ReportedElsewhere on the others: a failure every
+    process meets (a full disk under a sharded checkpoint) is told once, not once per process."""
+    if not is_distributed():
+        if error is not None:
+            raise error
+        return
+    if not all_max_int(int(error is not None)):
+        return
+    errors = all_gather_object(None if error is None else (type(error), str(error)))
+    if not is_main():
+        raise ReportedElsewhere(
+            f"training process {rank()} of {world_size()} stops; process 0 reports why"
+            + (f" (here: {error})" if error is not None else "")
+        )
+    if error is not None:
+        raise error
+    r, (kind, message) = next((r, e) for r, e in enumerate(errors) if e is not None)
+    try:
+        raised: BaseException = kind(f"training process {r} of {world_size()}: {message}")
+    except TypeError:  # an error class whose constructor takes more than a message
+        raised = RuntimeError(f"training process {r} of {world_size()}: {kind.__name__}: {message}")
+    raise raised
 
 
 @contextlib.contextmanager

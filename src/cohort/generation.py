@@ -189,12 +189,32 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + list(messages)
 
+    @staticmethod
+    def check_text(user_text: str) -> None:
+        """Returns None when `user_text` is text a tokenizer can encode; raises ValueError naming the first
+        character that is not (a byte that was not UTF-8, which stdin hands over as a lone surrogate, or NUL)."""
+        try:
+            user_text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = user_text[exc.start]
+            byte = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else repr(char)
+            raise ValueError(
+                f"that line is not UTF-8 text ({byte} at character {exc.start + 1}); type it again, or set the "
+                "terminal's encoding to UTF-8"
+            ) from None
+        nul = user_text.find("\x00")
+        if nul >= 0:
+            raise ValueError(
+                f"that line holds a NUL byte at character {nul + 1}, which is not text; type it again"
+            )
+
     def prompt_for(self, user_text: str) -> tuple[str, list[int], int]:
         """Returns (templated prompt, its token ids, messages dropped) for the history plus ``user_text``.
 
         The oldest exchanges are left out while the prompt plus ``max_completion_length`` new tokens
         would not fit the model's ``max_position_embeddings``.
         """
+        self.check_text(user_text)
         history = [*self.messages, {"role": "user", "content": user_text}]
         while True:
             conversation = self._conversation(history)

@@ -342,6 +342,14 @@ def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
     return name
 
 
+def check_model_source(name_or_path: str | os.PathLike) -> None:
+    """Returns None when `name_or_path` may name a model (a folder that exists, or a Hub name); raises the
+    loader's ValueError for a local path that is no folder, before anything is loaded or imported."""
+    name = os.fspath(name_or_path)
+    if name and not Path(name).expanduser().exists() and looks_like_path(name):
+        raise _not_found(name, _missing_reason(name))
+
+
 ADAPTER_CONFIG = "adapter_config.json"
 """The file that marks a folder as a peft adapter (written by ``PeftModel.save_pretrained``)."""
 

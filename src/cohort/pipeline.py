@@ -37,7 +37,7 @@ from typing import Any
 
 from cohort.arguments import build_parser
 from cohort.config import load_config, read_yaml_file
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, disk_full_named
 from cohort.models import looks_like_path
 from cohort.report import write_comparison, write_report
 from cohort.rundir import RunLock
@@ -70,6 +70,10 @@ class Pipeline:
     out_dir: Path
     model: str
     stages: list[Stage]
+
+
+PIPELINE_FIX = "free some space there and run the pipeline again: finished stages are skipped"
+"""What to do when a pipeline's own files find the disk full."""
 
 
 def load_pipeline(path: str | Path) -> Pipeline:
@@ -250,10 +254,12 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
             result.update({k: s.get(k) for k in ("accuracy_before", "accuracy_after", "steps")})
         if stage.command == "sample":
             result["accepted"] = sum(1 for line in stage.output.read_text().splitlines() if line.strip())
-        done.write_text(json.dumps(result) + "\n")
+        with disk_full_named(done.parent, done.name, PIPELINE_FIX):
+            done.write_text(json.dumps(result) + "\n")
         results[stage.name] = result
-    _report(pipe, results)
-    (pipe.out_dir / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
+    with disk_full_named(pipe.out_dir, "the pipeline's report and summary.json", PIPELINE_FIX):
+        _report(pipe, results)
+        (pipe.out_dir / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -33,7 +33,7 @@ from cohort.checkpoint import readable_checkpoints, save_checkpoint
 from cohort.config.schema import OptimConfig, optim_aliases
 from cohort.config.validation import check_optim
 from cohort.data import load_rows
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, disk_full_named
 from cohort.optim import make_adamw, make_scheduler
 from cohort.report import MetricsLogger, write_report, write_summary
 from cohort.rewards.models import RewardModel, load_score_model, share_pad_token
@@ -416,8 +416,10 @@ def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> 
         trainer.fit(kind, train, cfg.steps - start, seed=cfg.seed, first_step=start, on_step=on_step)
         logger.close()
         final = out / "model"
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
+        fix = "free some space there and run again with resume=auto: the last checkpoint is intact"
+        with disk_full_named(final, "the reward model", fix):
+            model.save_pretrained(final)
+            tokenizer.save_pretrained(final)
         last = trainer.evaluate(kind, held)
         summary = {
             "format": kind,

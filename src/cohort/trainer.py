@@ -40,7 +40,7 @@ from cohort.errors import (
     TrainingError,
 )
 from cohort.health import HealthMonitor, collapsed_share, compute_precision
-from cohort.models import DTYPES
+from cohort.models import DTYPES, check_model_source
 from cohort.rewards import (
     score,
 )
@@ -65,6 +65,7 @@ from cohort.train.build import (
     check_context,
     drop_long_prompts,
     encode_rows,
+    load_prompt_rows,
     resolve_device,
     sampling_params,
     set_threads,
@@ -184,8 +185,24 @@ class GRPOTrainer:
         )
         self.callbacks = Callbacks(callbacks, args=args if self.trl_form else trl_view(cfg), state=self.state)
         self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
+        # 0. What can refuse the run without user code, before any is imported (a refused run runs none of
+        # it): the model's folder, the data files, the run directory.
+        if model is None:
+            check_model_source(cfg.model.name_or_path)
+        if train_rows is None and (cfg.data.task or cfg.data.path):
+            train_rows, loaded_eval = load_prompt_rows(cfg)
+            eval_rows = loaded_eval if eval_rows is None else eval_rows
+        self.run_dir = Path(cfg.out_dir)
+        # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
+        self._existing_run: RunExistsError | None = None
+        try:  # the checkpoints to resume from (newest first), checked against cfg
+            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self.trl_form)
+        except RunExistsError as e:
+            if not self.trl_form:
+                raise
+            self._candidates, self._existing_run = [], e
         # 1. Everything checkable without a model: tools and environments, rewards, data, iterative GRPO's
-        # reward model, checkpoints.
+        # reward model.
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )
@@ -206,15 +223,6 @@ class GRPOTrainer:
         )
         self.train_rows, self.eval_rows = build_rows(cfg, rewards, train_rows, eval_rows, self.episode_spec)
         self.iterative, self.labeler = build_iterative(cfg, rewards, self.train_rows)
-        self.run_dir = Path(cfg.out_dir)
-        # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
-        self._existing_run: RunExistsError | None = None
-        try:  # the checkpoints to resume from (newest first), checked against cfg
-            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self.trl_form)
-        except RunExistsError as e:
-            if not self.trl_form:
-                raise
-            self._candidates, self._existing_run = [], e
         # 2. Model, tokenizer, reference.
         seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
         set_threads(cfg)

@@ -760,7 +760,7 @@ def _cohort_trainer(tmp_path, **kwargs):
         per_device_train_batch_size=4,
         num_generations=2,
     )
-    return GRPOTrainer(model=str(tmp_path / "no-model-needed"), args=args, **kwargs)
+    return GRPOTrainer(model="no-model-needed", args=args, **kwargs)
 
 
 ROWS = [{"prompt": [{"role": "user", "content": "Play."}]}] * 2
@@ -823,4 +823,4 @@ def test_an_environment_without_a_dataset_needs_max_steps(tmp_path):
         output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=4, num_generations=2
     )
     with pytest.raises(ConfigError, match="max_steps"):
-        GRPOTrainer(model=str(tmp_path / "no-model-needed"), args=args, environment_factory=IncrementEnv)
+        GRPOTrainer(model="no-model-needed", args=args, environment_factory=IncrementEnv)

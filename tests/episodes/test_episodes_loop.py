@@ -11,7 +11,7 @@ from _scripted_lm import ScriptedLM, script_of
 
 from cohort.config import EpisodeConfig
 from cohort.episodes.environments import EnvStep, TextEnvironment
-from cohort.episodes.loop import EpisodeGeneration, episode_metrics
+from cohort.episodes.loop import EMPTY_PROMPT, EpisodeGeneration, episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.episodes.templates import install_tool_format, render_prompt, render_tool_turn
 from cohort.errors import ConfigError
@@ -223,6 +223,35 @@ def test_a_text_environment_steps_on_each_turn_and_scores_per_turn(tok):
     loop.close()
 
 
+class BrokenStep(TextEnvironment):
+    """A text environment whose step raises on every episode (a bug in it)."""
+
+    def reset(self, **row):
+        return " Guess."
+
+    def step(self, action):
+        raise KeyError("score")
+
+
+def test_an_environment_whose_step_raises_is_said_once_loudly_and_counted(tok):
+    spec = build_episode_spec(EpisodeConfig(), environment_factory=BrokenStep)
+    full = render_prompt(tok, [{"role": "user", "content": "3*4? Guess."}])
+    turn = ids(tok, "5") + [tok.eos_token_id]
+    model = ScriptedLM(len(tok), tok.eos_token_id, script_of(len(full), [(True, turn)]))
+    loop = EpisodeGeneration(
+        spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+    )
+    params, rows = SamplingParams(max_completion_length=50), [{"prompt": PROMPT}]
+    with pytest.warns(UserWarning) as caught:
+        for _ in range(2):  # two batches of two episodes: every step fails
+            batch = loop.generate([full], 2, params, torch.Generator(), rows=rows)
+    loop.close()
+    said = [str(w.message) for w in caught if "BrokenStep.step" in str(w.message)]
+    assert len(said) == 1, said  # once, not once per episode
+    assert "KeyError: 'score'" in said[0] and "episodes/stop_env_error" in said[0] and "fix" in said[0]
+    assert loop.counts["env_errors"] == 4 and all(r.stop == "env_error" for r in batch.episodes)
+
+
 class Counter:
     """A TRL-style environment: reset(**row) -> str, a public method as its tool, get_reward."""
 
@@ -296,3 +325,106 @@ def test_bad_tools_and_factories_are_refused_before_any_model(tok):
 
     with pytest.raises(ConfigError, match="same name"):
         build_episode_spec(EpisodeConfig(), tools=[multiply], environment_factory=Clash)
+
+
+CALL_TEXT = {
+    "hermes": '<tool_call>\n{"name": "add", "arguments": {"n": 2}}\n</tool_call>',
+    "llama3": '{"name": "add", "parameters": {"n": 2}}',
+    "mistral": '[TOOL_CALLS] [{"name": "add", "arguments": {"n": 2}}]',
+}
+"""What a model of each family samples to call add(n=2) (its end-of-turn token follows)."""
+
+
+def add(n: int) -> int:
+    """Adds.
+
+    Args:
+        n: How much.
+    """
+    return n
+
+
+class Numbered(Counter):
+    """Counter whose reset gives each instance its own task (the rollouts of one row get different prompts)."""
+
+    made = 0
+
+    def __init__(self):
+        Numbered.made += 1
+        self.number = Numbered.made % 10
+
+    def reset(self, **row):
+        self.total = 0
+        return f"Task {self.number}."
+
+
+class Shouting(Numbered):
+    """Another environment class with one more tool (its rollouts render other schemas)."""
+
+    def shout(self, text: str) -> str:
+        """Shouts.
+
+        Args:
+            text: What to shout.
+        """
+        return text.upper()
+
+
+@pytest.mark.parametrize("form", ["tools", "one environment", "routed"])
+@pytest.mark.parametrize("family", sorted(CALL_TEXT))
+def test_lengths_count_the_sampled_tokens_in_every_form_and_family(family, form):
+    """Issue 41 item 4: the loss mask (which completions/mean_length and num_tokens sum) is True on exactly the
+    tokens the policy sampled, whether the tools come from tools=, one environment or environments routed by the
+    `environment` column, on each family's template. The rollouts of a row whose resets differ share the
+    common start of their prompts; the rest of each prompt opens its completion and is not counted either."""
+    tok = install_tool_format(build_tiny_tokenizer(), family)
+    eos = tok.eos_token_id
+    Numbered.made = 0  # each instance its own single-digit task: equal prompt lengths, different prompts
+    if form == "tools":
+        spec, env = build_episode_spec(EpisodeConfig(), tools=[add]), None
+        row = {"prompt": [{"role": "user", "content": "Task 1."}]}
+    elif form == "one environment":
+        spec = build_episode_spec(EpisodeConfig(), environment_factory=Numbered)
+        env, row = spec.environments[None], {"prompt": [{"role": "user", "content": ""}]}
+    else:
+        spec = build_episode_spec(EpisodeConfig(), environment_factory={"a": Counter, "b": Shouting})
+        env, row = spec.environments["b"], {"environment": "b"}
+    schemas = spec.schemas(env) or None
+    messages = [{"role": "user", "content": "Task 1."}]
+    prompt = render_prompt(tok, messages, tools=schemas)
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call_message("add", {"n": 2})["tool_calls"][0]],
+    }
+    turn1 = ids(tok, CALL_TEXT[family]) + [eos]
+    insert = render_tool_turn(
+        tok,
+        [*messages, call],
+        [{"role": "tool", "name": "add", "content": "2"}],
+        tools=schemas,
+        end_of_turn=[eos],
+    )
+    turn2 = ids(tok, "done") + [eos]
+    model = ScriptedLM(len(tok), eos, script_of(len(prompt), [(True, turn1), (False, insert), (True, turn2)]))
+    loop = EpisodeGeneration(spec, model, tok, end_of_turn_ids=[eos], pad_token_id=tok.pad_token_id)
+    if "environment" in row:
+        row = {**row, "prompt": EMPTY_PROMPT}  # what the trainer gives a routing-only row
+    batch = loop.generate(
+        [prompt], 2, SamplingParams(max_completion_length=400), torch.Generator(), rows=[row]
+    )
+    loop.close()
+    sampled = len(turn1) + len(turn2)
+    assert batch.loss_lengths.tolist() == [sampled, sampled]
+    for completion, mask, logprobs in zip(batch.completion_ids, batch.loss_masks, batch.sampling_logprobs):
+        kept = [t for t, m in zip(completion, mask.tolist()) if m]
+        assert kept == turn1 + turn2  # the sampled tokens, in order, and nothing else
+        assert all(lp == 0.0 for lp, m in zip(logprobs.tolist(), mask.tolist()) if not m)
+    assert all(r.stop == "answer" and r.calls == 1 for r in batch.episodes)
+    if form != "tools":  # different tasks: the second rollout's prompt ends its own way, and is not counted
+        tasks = [r.prompt[-1]["content"] for r in batch.episodes]
+        assert tasks[0] != tasks[1] and all(t.startswith("Task ") for t in tasks), tasks
+        # each completion opens with its prompt's own end (from the task's digit), masked like the tool turn
+        assert all(len(c) > sampled + len(insert) for c in batch.completion_ids)
+    else:
+        assert all(len(c) == sampled + len(insert) for c in batch.completion_ids)

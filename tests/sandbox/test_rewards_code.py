@@ -197,6 +197,9 @@ def test_code_is_a_built_in_by_every_name():
     assert reward_name(custom) == "code_reward" and custom.all_or_nothing is True
     with pytest.raises(ValueError, match="timeout=0"):
         resolve_reward_funcs("code(timeout=0)")
+    for bad in ("0", "-2", "1.5", "True"):
+        with pytest.raises(ValueError, match=rf"concurrency={bad} must be a whole number >= 1.*omit it"):
+            resolve_reward_funcs(f"code(concurrency={bad})")
     with pytest.raises(ValueError, match="unexpected keyword argument 'timout'"):
         resolve_reward_funcs("code(timout=2)")
     with pytest.raises(ValueError, match=r"built-in rewards are: accuracy, format, code, .*code\(timeout=5"):
@@ -295,3 +298,21 @@ def test_the_trainer_refuses_a_malformed_row_before_the_model_loads(tmp_path, mo
     where = "the held-out data" if held_out else "the training data"
     with pytest.raises(DataError, match=f"{where}: row 2: .*not valid Python"):
         GRPOTrainer(cfg, train_rows=rows[0], eval_rows=rows[1])
+
+
+def test_code_data_errors_name_the_files_line(tmp_path):
+    """Rows read from a file are named by their line there (1-based, blank lines counted), as the loader's own
+    errors are; in-memory rows by their index."""
+    from cohort.data import load_rows
+    from cohort.rewards.code import check_code_rows
+
+    path = tmp_path / "code.jsonl"
+    good = json.dumps({"prompt": "write add", "tests": ADD})
+    path.write_text(f"{good}\n\n{good}\n" + json.dumps({"prompt": "write add", "tests": []}) + "\n")
+    with pytest.raises(DataError, match=rf"the training data: line 4 of {path}: .*empty list"):
+        check_code_rows(load_rows(path))
+    path.write_text(f"{good}\n" + json.dumps({"prompt": " ", "tests": ADD}) + "\n")
+    with pytest.raises(DataError, match=rf"line 2 of {path} has a prompt of only whitespace"):
+        load_rows(path)
+    with pytest.raises(DataError, match=r"the training data: row 1: .*empty list"):
+        check_code_rows([{"tests": ADD}, {"tests": []}])

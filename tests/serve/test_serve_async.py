@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import digit_reward
 import pytest
 import torch
 from _serve_helpers import run_config
@@ -109,18 +110,17 @@ def test_a_crash_then_resume_trains_the_batches_of_the_uninterrupted_run(
     full = _train(tiny_model_dir, tmp_path / "full", **over)
     out = tmp_path / "crash"
     t = GRPOTrainer(run_config(tiny_model_dir, out, **{"rollout.workers": 1, **over}))
-    real = t._step_metrics
-    calls = {"n": 0}
+    updates = {"n": 0}
 
-    def crash_at_step_3(*args):
-        calls["n"] += 1
-        if calls["n"] == 3:
+    def crash_at_step_3(optimizer, args, kwargs):
+        """torch's optimizer hook: runs once step 3's update moved the weights."""
+        updates["n"] += 1
+        if updates["n"] == 3:
             if how == "trainer":
                 raise _Crash  # as kill -9 after step 3's update: the state on disk is step 2's checkpoint
             os.kill(t.remote.local.processes[0].pid, signal.SIGKILL)
-        return real(*args)
 
-    t._step_metrics = crash_at_step_3
+    t.optimizer.register_step_post_hook(crash_at_step_3)
     try:
         with pytest.raises(_Crash if how == "trainer" else WorkersLostError):
             if how == "worker":
@@ -145,17 +145,18 @@ def test_an_interrupted_step_puts_back_its_queue(tiny_model_dir, tmp_path):
     over = {"rollout.max_staleness": 1, "steps": 4}
     full = _train(tiny_model_dir, tmp_path / "full", **over)
     out = tmp_path / "int"
-    t = GRPOTrainer(run_config(tiny_model_dir, out, **{"rollout.workers": 1, **over}))
-    real = t._advantage
     calls = {"n": 0}
 
-    def interrupt_step_3(drawn):
+    def digit_fraction(completions, **kwargs):
+        """The run's reward, under its own name; interrupts step 3 while its batch is scored (being prepared)."""
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(drawn)
+        return digit_reward.digit_fraction(completions, **kwargs)
 
-    t._advantage = interrupt_step_3
+    t = GRPOTrainer(
+        run_config(tiny_model_dir, out, **{"rollout.workers": 1, **over}), reward_funcs=[digit_fraction]
+    )
     try:
         with pytest.raises(KeyboardInterrupt, match="at step 2"):
             t.train()

@@ -4,6 +4,8 @@ addresses, a worker serving another model, another cohort version. And what roll
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 
 import pytest
@@ -79,6 +81,70 @@ def test_an_address_that_does_not_answer(tiny_model_dir, tmp_path):
         GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
 
 
+@contextlib.contextmanager
+def _another_server(answer):
+    """Yields the host:port of a zmq server that is not `cohort serve`: it answers each request's header frame
+    with the one frame answer(header) returns."""
+    import threading
+
+    import zmq
+
+    context = zmq.Context()
+    server = context.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def answer_everything():
+        while not stop.is_set():
+            if server.poll(50):
+                peer, header, *_ = server.recv_multipart()
+                server.send_multipart([peer, answer(header)])
+
+    thread = threading.Thread(target=answer_everything, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join()
+        server.close(0)
+        context.term()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"1\n\n2", b"\xff\xfe", b'"a string"', b'{"ok": true, "id": %d}', b'{"status": "ok", "id": %d}'],
+    ids=["not json", "not utf-8", "not an object", "no identity", "not cohort's reply"],
+)
+def test_an_address_where_another_server_answers(tiny_model_dir, tmp_path, answer):
+    """Another program's zmq server on the port: its reply to the greeting is not cohort's protocol."""
+
+    def reply(header: bytes) -> bytes:
+        return answer % json.loads(header)["id"] if b"%d" in answer else answer
+
+    with _another_server(reply) as address:
+        over = {"rollout.workers": [address], "rollout.connect_timeout": 5}
+        with pytest.raises(
+            ConfigError,
+            match=rf"the server at {address} is not a cohort rollout worker .*point rollout.workers at",
+        ):
+            GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
+
+
+def test_serve_on_a_taken_port_says_so_before_the_model_loads(tmp_path, capsys):
+    from cohort.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # The model does not exist: the port is checked first, so its error is the one reported.
+        assert main(["serve", "--model", str(tmp_path / "no-model"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is already in use" in err and "--port 0" in err, err
+    assert "Traceback" not in err and "no-model" not in err
+
+
 @pytest.fixture(scope="module")
 def other_model_dir(tmp_path_factory):
     from cohort.models import build_tiny_model
@@ -86,19 +152,27 @@ def other_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("other") / "m", hidden_size=16, num_layers=1, num_heads=2)
 
 
-def test_a_worker_of_another_model_or_version_is_refused(
-    tiny_model_dir, other_model_dir, tmp_path, monkeypatch
-):
+def test_a_worker_of_another_model_or_version_is_refused(tiny_model_dir, other_model_dir, tmp_path):
     with serving(other_model_dir) as (address, _):
         over = {"rollout.workers": [address]}
         with pytest.raises(
             ConfigError, match=rf"worker at {address} serves .*tensors differ.*cohort serve --model"
         ):
             GRPOTrainer(run_config(tiny_model_dir, tmp_path / "model", **over))
-    with serving(tiny_model_dir) as (address, _):
-        monkeypatch.setattr(protocol, "__version__", "0.0.1")
+    # A worker of another cohort version, as the wire protocol shows it: its identity names its version.
+    from cohort import __version__
+    from cohort.models import load_model, load_tokenizer, stop_token_ids
+
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    theirs = {**protocol.identity(model, tokenizer, *stop_token_ids(model, tokenizer)), "cohort": "0.0.1"}
+
+    def older(header: bytes) -> bytes:
+        return protocol.pack({"ok": True, "identity": theirs, "id": json.loads(header)["id"]})[0]
+
+    with _another_server(older) as address:
         with pytest.raises(
-            ConfigError, match=r"runs cohort 0.1.0 and the trainer cohort 0.0.1: install the same"
+            ConfigError,
+            match=rf"worker at {address} runs cohort 0.0.1 and the trainer cohort {__version__}: install the same",
         ):
             GRPOTrainer(run_config(tiny_model_dir, tmp_path / "version", **{"rollout.workers": [address]}))
 

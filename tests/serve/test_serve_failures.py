@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 from _serve_helpers import alive, run_config
 from transformers import TrainerCallback
 
@@ -104,3 +105,25 @@ def test_a_trainer_killed_with_sigkill_leaves_no_worker(tiny_model_dir, tmp_path
             if alive(p):
                 os.kill(p, signal.SIGKILL)
         trainer.stdout.close()  # type: ignore[union-attr]
+
+
+def test_losing_listed_workers_says_a_resume_needs_them_back_at_the_same_addresses():
+    import zmq
+
+    from cohort.rollout import SamplingParams
+    from cohort.serve.client import RemoteGeneration, WorkerClient
+
+    context = zmq.Context()
+    clients = [WorkerClient(context, f"127.0.0.1:{port}") for port in (1, 2)]
+    for c in clients:
+        c.lost = "its connection closed"
+    source = RemoteGeneration(clients, torch.nn.Linear(1, 1), timeout=1.0, context=context, bucket_bytes=1)
+    try:
+        with pytest.raises(WorkersLostError) as caught:
+            source.submit([[1, 2]], 2, SamplingParams(max_completion_length=2), None)
+    finally:
+        source.close()
+    said = str(caught.value)
+    assert "restart the workers at the same addresses (127.0.0.1:1, 127.0.0.1:2)" in said, said
+    assert "resume=auto" in said and "allow_config_change=true" in said
+    assert "rollout.workers to null" not in said  # a resume refuses a changed rollout.workers

@@ -236,13 +236,12 @@ def test_the_trainer_sends_a_vllm_worker_seeds_not_its_generator_state(tiny_mode
     model = load_model(tiny_model_dir)
 
     def ticket(identity):
-        client = SimpleNamespace(lost=None, identity=identity, close=lambda: None)
+        client = SimpleNamespace(lost=None, identity=identity, channel=None, close=lambda: None)
         source = RemoteGeneration([client], model, timeout=1.0, bucket_bytes=1)
-        source._dispatch = lambda ticket, chunk: None  # nothing is sent
         params = SamplingParams(max_completion_length=4)
         generator = torch.Generator().manual_seed(0)
         before = generator.get_state()
-        t = source._ticket([[1, 2]], 2, params, generator, exact=True)
+        t = source.requests([[1, 2]], 2, params, generator, exact=True)  # built, not sent
         return t.requests[0], not torch.equal(before, generator.get_state())
 
     (header, blobs), advanced = ticket({"device": "cpu", "engine": "builtin"})

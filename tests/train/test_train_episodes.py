@@ -85,7 +85,7 @@ def test_trls_environment_factory_trains_without_a_dataset(tool_model_dir, tmp_p
 
 def test_several_environments_need_the_routing_column_before_the_model_loads(tmp_path):
     cfg = _cfg(
-        tmp_path / "no-model-needed",
+        "no-model-needed",  # a Hub-like name: never loaded, the refusal comes first
         tmp_path / "route",
         episodes={"environments": {"a": "episode_envs:small_game", "b": "episode_envs:small_game"}},
     )

@@ -1,7 +1,16 @@
 """Datasets for cohort: built-in synthetic tasks, JSONL / JSON / `datasets` loading, prompt encoding."""
 
 from cohort.data.code_tasks import CodeTask
-from cohort.data.loading import RESERVED_COLUMNS, DataError, load_json, load_jsonl, load_rows, validate_rows
+from cohort.data.loading import (
+    RESERVED_COLUMNS,
+    DataError,
+    Rows,
+    load_json,
+    load_jsonl,
+    load_rows,
+    row_place,
+    validate_rows,
+)
 from cohort.data.multiply_task import MultiplyTask
 from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
@@ -18,6 +27,7 @@ __all__ = [
     "DataError",
     "MultiplyTask",
     "MultistepTask",
+    "Rows",
     "Task",
     "as_completions",
     "encode_prompts",
@@ -28,6 +38,7 @@ __all__ = [
     "load_rows",
     "make_task",
     "prompt_text",
+    "row_place",
     "sft_completion",
     "validate_rows",
 ]

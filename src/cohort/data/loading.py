@@ -13,7 +13,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESERVED_COLUMNS", "DataError", "load_json", "load_jsonl", "load_rows", "validate_rows"]
+__all__ = [
+    "RESERVED_COLUMNS",
+    "DataError",
+    "Rows",
+    "load_json",
+    "load_jsonl",
+    "load_rows",
+    "row_place",
+    "validate_rows",
+]
 
 RESERVED_COLUMNS = frozenset({"prompts", "completions", "completion_ids"})
 """Column names that would clash with the arguments every reward function receives."""
@@ -29,6 +38,28 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 """Roles a chat message may have (those of the chat templates of common instruct models)."""
 
 
+class Rows(list):
+    """Rows read from a JSONL file, each knowing its line there (1-based; blank lines are skipped), so a check
+    that refuses a row later names the line to fix (`row_place`)."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]], source: str, lines: Sequence[int]) -> None:
+        super().__init__(rows)
+        self.source, self.lines = source, list(lines)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):  # the first N rows (eval_limit) keep their lines
+            return Rows(list.__getitem__(self, index), self.source, self.lines[index])
+        return list.__getitem__(self, index)
+
+
+def row_place(rows: Sequence[Any], i: int) -> str:
+    """Returns how messages name row `i` of `rows`: "line N of FILE" for rows read from a JSONL file, else
+    "row i" (its index in the list)."""
+    if isinstance(rows, Rows) and len(rows.lines) == len(rows):
+        return f"line {rows.lines[i]} of {rows.source}"
+    return f"row {i}"
+
+
 def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Returns the rows of a JSONL file (one JSON object per line; blank lines skipped)."""
     path = Path(path)
@@ -36,6 +67,7 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         hint = "it is a folder; pass a .jsonl file" if path.is_dir() else "check the path"
         raise DataError(f"dataset file {str(path)!r} not found ({hint})")
     rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     first_keys: list[str] | None = None
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -66,7 +98,8 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             elif sorted(row) != first_keys:
                 raise DataError(f"{path}:{lineno}: {_column_mismatch(row, first_keys)}")
             rows.append(row)
-    return rows
+            lines.append(lineno)
+    return Rows(rows, str(path), lines)
 
 
 def _utf8_text(path: Path, data: bytes) -> str:
@@ -258,12 +291,14 @@ def validate_rows(
     where: str = "dataset",
 ) -> list[dict[str, Any]]:
     """Returns ``rows`` as a list after checking: non-empty, same columns, prompt column present and well typed."""
-    rows = list(rows)
+    rows = rows if isinstance(rows, Rows) else list(rows)
     if not rows:
         raise DataError(f"{where} is empty: it has no rows; a training run needs at least one prompt")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"{where}: row {i} is a {type(row).__name__}, expected a dict of columns")
+            raise DataError(
+                f"{where}: {row_place(rows, i)} is a {type(row).__name__}, expected a dict of columns"
+            )
     columns = sorted(rows[0])
     if prompt_column not in rows[0]:
         raise DataError(
@@ -284,16 +319,16 @@ def validate_rows(
     first_kind = None  # "text" or "messages": one dataset, one format (rewards get completions in it)
     for i, row in enumerate(rows):
         if sorted(row) != columns:
-            raise DataError(f"{where}: row {i}: {_column_mismatch(row, columns)}")
+            raise DataError(f"{where}: {row_place(rows, i)}: {_column_mismatch(row, columns)}")
         prompt = row[prompt_column]
         if isinstance(prompt, str):
             if not prompt.strip():
                 what = "an empty prompt" if not prompt else f"a prompt of only whitespace ({prompt!r})"
-                raise DataError(f"{where}: row {i} has {what}; remove the row or fill it in")
+                raise DataError(f"{where}: {row_place(rows, i)} has {what}; remove the row or fill it in")
             kind = "text"
         elif not _is_message_list(prompt):
             raise DataError(
-                f"{where}: row {i}: prompt column {prompt_column!r} must be a string or a list of "
+                f"{where}: {row_place(rows, i)}: prompt column {prompt_column!r} must be a string or a list of "
                 f"{{'role': ..., 'content': ...}} messages, got {type(prompt).__name__}: {str(prompt)[:80]}"
             )
         else:
@@ -301,14 +336,15 @@ def validate_rows(
             for m in prompt:
                 if m.get("role") not in CHAT_ROLES:
                     raise DataError(
-                        f"{where}: row {i}: unknown chat role {m.get('role')!r}; a message's role must be one of "
+                        f"{where}: {row_place(rows, i)}: unknown chat role {m.get('role')!r}; a message's role must be one of "
                         f"{list(CHAT_ROLES)}"
                     )
         if first_kind is None:
             first_kind = kind
         elif kind != first_kind:
             raise DataError(
-                f"{where}: row {i} has a {'plain-text' if kind == 'text' else 'chat-message'} prompt but row 0 "
+                f"{where}: {row_place(rows, i)} has a {'plain-text' if kind == 'text' else 'chat-message'} prompt but "
+                f"{row_place(rows, 0)} "
                 f"a {'plain-text' if first_kind == 'text' else 'chat-message'} one; reward functions receive "
                 "completions in the dataset's one format, so give every row the same kind of prompt"
             )

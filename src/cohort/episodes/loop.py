@@ -24,6 +24,7 @@ import contextlib
 import inspect
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,7 @@ class EpisodeGeneration:
             name: [] if fresh else [env.first] for name, env in spec.environments.items()
         }
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.warned: set[str] = set()  # environment steps whose failure was said already
 
     # ------------------------------------------------------------------ the GenerationSource call
     def generate(
@@ -330,6 +332,20 @@ class EpisodeGeneration:
             messages[-1] = {**messages[-1], "content": str(messages[-1].get("content") or "") + observation}
         return messages
 
+    def warn_env_error(self, environment: Any, exc: BaseException) -> None:
+        """Returns None after warning, the first time an environment class's step raises, what it raised (the
+        episode ends and is counted; a bug that ends every episode would otherwise show only in a metric)."""
+        name = f"{type(environment).__qualname__}.step"
+        if name in self.warned:
+            return
+        self.warned.add(name)
+        warnings.warn(
+            f"environment {name} raised {type(exc).__name__}: {exc}; its episode ended there (stop 'env_error', "
+            f"counted in episodes/stop_env_error; this warning is shown once per environment class): fix the "
+            "environment's step(), which must return an observation for any action",
+            stacklevel=2,
+        )
+
     # ------------------------------------------------------------------ checkpoints and metrics
     def state_dict(self) -> dict[str, Any]:
         """Returns the loop's counters and the state of every pooled environment that has a state_dict()."""
@@ -445,6 +461,7 @@ class _Agent:
         except Exception as exc:
             self.loop.counts["env_errors"] += 1
             r.record.stop = "env_error"
+            self.loop.warn_env_error(r.record.environment, exc)
             r.record.messages.append(
                 {"role": "user", "content": f"environment error: {type(exc).__name__}: {exc}"}
             )

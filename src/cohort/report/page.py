@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from cohort.errors import disk_full_named
 from cohort.report.plots import COLOURS, Band, Panel, Series, finite_points, render_png, smoothing_span
 from cohort.report.sinks import format_value, read_jsonl
 
@@ -533,5 +534,12 @@ def write_comparison(run_dirs: Sequence[str | Path], out: str | Path, *, title: 
 
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with disk_full_named(
+        path.parent, path.name, "free some space there and run `cohort report` on the folder"
+    ):
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # the earlier page stays as it was
+            raise
     tmp.replace(path)

@@ -8,6 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from cohort.errors import disk_full_named
+
+RESUME_FIX = (
+    "free some space there and resume with resume=auto: the checkpoints and the rows logged before are intact"
+)
+"""What to do when a run's log finds the disk full."""
+
 
 def clean_value(value: Any) -> Any:
     """Returns a JSON-safe Python scalar (tensors become floats, NaN/inf become None)."""
@@ -104,8 +111,9 @@ class MetricsLogger:
 
     def _write(self, name: str, row: dict[str, Any]) -> None:
         f = self._files[name]
-        f.write(json.dumps(row) + "\n")
-        f.flush()
+        with disk_full_named(self.run_dir, f"{name}.jsonl", RESUME_FIX):
+            f.write(json.dumps(row) + "\n")
+            f.flush()
 
     def close(self) -> None:
         """Flush and close every sink."""
@@ -146,7 +154,12 @@ def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> Path:
     """Return the path of run_dir/summary.json after writing `summary` to it (JSON-safe, atomically)."""
     path = Path(run_dir) / "summary.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n", encoding="utf-8")
+    with disk_full_named(path.parent, "summary.json"):
+        try:
+            tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n", encoding="utf-8")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     tmp.replace(path)
     return path
 

@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.data.loading import DataError
+from cohort.data.loading import DataError, row_place
 from cohort.rewards.builtin import completion_text
 from cohort.sandbox import ExecResult, Job, Limits, Sandbox, default_sandbox
 
@@ -176,10 +176,10 @@ def check_code_rows(rows: Sequence[Mapping[str, Any]], *, where: str = "the trai
     for i, row in enumerate(rows):
         if TESTS_COLUMN not in row:
             raise DataError(
-                f"{where}: row {i} has no {TESTS_COLUMN!r} column (columns: {sorted(row)}); the code reward runs each "
-                f"completion against its row's tests: {_FORMAT_HELP}"
+                f"{where}: {row_place(rows, i)} has no {TESTS_COLUMN!r} column (columns: {sorted(row)}); the code "
+                f"reward runs each completion against its row's tests: {_FORMAT_HELP}"
             )
-        parse_tests(row[TESTS_COLUMN], f"{where}: row {i}")
+        parse_tests(row[TESTS_COLUMN], f"{where}: {row_place(rows, i)}")
 
 
 def check_reward_rows(
@@ -278,6 +278,13 @@ def make_code_reward(
     if not isinstance(all_or_nothing, bool):
         raise ValueError(f"code reward: all_or_nothing={all_or_nothing!r} must be true or false")
     limits = Limits().with_(timeout=timeout, memory_mb=memory_mb)  # checks the values now, before any run
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(
+            f"code reward: concurrency={concurrency!r} must be a whole number >= 1 (the programs run at once); "
+            "omit it to run one per core"
+        )
     custom = any([timeout is not None, memory_mb is not None, concurrency, unsafe, python, site_packages])
     holder: list[Sandbox] = []
     lock = threading.Lock()

@@ -460,8 +460,24 @@ class RemoteGeneration:
         *,
         exact: bool,
     ) -> Ticket:
-        """Returns a sent ticket: one chunk per configured worker; `exact` with one worker carries the generator's
-        state (the in-process stream), else each chunk carries a seed drawn from it."""
+        """Returns a sent ticket of the requests `requests` builds."""
+        ticket = self.requests(prompt_ids, group_size, params, generator, exact=exact)
+        for i in range(len(ticket.requests)):
+            self._dispatch(ticket, i)
+        return ticket
+
+    def requests(
+        self,
+        prompt_ids: list[list[int]],
+        group_size: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        exact: bool,
+    ) -> Ticket:
+        """Returns the ticket of a batch, not sent yet: one chunk request per configured worker; `exact` with one
+        worker carries the generator's state (the in-process stream), else each chunk carries a seed drawn from
+        it (so does every chunk for a worker that cannot take the state: another device type, or vLLM)."""
         n = min(self.chunks, len(prompt_ids))
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
         exact = exact and n == 1 and generator is not None
@@ -486,10 +502,7 @@ class RemoteGeneration:
             }
             blobs = [weights_bytes(generator.get_state())] if exact and generator is not None else []
             requests.append((header, blobs))
-        ticket = Ticket(requests, group_size, exact, [None] * n)
-        for i in range(n):
-            self._dispatch(ticket, i)
-        return ticket
+        return Ticket(requests, group_size, exact, [None] * n)
 
     def _dispatch(self, ticket: Ticket, chunk: int) -> None:
         """Sends a chunk's request to the live worker with the fewest requests awaited; WorkersLostError when none
@@ -556,11 +569,16 @@ class RemoteGeneration:
         live = self.live
         if not live:
             reasons = "; ".join(f"{c.address}: {c.lost}" for c in self.clients)
-            raise WorkersLostError(
-                f"every rollout worker is lost ({reasons}): the run stops; restart the workers (or set "
-                "rollout.workers to null to sample in the trainer) and continue from the last checkpoint with "
-                "resume=auto"
+            # A resume checks that rollout.workers is unchanged: listed workers must come back where they were.
+            how = (
+                "continue from the last checkpoint with resume=auto (it starts new local workers)"
+                if self.local is not None
+                else "restart the workers at the same addresses "
+                f"({', '.join(c.address for c in self.clients)}) and continue from the last checkpoint with "
+                "resume=auto (a resume refuses a changed rollout.workers; allow_config_change=true accepts "
+                "other workers, whose batches may differ from an uninterrupted run's)"
             )
+            raise WorkersLostError(f"every rollout worker is lost ({reasons}): the run stops; {how}")
         return live
 
     def metrics(self) -> dict[str, float]:
@@ -683,12 +701,22 @@ def connect_workers(
         failed = None
         try:
             for c in clients:
+                port = c.address.rsplit(":", 1)[-1]
                 try:
                     reply, _ = c.request(hello, timeout=connect_timeout)
+                    if "ok" not in reply or (reply["ok"] and not isinstance(reply.get("identity"), dict)):
+                        raise ValueError(f"a reply with the keys {sorted(reply)}")
                 except _Lost as e:
                     raise ConfigError(
                         f"no rollout worker answered at {c.address} ({e}): start one there with `cohort serve --model "
-                        f"PATH --port {c.address.rsplit(':', 1)[-1]}`, or correct rollout.workers"
+                        f"PATH --port {port}`, or correct rollout.workers"
+                    ) from None
+                except ValueError as e:  # another program's server: its reply is not cohort's protocol
+                    raise ConfigError(
+                        f"the server at {c.address} is not a cohort rollout worker (its answer to the greeting is "
+                        f"not cohort's protocol: {e}): point rollout.workers at the address a `cohort serve` "
+                        f"printed, or stop that server and start one there with `cohort serve --model PATH "
+                        f"--port {port}`"
                     ) from None
                 if not reply.get("ok"):
                     raise ConfigError(

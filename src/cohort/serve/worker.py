@@ -14,6 +14,7 @@ the protocol, the weight channel and the timeouts here are the same for both.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import sys
@@ -192,27 +193,45 @@ def serve(
     if parent_pid is not None:
         watch_parent(parent_pid)
     torch.set_num_threads(threads)
-    backend: Backend
-    if engine == "vllm":
-        backend = VLLMBackend(model_path, dtype=dtype, options=vllm_options or VLLMOptions())
-    elif engine == "builtin":
-        tokenizer = load_tokenizer(model_path)
-        model = load_model(model_path, dtype=dtype, device=device, attn_implementation=attn_implementation)
-        model.eval()
-        backend = BuiltinBackend(model, tokenizer, torch.device(device), threads)
-    else:
-        raise ValueError(f"--engine {engine!r} is not one of builtin, vllm")
-    worker = Worker(backend, log_pushes=parent_pid is None)
+    # The port is bound before the model loads: a taken one is reported at once, not after minutes of loading.
     context = zmq.Context()
     sock = context.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     # A peer that vanishes without closing its connection (a machine that went down) is dropped after 10 s.
     sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000)
-    if port == 0:
-        port = sock.bind_to_random_port(f"tcp://{host}")
-    else:
-        sock.bind(f"tcp://{host}:{port}")
+    try:
+        if port == 0:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            sock.bind(f"tcp://{host}:{port}")
+    except zmq.ZMQError as e:
+        sock.close(0)
+        context.term()
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"{host}:{port} is already in use by another program: pass another --port, or --port 0 for a "
+                "free one (printed on start)"
+            ) from None
+        raise ValueError(f"cannot listen on {host}:{port} ({e}): check --host and --port") from None
+    backend: Backend
+    try:
+        if engine == "vllm":
+            backend = VLLMBackend(model_path, dtype=dtype, options=vllm_options or VLLMOptions())
+        elif engine == "builtin":
+            tokenizer = load_tokenizer(model_path)
+            model = load_model(
+                model_path, dtype=dtype, device=device, attn_implementation=attn_implementation
+            )
+            model.eval()
+            backend = BuiltinBackend(model, tokenizer, torch.device(device), threads)
+        else:
+            raise ValueError(f"--engine {engine!r} is not one of builtin, vllm")
+    except BaseException:
+        sock.close(0)
+        context.term()
+        raise
+    worker = Worker(backend, log_pushes=parent_pid is None)
     print(f"{READY}tcp://{host}:{port} (model {model_path}, {backend.describe()})", flush=True)
     if parent_pid is not None:
         os.dup2(2, 1)  # nothing more on the pipe the trainer read the address from: it is no longer drained

@@ -31,6 +31,7 @@ from cohort.errors import (
     RunExistsError,
     TrainingError,
     UnsafeCheckpointError,
+    disk_full_named,
     first_line,
 )
 from cohort.models import fix_adapter_base_path
@@ -105,9 +106,14 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
         changed = config_changes(current_keys(saved), to_dict(cfg))  # an older cohort's keys, renamed
         if changed:
             listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed[:8])
+            workers = (
+                " (rollout.workers: restart the workers at the same addresses the run used)"
+                if any(k == "rollout.workers" for k, _, _ in changed)
+                else ""
+            )
             raise ConfigError(
                 f"resume: the config differs from the one checkpoint {candidates[0][0]} was trained with "
-                f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values, or set "
+                f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values{workers}, or set "
                 "allow_config_change=true to continue with the new ones"
             )
     return candidates
@@ -291,11 +297,12 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, out: Path, *, shard
     full = full_state_dict(model) if sharded else None
     if dist.is_main() or not sharded:
         out.mkdir(parents=True, exist_ok=True)
-        with quiet_hf_progress():
+        fix = "free some space there and run again with resume=auto: the run's last checkpoint is intact"
+        with disk_full_named(out, "the final model", fix), quiet_hf_progress():
             options = {"state_dict": full} if full is not None else {}
             model.save_pretrained(out, safe_serialization=True, **options)  # type: ignore[operator]
-        fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
-        tokenizer.save_pretrained(out)
+            fix_adapter_base_path(out)  # a LoRA adapter's base resolves from anywhere
+            tokenizer.save_pretrained(out)
     if sharded:
         dist.barrier()
     return out

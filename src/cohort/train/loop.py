@@ -81,8 +81,11 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
                     trainer.callbacks.window.add(result.metrics)
                     step, control = trainer.step_idx, trainer.callbacks.control
                     control.should_log |= step % cfg.logging_steps == 0
+                    # The last step's evaluation is the closing one when eval_at_ends runs it (not twice).
                     control.should_evaluate |= (
-                        bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+                        bool(cfg.eval_every)
+                        and step % cfg.eval_every == 0
+                        and (step < cfg.steps or not cfg.eval_at_ends)
                     )
                     control.should_save |= bool(cfg.save_every) and step % cfg.save_every == 0
                     trainer.callbacks.fire("on_step_end")
