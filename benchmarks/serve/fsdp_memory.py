@@ -128,8 +128,11 @@ def child(out: Path, overrides: list[str]) -> None:
     phases = None
     if os.environ.get("FSDP_MEMORY_PHASES") == "1":
         phases = Phases()
-        phases.wrap(trainer, "_draw_groups", "draw (sampling, scoring)")
-        phases.wrap(trainer.updater, "_frozen_logprobs", "pi_old / reference passes")
+        # the drawer's public rounds: the first draw and dynamic sampling's refills (rollout workers sample, so
+        # nothing is gathered around them)
+        phases.wrap(trainer.drawer, "draw", "draw (sampling, scoring)")
+        phases.wrap(trainer.drawer, "refill", "draw (sampling, scoring)")
+        phases.wrap(trainer.updater, "frozen_logprobs", "pi_old / reference passes")
         phases.wrap(trainer.updater, "update", "update (forward, backward)")
         phases.wrap(trainer.optimizer, "step", "optimizer step")
         if trainer.remote is not None:

@@ -174,13 +174,13 @@ def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
         drawn.rollout.sampling_logprobs,
     )
     rows = list(range(G))
-    before = trainer.updater._frozen_logprobs(trainer.model, batch, rows)
+    before = trainer.updater.frozen_logprobs(trainer.model, batch, rows)
     stats = trainer.updater.update(batch, trainer.shuffle_generator)
-    after = trainer.updater._frozen_logprobs(trainer.model, batch, rows)
+    after = trainer.updater.frozen_logprobs(trainer.model, batch, rows)
     ref = None
     if trainer.reference is not None:
         with trainer.reference() as ref_model:
-            ref = trainer.updater._frozen_logprobs(ref_model, batch, rows)
+            ref = trainer.updater.frozen_logprobs(ref_model, batch, rows)
     high = a.eps_low if a.eps_high is None else a.eps_high
     reward = drawn.reward  # the weighted sum the advantages were computed from
     texts = trainer.tokenizer.batch_decode(drawn.rollout.completion_ids[:G], skip_special_tokens=True)

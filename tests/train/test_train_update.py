@@ -414,7 +414,7 @@ def test_the_sampler_anchor_takes_the_ratio_against_the_samplers_log_probs(model
 
     with pytest.raises(Exception, match="trust_region_anchor=sampler .* returned none"):
         _updater(model64, trust_region_anchor="sampler").update(batch)
-    own = _updater(model64)._frozen_logprobs(model64, batch, list(range(3 * G)))
+    own = _updater(model64).frozen_logprobs(model64, batch, list(range(3 * G)))
     sampled = [own[r] - 0.1 for r in range(3 * G)]
     shifted = dataclasses.replace(batch, sampling_logprobs=sampled)
     stats = _updater(model64, trust_region_anchor="sampler", loss_type="dppo_tv").update(shifted)
@@ -428,7 +428,7 @@ def test_vespo_takes_the_sampler_weights_once(model64, batch):
     import dataclasses
 
     updater = _updater(model64)
-    own = updater._frozen_logprobs(model64, batch, list(range(3 * G)))
+    own = updater.frozen_logprobs(model64, batch, list(range(3 * G)))
     g = torch.Generator().manual_seed(5)
     sampled = [
         own[r] + 0.3 * torch.randn(own[r].shape, generator=g, dtype=own[r].dtype) for r in range(3 * G)

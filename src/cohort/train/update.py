@@ -319,7 +319,7 @@ class PolicyUpdater:
         reshard(model)  # a forward without gradients leaves FSDP's root module unsharded
 
     @torch.no_grad()
-    def _frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
+    def frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
         """Return {row: [T_row] log-probs} under `model` without gradients."""
         out: dict[int, torch.Tensor] = {}
         with self._frozen(model, batch, rows) as micros:
@@ -473,11 +473,11 @@ class PolicyUpdater:
             otb_old, token_adv = self._otb_pass(batch)
             old = {r: otb_old[r] for r in loss_rows} if need_old else None
         else:
-            old = self._frozen_logprobs(self.model, batch, loss_rows) if need_old else None
+            old = self.frozen_logprobs(self.model, batch, loss_rows) if need_old else None
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
-                ref = self._frozen_logprobs(ref_model, batch, loss_rows)
+                ref = self.frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
         # A row can be skipped when every one of its tokens has advantage 0.
         row_zero = (
@@ -643,7 +643,7 @@ class PolicyUpdater:
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
-                ref = self._frozen_logprobs(ref_model, batch, rows)
+                ref = self.frozen_logprobs(ref_model, batch, rows)
         apply_coef = applied_entropy_coef(
             self.entropy_coef, self.last_entropy, target=a.entropy_target, adaptive=a.adaptive_entropy
         )
