@@ -6,7 +6,7 @@ Reads every finished run under OUT/runs (the run directories are the source of t
 adds the harness's settings, the warm start and the failed runs), and writes the page: the commands, the
 machine and versions, the warm start's held-out accuracy, one table row per variant (final accuracy mean ± sd
 over seeds and each seed's value, best accuracy, median s/step, the difference from the demo's recipe and
-whether it exceeds the seed noise) and one figure per family of variants (img/ablation_<panel>.png next to the
+whether it exceeds the seed noise) and one figure per family of variants (img/<page name>_<panel>.png next to the
 page): held-out accuracy against training wall time, the mean over seeds bold and each seed faint.
 
 Only numbers are generated. Text below the line `<!-- hand-written below -->` of an existing page is kept as
@@ -130,6 +130,12 @@ def load_results(out: Path) -> tuple[dict, dict, list[dict]]:
     return settings, warm, runs
 
 
+def _mean_of(rows: list[dict], key: str) -> float | None:
+    """Returns the mean of a run-level number over the seeds that have it (None: none has it)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.mean(values) if values else None
+
+
 def summarise(runs: list[dict]) -> dict[str, dict]:
     """Returns, per variant with a finished run, its seeds' final accuracies, their mean, sd and the comparison."""
     stats: dict[str, dict] = {}
@@ -152,6 +158,7 @@ def summarise(runs: list[dict]) -> dict[str, dict]:
             "train_seconds": statistics.mean(
                 r["curve"][-1]["seconds"] if r["curve"] else math.nan for r in rows
             ),
+            **{key: _mean_of(rows, key) for key in ("clip_frac", "mask_frac", "entropy_end", "reward_end")},
         }
     base = stats.get(BASELINE)
     for name, s in stats.items():
@@ -176,8 +183,9 @@ def mean_curve(runs: list[dict]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def plot(runs: list[dict], folder: Path) -> list[Path]:
-    """Returns the PNG files written: one panel per family, held-out accuracy against training wall time."""
+def plot(runs: list[dict], folder: Path, stem: str = "ablation") -> list[Path]:
+    """Returns the PNG files written (folder/<stem>_<panel>.png): one panel per family, held-out accuracy
+    against training wall time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,10 +200,15 @@ def plot(runs: list[dict], folder: Path) -> list[Path]:
     if loose:
         panels["other"] = [BASELINE, *loose]
     files = []
-    for panel, names in panels.items():
-        drawn = [n for n in names if any(r["variant"] == n and r.get("curve") for r in runs)]
+    drawn_by = {
+        panel: [n for n in names if any(r["variant"] == n and r.get("curve") for r in runs)]
+        for panel, names in panels.items()
+    }
+    for panel, drawn in drawn_by.items():
         if not any(n != BASELINE for n in drawn):
             continue  # a subset of the variants: a panel with the baseline alone compares nothing
+        if any(set(drawn) < set(other) for other in drawn_by.values()):
+            continue  # every line of it is in a larger panel already (a subset of the variants was run)
         fig, ax = plt.subplots(figsize=(8.6, 4.4))
         others = iter(COLOURS)
         for name in drawn:
@@ -221,7 +234,7 @@ def plot(runs: list[dict], folder: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.tight_layout()
-        path = folder / f"ablation_{panel}.png"
+        path = folder / f"{stem}_{panel}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         files.append(path)
@@ -250,8 +263,9 @@ def table(stats: dict[str, dict]) -> list[str]:
     """Returns the Markdown lines of the results table, one row per variant with a finished run."""
     lines = [
         f"| variant | overrides | final accuracy (%), mean ± sd | per seed | best (%), mean / max | "
-        f"median s/step | training time (s), mean | vs `{BASELINE}` (points ± se) | beyond noise |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"median s/step | training time (s), mean | vs `{BASELINE}` (points ± se) | beyond noise | "
+        "clipped / masked tokens (%) | entropy, reward (end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in stats.items():
         opts = ", ".join(f"`{o}`" for o in VARIANTS[name]) or "(the demo's recipe)"
@@ -267,9 +281,14 @@ def table(stats: dict[str, dict]) -> list[str]:
             beyond = (
                 "n/a (< 2 seeds)" if s["beyond_noise"] is None else ("yes" if s["beyond_noise"] else "no")
             )
+        clip = pct(s.get("clip_frac"), 2)
+        if s.get("mask_frac") is not None:
+            clip += f" / {pct(s['mask_frac'], 2)}"
+        ent, rew = s.get("entropy_end"), s.get("reward_end")
+        end = "n/a" if ent is None or rew is None else f"{ent:.3f}, {rew:.3f}"
         lines.append(
             f"| {name} | {opts} | {spread} | {per_seed} | {pct(s['best'])} / {pct(s['best_max'])} | "
-            f"{s['s_per_step']:.3f} | {s['train_seconds']:.0f} | {versus} | {beyond} |"
+            f"{s['s_per_step']:.3f} | {s['train_seconds']:.0f} | {versus} | {beyond} | {clip} | {end} |"
         )
     return lines
 
@@ -280,7 +299,9 @@ def write_page(page: Path, out: Path) -> list[Path]:
     done = [r for r in runs if "failed" not in r]
     failed = [r for r in runs if "failed" in r]
     stats = summarise(runs)
-    files = plot(done, page.parent / "img")
+    # The figures are named after the page, so two pages in one folder (docs/ablation.md and
+    # docs/ablation-2026.md) keep their own.
+    files = plot(done, page.parent / "img", page.stem)
     machine = settings.get("machine") or machine_info()
     # results.json of the first version of run.py did not record the machine: this one's is the best guess.
     where = (
@@ -337,6 +358,11 @@ def write_page(page: Path, out: Path) -> list[Path]:
         "## Results",
         "",
         f"Noise rule: {NOISE_RULE.format(base=BASELINE)}.",
+        "",
+        "Clipped / masked tokens: the share of completion tokens the loss clipped (`clip_ratio/region_mean`: the "
+        "ratio clip, or the tokens dppo's trust-region mask drops) and, where it is on, the share the off-policy "
+        "mask dropped (`off_policy_mask/dropped_frac`), each the mean over the run's steps. Entropy (nats per "
+        "token, at the sampling temperature) and training reward: the mean over the last tenth of the steps.",
         "",
         *table(stats),
         "",

@@ -1,6 +1,7 @@
 """Every loss type, advantage estimator and entropy control on the demo task, from one warm start, several seeds.
 
-    python benchmarks/ablation/run.py --out runs/ablation                   # 14 variants x 3 seeds x 1000 steps
+    python benchmarks/ablation/run.py --out runs/ablation                   # 24 variants x 3 seeds x 1000 steps
+    python benchmarks/ablation/run.py --out runs/ablation2026 --variants 2026 --page docs/ablation-2026.md
     python benchmarks/ablation/run.py --out runs/ablation --variants cispo sapo --seeds 0 --steps 100
     python benchmarks/ablation/run.py --out runs/ablation --page-only       # redraw the page from the runs
     python benchmarks/ablation/page.py --out runs/ablation --page docs/ablation.md   # the same
@@ -10,7 +11,8 @@ once under OUT/warm, or any model folder given with --warm-start. Each variant i
 (`cohort.demo.DEMO_GRPO`: dapo loss, clip-higher, dynamic sampling, temperature 1.2, lr 1.5e-4) split into 4
 minibatches (COMMON below: why) with only the listed overrides changed. Each variant x seed is one
 `python -m cohort train OUT/runs/<variant>-s<seed>.yaml` in a subprocess (the YAML holds the whole config,
-so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps.
+so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps. --variants takes names or
+the groups of GROUPS ("2026": the baseline, grpo, cispo, gspo and the members of issue 40).
 The seed changes sampling and shuffling, not the warm start.
 
 A run whose summary.json says it reached --steps is not run again, so the command can be re-issued after an
@@ -19,8 +21,8 @@ its stderr tail (the whole of it in OUT/runs/<variant>-s<seed>.log) and the othe
 many trainings side by side (default 1: one at a time, so the timings are not contended).
 
 Writes OUT/results.json after every run (settings, warm start, per run: held-out accuracy at each evaluation
-with its step and the training wall time so far, final and best accuracy, median s/step) and at the end the
-page (--page) with its figures next to it (img/ablation_*.png); page.py writes the page alone.
+with its step and the training wall time so far, final and best accuracy, median s/step, clip and mask fractions, entropy and reward near the end) and at
+the end the page (--page) with its figures next to it (img/<page name>_*.png); page.py writes the page alone.
 """
 
 from __future__ import annotations
@@ -68,17 +70,75 @@ VARIANTS: dict[str, list[str]] = {
     "top-20% entropy": ["algo.top_entropy_quantile=0.2"],
     "clip-cov": ["algo.cov_method=clip_cov"],
     "kl-cov": ["algo.cov_method=kl_cov"],
+    # The 2026 members (issue 40, docs/algorithms.md "The 2026 family"). luspo is its preset (sequence-level
+    # importance) with the demo's clip epsilons 0.2 / 0.28; vespo is its preset (token-level: it weighs whole
+    # sequences itself and refuses importance=sequence); dppo_tv / dppo_kl are the losses alone with their
+    # default masks (0.15 TV, 0.05 KL) at the pi_old anchor and the demo's dapo aggregation (the dppo preset
+    # also switches to dr_grpo's); prime_rl is its preset (binary-TV 0.2 / 0.2 at the sampler anchor + kl_tau
+    # 1e-3, dapo aggregation); dro needs kl_tau > 0 (prime-rl's 1e-3); max_rl is its preset. The off-policy
+    # mask drops a negative-advantage sequence whose mean log(pi_old / pi) per token exceeds the threshold:
+    # the 4 minibatches drift far less than TRL's example 0.5, so 0.01 (the dropped share is on the page).
+    # The bias-corrected KL sits next to the same beta without the correction: the difference is the
+    # correction alone.
+    "luspo": ["algo.loss_type=luspo", "algo.importance=sequence"],
+    "vespo": ["algo.loss_type=vespo", "algo.eps_high=null"],
+    "dppo_tv": ["algo.loss_type=dppo_tv", "algo.eps_high=null"],
+    "dppo_kl": ["algo.loss_type=dppo_kl", "algo.eps_high=null"],
+    "prime_rl": [
+        "algo.loss_type=dppo_tv",
+        "algo.loss_kwargs={mask_low: 0.2, mask_high: 0.2, max_ratio: null}",
+        "algo.trust_region_anchor=sampler",
+        "algo.sampler_correction=none",
+        "algo.kl_tau=0.001",
+        "algo.eps_high=null",
+    ],
+    "dro": ["algo.loss_type=dro", "algo.kl_tau=0.001", "algo.eps_high=null"],
+    "max_rl": ["algo.advantage=max_rl"],
+    "off-policy mask": ["algo.off_policy_mask_threshold=0.01"],
+    "beta 0.04": ["algo.beta=0.04"],
+    "beta 0.04 bias-corrected": ["algo.beta=0.04", "algo.use_bias_correction_kl=true"],
+}
+NEW_2026 = [
+    "luspo",
+    "vespo",
+    "dppo_tv",
+    "dppo_kl",
+    "prime_rl",
+    "dro",
+    "max_rl",
+    "off-policy mask",
+    "beta 0.04",
+    "beta 0.04 bias-corrected",
+]
+# Named sets of variants, accepted by --variants in place of names (`--variants 2026`).
+GROUPS: dict[str, list[str]] = {
+    "2026": [BASELINE, "grpo", "cispo", "gspo", *NEW_2026],
 }
 # The figures: one panel per family, each with the baseline so every panel reads against the demo.
 PANELS: dict[str, list[str]] = {
     "losses": [BASELINE, "grpo", "bnpo", "dr_grpo", "gspo", "cispo", "sapo", "gmpo"],
     "advantages": [BASELINE, "rloo", "reinforce++", "reinforce++ baseline"],
     "entropy": [BASELINE, "top-20% entropy", "clip-cov", "kl-cov"],
+    "losses_2026": [
+        BASELINE,
+        "grpo",
+        "cispo",
+        "gspo",
+        "luspo",
+        "vespo",
+        "dppo_tv",
+        "dppo_kl",
+        "prime_rl",
+        "dro",
+    ],
+    "controls_2026": [BASELINE, "max_rl", "off-policy mask", "beta 0.04", "beta 0.04 bias-corrected"],
 }
 PANEL_TITLES = {
     "losses": "policy losses",
     "advantages": "advantage estimators",
     "entropy": "entropy control",
+    "losses_2026": "the 2026 losses",
+    "controls_2026": "the 2026 advantage, mask and KL",
 }
 
 
@@ -96,7 +156,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=list(VARIANTS),
         metavar="NAME",
-        help="variant names (quote the ones with spaces; a comma-separated list also works)",
+        help=f"variant names or groups {list(GROUPS)} (quote the names with spaces; a comma-separated list also works)",
     )
     p.add_argument(
         "--warm-start", default=None, help="model folder to start from (default: build the demo's)"
@@ -112,9 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         v.strip() for item in args.variants for v in (item.split(",") if "," in item else [item])
     ]
     args.variants = [v for v in args.variants if v]
+    args.variants = list(dict.fromkeys(n for v in args.variants for n in GROUPS.get(v, [v])))
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
-        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+        p.error(f"unknown variants {unknown}; choose from {list(VARIANTS)} or the groups {list(GROUPS)}")
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     return args
@@ -225,6 +286,15 @@ def collect(run: Path, name: str, seed: int) -> dict:
     curve = [
         {"step": s, "seconds": round(elapsed.get(s, clock), 3), "accuracy": evals[s]} for s in sorted(evals)
     ]
+    # Per-step training metrics, one row per step (the last one logged wins, as above).
+    rows = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl") if "step" in r}
+
+    def run_mean(key: str, last: float = 1.0) -> float | None:
+        """Returns the mean of a logged metric over the run's last `last` share of steps (None: never logged)."""
+        steps = sorted(s for s, r in rows.items() if isinstance(r.get(key), int | float))
+        steps = steps[int(len(steps) * (1 - last)) :]
+        return statistics.mean(float(rows[s][key]) for s in steps) if steps else None
+
     return {
         "variant": name,
         "seed": seed,
@@ -235,6 +305,12 @@ def collect(run: Path, name: str, seed: int) -> dict:
         "final": curve[-1]["accuracy"] if curve else math.nan,
         "best": max(p["accuracy"] for p in curve) if curve else math.nan,
         "s_per_step": statistics.median(step_time.values()) if step_time else math.nan,
+        # Share of completion tokens the loss clipped (ratio clip; for dppo its mask) and the off-policy mask
+        # dropped, mean over the run; entropy (nats per token) and reward over the last tenth of the steps.
+        "clip_frac": run_mean("clip_ratio/region_mean"),
+        "mask_frac": run_mean("off_policy_mask/dropped_frac"),
+        "entropy_end": run_mean("entropy", 0.1),
+        "reward_end": run_mean("reward", 0.1),
         "steps": max(step_time, default=0),
     }
 
