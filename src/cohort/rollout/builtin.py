@@ -285,16 +285,10 @@ class BuiltinEngine(RolloutEngine):
         a check once per model: two prompts of different lengths decoded greedily by the captured step must
         reproduce the eager decoding; a capture that fails (a forward that syncs with the host, for one) fails it.
         """
-        reason = graph_decode_unavailable(model, device)
+        reason = graph_decode_unavailable(model, device) or _window_unavailable(model, span_needed)
         if reason is not None:
             return reason
-        span = full_attention_span(model)
-        if span == 0:
-            return "its chunked or linear attention layers see no full prompt"
-        if span is not None and span_needed > span:
-            return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
-        vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
-        prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
+        vocab, prompts = _probe_prompts(model)
         params = SamplingParams(max_completion_length=6, greedy=True)
         eager = BuiltinEngine(
             eos_token_ids=[vocab],  # never sampled: every step is decoded
@@ -331,14 +325,10 @@ class BuiltinEngine(RolloutEngine):
         impl = getattr(text_config(model), "_attn_implementation", None)
         if impl not in ("sdpa", "eager"):
             return f"attention implementation {impl!r} (shared-prefix attention replaces 'sdpa' or 'eager')"
-        span = full_attention_span(model)
-        if span == 0:
-            return "its chunked or linear attention layers see no full prompt"
-        if span is not None and span_needed > span:
-            return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
-        # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
-        vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
-        prompts = [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
+        reason = _window_unavailable(model, span_needed)
+        if reason is not None:
+            return reason
+        vocab, prompts = _probe_prompts(model)
         params = SamplingParams(max_completion_length=4, greedy=True)
         # An EOS id outside the vocabulary: every step is decoded, whatever the model prefers.
         probe = BuiltinEngine(
@@ -355,6 +345,24 @@ class BuiltinEngine(RolloutEngine):
                 model, "shared_prefix", "shared-prefix decoding does not reproduce its tokens and log-probs"
             )
         return None
+
+
+def _window_unavailable(model: torch.nn.Module, span_needed: int) -> str | None:
+    """Returns why decoding against a whole cached prompt cannot serve this model's attention layers for
+    `span_needed` positions (None: it can)."""
+    span = full_attention_span(model)
+    if span == 0:
+        return "its chunked or linear attention layers see no full prompt"
+    if span is not None and span_needed > span:
+        return f"prompt + completion ({span_needed} tokens) exceed its sliding attention window ({span})"
+    return None
+
+
+def _probe_prompts(model: torch.nn.Module) -> tuple[int, list[list[int]]]:
+    """Returns (the vocabulary size, two prompts of different lengths within it) for a once-per-model probe."""
+    # A transformers model's method, which nn.Module's __getattr__ types as Tensor | Module:
+    vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
+    return vocab, [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
 
 
 def _same_decoding(a, b, tol: float) -> bool:

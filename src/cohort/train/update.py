@@ -16,7 +16,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -318,19 +318,27 @@ class PolicyUpdater:
         yield self._lockstep(micros)
         reshard(model)  # a forward without gradients leaves FSDP's root module unsharded
 
-    @torch.no_grad()
-    def frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
-        """Return {row: [T_row] log-probs} under `model` without gradients."""
-        out: dict[int, torch.Tensor] = {}
+    def _frozen_passes(
+        self, model, batch: PolicyBatch, rows: Sequence[int], **options
+    ) -> Iterator[tuple[list[int], Any]]:
+        """Yields (a micro-batch's rows, their log-probs under `model`) of a pass over `rows` (call it without
+        gradients); a micro-batch this process has no rows in runs an idle forward, so sharded processes stay in
+        step. `options`: _logprobs's (with_entropy, with_sum_pi_squared)."""
         with self._frozen(model, batch, rows) as micros:
             for micro in micros:
                 if not micro:
                     with self.autocast():
                         idle_forward(model, self.device)
                     continue
-                lp = self._logprobs(model, batch, micro)
-                for i, r in enumerate(micro):
-                    out[r] = lp.logp[i, : len(batch.completion_ids[r])]
+                yield micro, self._logprobs(model, batch, micro, **options)
+
+    @torch.no_grad()
+    def frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
+        """Return {row: [T_row] log-probs} under `model` without gradients."""
+        out: dict[int, torch.Tensor] = {}
+        for micro, lp in self._frozen_passes(model, batch, rows):
+            for i, r in enumerate(micro):
+                out[r] = lp.logp[i, : len(batch.completion_ids[r])]
         return out
 
     @torch.no_grad()
@@ -352,18 +360,12 @@ class PolicyUpdater:
         old: dict[int, torch.Tensor] = {}
         square: dict[int, torch.Tensor] = {}
         keep: dict[int, torch.Tensor] = {}
-        with self._frozen(self.model, batch, rows) as micros:
-            for micro in micros:
-                if not micro:
-                    with self.autocast():
-                        idle_forward(self.model, self.device)
-                    continue
-                lp = self._logprobs(self.model, batch, micro, with_sum_pi_squared=True)
-                mask = self._loss_mask(lp, batch, micro)
-                squares = cast(torch.Tensor, lp.sum_pi_squared)
-                for i, r in enumerate(micro):
-                    length = len(batch.completion_ids[r])
-                    old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
+        for micro, lp in self._frozen_passes(self.model, batch, rows, with_sum_pi_squared=True):
+            mask = self._loss_mask(lp, batch, micro)
+            squares = cast(torch.Tensor, lp.sum_pi_squared)
+            for i, r in enumerate(micro):
+                length = len(batch.completion_ids[r])
+                old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
         if (
             n == 0
         ):  # a process without groups: it joined the pass's collectives above, and has nothing to score
@@ -649,33 +651,27 @@ class PolicyUpdater:
         )
         tokens = max(sum(lengths[r] for r in rows), 1)
         total, means = 0.0, WeightedMeans()
-        with self._frozen(self.model, batch, rows) as micros:
-            for micro in micros:
-                if not micro:
-                    with self.autocast():
-                        idle_forward(self.model, self.device)
-                    continue
-                lp = self._logprobs(self.model, batch, micro, with_entropy=True)
-                mask = self._loss_mask(lp, batch, micro)
-                entropy = cast(torch.Tensor, lp.entropy)
-                width = lp.logp.shape[1]
-                loss, metrics = policy_loss(
-                    lp.logp,
-                    None,
-                    batch.advantages[micro].to(lp.logp.device),
-                    mask,
-                    ref_logp=self._stack(ref, micro, width) if ref is not None else None,
-                    num_items=num_items,
-                    num_sequences=num_seq,
-                    options=self._loss_options,
-                )
-                if self.entropy_on and apply_coef != 0:
-                    loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)
-                total += float(loss)
-                ntok = float(mask.sum())
-                if "kl" in metrics:
-                    means.add("kl", float(metrics["kl"]), ntok)
-                means.add("entropy", float((entropy * mask).sum() / max(ntok, 1.0)), ntok)
+        for micro, lp in self._frozen_passes(self.model, batch, rows, with_entropy=True):
+            mask = self._loss_mask(lp, batch, micro)
+            entropy = cast(torch.Tensor, lp.entropy)
+            width = lp.logp.shape[1]
+            loss, metrics = policy_loss(
+                lp.logp,
+                None,
+                batch.advantages[micro].to(lp.logp.device),
+                mask,
+                ref_logp=self._stack(ref, micro, width) if ref is not None else None,
+                num_items=num_items,
+                num_sequences=num_seq,
+                options=self._loss_options,
+            )
+            if self.entropy_on and apply_coef != 0:
+                loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)
+            total += float(loss)
+            ntok = float(mask.sum())
+            if "kl" in metrics:
+                means.add("kl", float(metrics["kl"]), ntok)
+            means.add("entropy", float((entropy * mask).sum() / max(ntok, 1.0)), ntok)
         out = {"loss": total, "entropy": means.get("entropy", 0.0)}
         if means.get("kl") is not None:
             out["kl"] = means.get("kl")
