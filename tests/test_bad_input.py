@@ -764,10 +764,12 @@ def _marking_reward(tmp_path):
     return f"{source}:score", marker
 
 
+@pytest.mark.parametrize("kind", ["reward", "loss", "estimator"])
 @pytest.mark.parametrize("case", ["missing data", "bad data", "run exists", "missing model"])
-def test_a_refused_run_imports_no_user_code(tiny_model_dir, tmp_path, case):
+def test_a_refused_run_imports_no_user_code(tiny_model_dir, tmp_path, case, kind):
     spec, marker = _marking_reward(tmp_path)
-    over: dict = {"rewards": [spec]}
+    key = {"reward": "rewards", "loss": "algo.loss_type", "estimator": "algo.advantage"}[kind]
+    over: dict = {key: [spec] if kind == "reward" else spec}
     if case == "missing data":
         over["data"] = {"path": str(tmp_path / "nowhere.jsonl")}
     elif case == "bad data":
@@ -780,7 +782,7 @@ def test_a_refused_run_imports_no_user_code(tiny_model_dir, tmp_path, case):
         over["model.name_or_path"] = str(tmp_path / "no-model")
     with pytest.raises((ConfigError, DataError, ValueError)):
         GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "r", **over))
-    assert not marker.exists(), f"{case}: the reward file ran for a run that was refused"
+    assert not marker.exists(), f"{case}: the {kind} file ran for a run that was refused"
 
 
 def test_resuming_with_other_rollout_workers_says_they_must_be_back_where_they_were(tiny_model_dir, tmp_path):

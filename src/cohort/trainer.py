@@ -30,7 +30,7 @@ from cohort.checkpoint import (
 )
 from cohort.compat import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
-from cohort.config.validation import check_episode_sampling
+from cohort.config.validation import check_episode_sampling, check_user_objective
 from cohort.episodes.loop import episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
@@ -170,6 +170,7 @@ class GRPOTrainer:
             need_data=train_rows is None and not env_owns_data,
             reward_funcs=reward_funcs,
             environment_rewards=environment_factory is not None,
+            import_user_code=False,  # after the model, data and run folder are checked (step 0 below)
         )
         dist.init_from_env(cfg.distributed.backend)
         # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.
@@ -201,8 +202,9 @@ class GRPOTrainer:
             if not self.trl_form:
                 raise
             self._candidates, self._existing_run = [], e
-        # 1. Everything checkable without a model: tools and environments, rewards, data, iterative GRPO's
-        # reward model.
+        # 1. Everything checkable without a model: a loss or estimator given as user code, tools and
+        # environments, rewards, data, iterative GRPO's reward model.
+        check_user_objective(cfg)
         self.episode_spec = build_episode_spec(
             cfg.episodes, tools=tools, environment_factory=environment_factory
         )

@@ -52,14 +52,14 @@ from cohort.config.derive import per_process_batch
 from cohort.config.inert import inert_options
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastPathConfigError
-from cohort.plugins import resolve_advantage, resolve_loss
+from cohort.plugins import is_function_spec, resolve_advantage, resolve_loss
 from cohort.presets import PRESETS
 from cohort.rewards import reward_weights
 
 if TYPE_CHECKING:
     from cohort.config.schema import AlgoConfig, LoraConfig, OptimConfig, TrainConfig
 
-__all__ = ["check_lora", "check_optim", "validate_config"]
+__all__ = ["check_lora", "check_optim", "check_user_objective", "validate_config"]
 
 
 def validate_config(
@@ -72,6 +72,7 @@ def validate_config(
     reward_funcs: Sequence[str | Callable] | None = None,
     stacklevel: int = 2,
     environment_rewards: bool = False,
+    import_user_code: bool = True,
 ) -> TrainConfig:
     """Return `cfg`, unchanged, after checking every value that can be checked before a model is loaded.
 
@@ -81,7 +82,9 @@ def validate_config(
     instead of `rewards` (GRPOTrainer's argument of that name); `reward_weights` must then give one weight
     per one of them. `stacklevel`: as ``warnings.warn``'s, for the warnings about inert options (2: the
     caller of this function). `environment_rewards`: an environment factory given outside the config may
-    own the run's reward, so `rewards` may be empty.
+    own the run's reward, so `rewards` may be empty. `import_user_code=False` leaves a loss or estimator named as
+    `module:function` / `file.py:function` unimported (only its spec and file are checked): a trainer checks its
+    model, data and run folder first, then calls :func:`check_user_objective`, so a refused run runs none of it.
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
@@ -157,7 +160,7 @@ def validate_config(
             "task (addition, multistep, code, multiply)"
         )
     _check_ranges(cfg)
-    _check_objective(cfg)
+    _check_objective(cfg, import_user_code)
     _check_fast(cfg, cuda_available)
     for key, value, why, error in inert_options(cfg, world_size=world_size):
         message = f"{key}={value!r} changes nothing in this configuration: {why}"
@@ -400,10 +403,37 @@ def _check_vllm(cfg: TrainConfig) -> None:
         )
 
 
-def _check_objective(cfg: TrainConfig) -> None:
+def check_user_objective(cfg: TrainConfig) -> None:
+    """Raises ConfigError for a loss or advantage estimator named as user code that cannot run as configured,
+    after importing it (what validate_config(import_user_code=False) left for later)."""
+    _check_objective(cfg, True)
+
+
+def _unimported(spec: str, known: Sequence[str], label: str) -> bool:
+    """Returns whether `spec` names user code not imported yet, after checking its form (and, for a file, that
+    it exists) without importing it."""
+    if spec in known or not is_function_spec(spec):
+        return False
+    target, attr = spec.rsplit(":", 1)
+    if not attr.strip():
+        raise ConfigError(
+            f"{label}={spec!r} names no function after the ':'; write e.g. '{target}:my_function'"
+        )
+    if (target.endswith(".py") or "/" in target) and not Path(target).expanduser().is_file():
+        raise ConfigError(f"{label}={spec!r}: file {target!r} not found")
+    return True
+
+
+def _check_objective(cfg: TrainConfig, import_user_code: bool = True) -> None:
     """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
-    run as configured (user code named by spec is imported and its signature checked here)."""
+    run as configured (user code named by spec is imported and its signature checked here, unless
+    `import_user_code` is False: then only what needs no import)."""
     a, r = cfg.algo, cfg.rollout
+    if not import_user_code and (
+        _unimported(a.loss_type, list(POLICY_LOSSES), "algo.loss_type")
+        or _unimported(a.advantage, ADVANTAGE_TYPES, "algo.advantage")
+    ):
+        return  # the rest reads the registered loss and estimator: check_user_objective, after the run's own checks
     _check_advantage_fits_loss(a)
     for key in ("loss_kwargs", "advantage_kwargs"):
         if not isinstance(getattr(a, key), dict):
