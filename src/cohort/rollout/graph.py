@@ -42,9 +42,6 @@ from cohort.models import cache_kwargs, forward_accepts
 from cohort.rollout.base import SamplingParams, left_pad
 from cohort.rollout.sampling import drawable, filter_logits
 
-SAMPLER_STATE = ("tok", "pos", "tokens", "logps", "lengths", "ended")
-"""The decoder's device buffers a step reads and writes (besides the cache and the plan)."""
-
 
 def race_sample(
     logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor | None
