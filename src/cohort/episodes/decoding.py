@@ -25,8 +25,8 @@ import torch
 from transformers import DynamicCache
 
 from cohort.fastpath.kv_cache import preallocated_cache
-from cohort.models import cache_kwargs, forward_accepts
-from cohort.rollout.base import SamplingParams, left_pad
+from cohort.models import cache_kwargs
+from cohort.rollout.base import SamplingParams, left_pad, prefill
 from cohort.rollout.sampling import sample_next
 
 
@@ -167,14 +167,7 @@ class _Batch:
         ids, attn = left_pad(list(distinct), pad_token_id, device)  # [U, P]
         config = getattr(model, "config", None)
         cache = preallocated_cache(config, capacity) if capacity else DynamicCache(config=config)
-        extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
-        logits = model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-            **cache_kwargs(model, cache),
-            **extra,
-        ).logits[:, -1, :]  # [U, V]
+        logits = prefill(model, ids, attn, cache)  # [U, V]
         expand = torch.tensor(index, dtype=torch.long, device=device)  # [n]
         cache.batch_select_indices(expand)
         return cls(rows, cache, attn[expand], attn.sum(-1)[expand], logits[expand])

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cohort.models import eval_mode, input_device
+from cohort.models import cache_kwargs, eval_mode, forward_accepts, input_device
 
 
 @dataclass
@@ -312,6 +312,20 @@ def completion_ends(
     ended = hit.any(-1)  # [N]
     before = (hit.cumsum(-1) == 0).sum(-1)  # [N] tokens before the first EOS (all of them without one)
     return before + ended.long(), ~ended & (tokens.shape[1] >= max_len)
+
+
+def prefill(model: torch.nn.Module, input_ids: torch.Tensor, attn: torch.Tensor, cache: Any) -> torch.Tensor:
+    """Returns the next-token logits [B, V] after the left-padded prompts input_ids / attn [B, P], with `cache`
+    filled in place (reading it back from the output would touch a field transformers renamed)."""
+    extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),  # [B, P]
+        **cache_kwargs(model, cache),
+        **extra,
+    )
+    return out.logits[:, -1, :]
 
 
 def left_pad(prompt_ids: Sequence[Sequence[int]], pad_token_id: int, device: torch.device):

@@ -32,11 +32,10 @@ from cohort.fastpath.switches import FastPathError, choose, say_once
 from cohort.models import (
     attention_shape,
     cache_kwargs,
-    forward_accepts,
     full_attention_span,
     text_config,
 )
-from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad
+from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
 from cohort.rollout.graph import static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next
 
@@ -180,18 +179,8 @@ class BuiltinEngine(RolloutEngine):
                 return preallocated_cache(config, capacity)
             return DynamicCache(config=config) if config is not None else DynamicCache()
 
-        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         cache = new_cache(P if shared else P + T)
-        extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
-        # The cache is filled in place; reading it back from the output would touch a renamed field.
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attn,
-            position_ids=position_ids,
-            **cache_kwargs(model, cache),
-            **extra,
-        )
-        logits = out.logits[:, -1, :]  # [B, V]
+        logits = prefill(model, input_ids, attn, cache)  # [B, V]
         if G > 1:
             logits = logits.repeat_interleave(G, dim=0)  # [N, V]
         if shared:

@@ -39,7 +39,7 @@ import torch
 from cohort.fastpath.attention import StepPlan, plan_attention, plan_carrier
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
 from cohort.models import cache_kwargs, forward_accepts
-from cohort.rollout.base import SamplingParams, left_pad
+from cohort.rollout.base import SamplingParams, left_pad, prefill
 from cohort.rollout.sampling import drawable, filter_logits
 
 
@@ -269,17 +269,8 @@ def open_decoder(
     prompt read one copy of its prompt's keys (else each row its own copy)."""
     G = group_size
     input_ids, attn = left_pad(prompt_ids, pad_token_id, device)  # [B, P]
-    config = getattr(model, "config", None)
-    cache = preallocated_cache(config, input_ids.shape[1])
-    extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attn,
-        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-        **cache_kwargs(model, cache),
-        **extra,
-    )
-    logits = out.logits[:, -1, :].repeat_interleave(G, dim=0)  # [N, V]
+    cache = preallocated_cache(getattr(model, "config", None), input_ids.shape[1])
+    logits = prefill(model, input_ids, attn, cache).repeat_interleave(G, dim=0)  # [N, V]
     # [B, Hkv, P, D] each (full-attention layers only: graph_decode is unavailable for any other kind)
     prompt_kv = [_filled(layer) for layer in cache.layers]
     prompt_mask = attn
