@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cohort.commands.evaluation import evaluate
+from cohort.commands.sft import SFTConfig, encode_pairs, sft_train
 from cohort.config import load_config
 from cohort.data import encode_prompts, make_task, sft_completion
-from cohort.evaluation import evaluate
 from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
 from cohort.rewards import code_reward
 from cohort.rollout import make_engine
-from cohort.sft import SFTConfig, encode_pairs, sft_train
 
 MODEL: dict[str, Any] = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
 MAX_COMPLETION = 40  # the longest reference program, "def f(xs):\n    return [v+99 for v in xs]", and EOS
@@ -67,7 +67,7 @@ def main() -> None:
         help="a warm-started model folder (OUT/sft-model of an earlier run): no SFT",
     )
     args = parser.parse_args()
-    from cohort.seeds import seed_globals
+    from cohort.runtime.seeds import seed_globals
     from cohort.trainer import GRPOTrainer
 
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from cohort import GRPOTrainer
+from cohort.commands.sft import SFTConfig, sft_train
 from cohort.config import OptimConfig, load_config
 from cohort.data import make_task
 from cohort.data.tool_sft import multiply_sft_pairs, multiply_tool_schemas
@@ -49,8 +50,7 @@ from cohort.models import build_tiny_model, build_tiny_tokenizer, load_model, lo
 from cohort.report import quiet_hf_progress
 from cohort.rewards import answers_match
 from cohort.rollout import RolloutEngine, SamplingParams, make_engine
-from cohort.seeds import seed_globals
-from cohort.sft import SFTConfig, sft_train
+from cohort.runtime.seeds import seed_globals
 
 MODEL: dict[str, Any] = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
 # The system turn that lists the tool is ~680 characters (one token each); a whole episode is under 900 tokens.

@@ -12,11 +12,11 @@ from _tiny import VOCAB, random_prompts, tiny_model
 
 from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
-from cohort.distributed import exit_without_teardown
 from cohort.fastpath import FastConfig
 from cohort.logprobs import warm_probes
 from cohort.models import wrap_lora
-from cohort.sharding import full_value, reshard, shard
+from cohort.runtime.distributed import exit_without_teardown
+from cohort.runtime.sharding import full_value, reshard, shard
 from cohort.train.update import PolicyBatch, PolicyUpdater
 
 GROUPS, G = 7, 3

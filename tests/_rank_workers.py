@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from cohort.distributed import exit_without_teardown
+from cohort.runtime.distributed import exit_without_teardown
 
 
 def _join(rank: int, world: int, store: str) -> None:
@@ -58,7 +58,7 @@ def load_case(
 ) -> None:
     """Builds a trainer per case (overrides), then records its whole weights and buffers after loading (and
     the reference copy's), one step's loss and the whole weights after it: OUT/<case>-<rank>.pt."""
-    from cohort.sharding import full_state_dict
+    from cohort.runtime.sharding import full_state_dict
     from cohort.trainer import GRPOTrainer
 
     _join(rank, world, store)
@@ -105,7 +105,7 @@ def unreachable_case(
 def together_case(rank: int, world: int, store: str, out: str, failing: int) -> None:
     """Raises WorkersLostError inside `failing_together` on process `failing` alone; writes what each process
     raised to OUT/error-<rank>.pt."""
-    from cohort import distributed as dist
+    from cohort.runtime import distributed as dist
     from cohort.serve.client import WorkersLostError
 
     _join(rank, world, store)
@@ -125,7 +125,7 @@ def step_case(
     rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
 ) -> None:
     """Builds a trainer per case and runs one step, then a held-out evaluation when the case has held-out rows,
-    counting the explicit unshards of FSDP modules (what `cohort.sharding.gathered` does to hold the whole model)
+    counting the explicit unshards of FSDP modules (what `cohort.runtime.sharding.gathered` does to hold the whole model)
     during each: OUT/<case>-<rank>.pt."""
     from torch.distributed.fsdp import FSDPModule
 

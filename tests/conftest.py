@@ -14,16 +14,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ONE_VERSION = {
     "tests/algo/": "pure tensor functions: torch only, the same torch in both runs",
     "tests/sandbox/": "bubblewrap and processes: no floored library in the path",
-    "tests/test_resume.py::test_kill_at_random_moments": "kill -9 timing; its checkpoint I/O is test_checkpoint's",
-    "tests/test_demo.py": "the demo's pieces (model, tokenizer, SFT, GRPO, report) each run in their own tests",
+    "tests/train/test_resume.py::test_kill_at_random_moments": "kill -9 timing; its checkpoint I/O is test_checkpoint's",
+    "tests/commands/test_demo.py": "the demo's pieces (model, tokenizer, SFT, GRPO, report) each run in their own tests",
     "tests/serve/test_serve_torchrun.py": "torch.distributed between processes; serve and zmq run in tests/serve",
-    "tests/test_distributed.py::test_": "torch.distributed + checkpoints: one fsdp run stays (test_torchrun_two_processes)",
-    "tests/test_distributed_exact.py": "exactness across processes: torch.distributed, the same torch in both runs",
+    "tests/runtime/test_distributed.py::test_": "torch.distributed + checkpoints: one fsdp run stays (test_torchrun_two_processes)",
+    "tests/runtime/test_distributed_exact.py": "exactness across processes: torch.distributed, the same torch in both runs",
 }
 """Tests marked `one_version` (their path starts with a key): what they prove does not change with the floors of
 .ci/oldest.txt (torch is 2.13.0 in both of CI's runs), so the oldest-versions run skips them and spends its time
 where versions matter; every library surface they touch is also run there by other tests (the reason given)."""
-KEEP_ON_OLDEST = ("tests/test_distributed.py::test_torchrun_two_processes",)
+KEEP_ON_OLDEST = ("tests/runtime/test_distributed.py::test_torchrun_two_processes",)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -65,7 +65,7 @@ def rm_dir(tiny_model_dir, tmp_path_factory):
     """Return the folder of a reward model: the tiny causal LM with a fresh one-output score head."""
     import torch
 
-    from cohort.rm import load_reward_model_for_training
+    from cohort.commands.rm import load_reward_model_for_training
 
     torch.manual_seed(0)
     model, tok = load_reward_model_for_training(tiny_model_dir)

@@ -15,8 +15,8 @@ from cohort import cli
 from cohort.algo import LOSS_TYPES
 from cohort.algo.estimators import ADVANTAGE_TYPES
 from cohort.config import load_config
+from cohort.config.presets import PRESETS
 from cohort.errors import ConfigError
-from cohort.presets import PRESETS
 from cohort.trainer import GRPOTrainer
 
 

@@ -2,7 +2,7 @@
 
 Grouped by the five families of the reliability issue: training that goes wrong without a word, resume
 that is not exact, checkpoints that can be lost, two runs in one folder, errors that do not name the
-problem. (Kill -9 at random moments is tests/test_resume.py.)
+problem. (Kill -9 at random moments is tests/train/test_resume.py.)
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 import torch
 from test_trainer import _cfg
 
-from cohort.checkpoint import list_checkpoints, readable_checkpoints
 from cohort.config import ConfigError, load_config
 from cohort.data import DataError, load_rows, validate_rows
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.rewards import score
-from cohort.rundir import RunLock, RunLockedError, trim_logs
+from cohort.runtime.checkpoint_files import list_checkpoints, readable_checkpoints
+from cohort.runtime.rundir import RunLock, RunLockedError, trim_logs
 from cohort.trainer import GRPOTrainer
 
 
@@ -645,7 +645,7 @@ def test_rewards_beyond_float32_are_refused_and_huge_ones_still_rank():
 
 
 def test_generation_stays_within_the_context_and_a_prompt_that_fills_it_is_named(tmp_path):
-    from cohort.generation import generate_rows
+    from cohort.commands.generate import generate_rows
     from cohort.models import build_tiny_model, load_model, load_tokenizer, stop_token_ids
     from cohort.rollout import SamplingParams, make_engine
 

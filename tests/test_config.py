@@ -3,7 +3,7 @@
 import pytest
 
 from cohort.config import ConfigError, TrainConfig, field_docs, load_config, save_config
-from cohort.presets import PRESETS
+from cohort.config.presets import PRESETS
 
 
 def _valid(**over):
@@ -166,15 +166,6 @@ def test_engine_names_match_the_registry_and_config_stays_light():
     code = "import sys, cohort.config; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", "importing cohort.config must not import transformers"
-
-
-def test_presets_do_not_import_config():
-    import subprocess
-    import sys
-
-    code = "import sys, cohort.presets; print('cohort.config' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
 
 
 # ------------------------------------------------------------------ the fast-path switchboard

@@ -10,8 +10,8 @@ from test_trainer import _cfg
 
 from cohort import GRPOConfig
 from cohort.config import ConfigError, load_config
+from cohort.config.presets import PRESET_SOURCES, PRESETS, describe_presets
 from cohort.errors import ConfigWarning
-from cohort.presets import PRESET_SOURCES, PRESETS, describe_presets
 
 
 def _validate(tmp_path, **over):

@@ -204,9 +204,11 @@ def _leads_back(graph: dict[str, set[str]]) -> list[str]:
 def test_the_graph_reader_sees_known_edges():
     graph = import_graph()
     assert {"cohort.config.schema", "cohort.config.loading"} <= graph[CONFIG]  # an __init__'s own submodules
-    assert "cohort.distributed" in graph["cohort.sharding"]  # `from cohort import distributed as dist`
+    assert (
+        "cohort.runtime.distributed" in graph["cohort.runtime.sharding"]
+    )  # `from cohort import distributed as dist`
     assert "cohort.algo.kl" in graph["cohort.algo.losses"]  # a relative import
-    assert CONFIG in graph["cohort.compat"]
+    assert CONFIG in graph["cohort.compat.drop_in"]
     assert CONFIG not in graph["cohort.models"]  # imported under `if TYPE_CHECKING:` only
     # importing cohort.fastpath.switches runs the package's __init__ first
     assert "cohort.fastpath" in graph["cohort.config.schema"]
@@ -264,8 +266,8 @@ def test_config_imports_only_light_modules():
 
     code = (
         "import sys, cohort.config; "
-        "print(sorted(m for m in ('transformers', 'cohort.models', 'cohort.sharding', 'cohort.health', "
-        "'cohort.compat', 'cohort.optim', 'cohort.trainer') if m in sys.modules))"
+        "print(sorted(m for m in ('transformers', 'cohort.models', 'cohort.runtime.sharding', 'cohort.train.health', "
+        "'cohort.compat.drop_in', 'cohort.runtime.optim', 'cohort.trainer') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -276,6 +278,6 @@ def test_no_module_level_import_cycles():
 
 
 def test_deferred_imports_close_no_cycle():
-    """cli runs `cohort pipeline` through cohort.pipeline; the pipeline parses its stages with
-    cohort.arguments' parser and runs them through the `run` the CLI hands it, never importing the CLI."""
+    """cli runs `cohort pipeline` through cohort.commands.pipeline; the pipeline parses its stages with
+    cohort.commands.arguments' parser and runs them through the `run` the CLI hands it, never importing the CLI."""
     assert cycles(import_graph(deferred=True)) == []

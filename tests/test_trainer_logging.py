@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cohort.compat import GRPOConfig
+from cohort.compat.drop_in import GRPOConfig
 from cohort.config import load_config
 from cohort.errors import ConfigError
 from cohort.rollout import RolloutBatch

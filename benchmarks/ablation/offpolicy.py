@@ -44,8 +44,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    from cohort.commands.demo import demo_config
     from cohort.config import load_config, to_dict
-    from cohort.demo import demo_config
     from cohort.trainer import GRPOTrainer
 
     model = warm_start(Path(args.warm))

@@ -344,7 +344,7 @@ def write_page(page: Path, out: Path) -> list[Path]:
         "## Setting",
         "",
         f"- Warm start: `{warm.get('model')}`, held-out greedy accuracy {pct(warm_acc)} %{agree}.",
-        f"- Each run: the demo's GRPO recipe (`cohort.demo.DEMO_GRPO`) with "
+        f"- Each run: the demo's GRPO recipe (`cohort.commands.demo.DEMO_GRPO`) with "
         f"{', '.join(f'`{c}`' for c in settings.get('common', COMMON))} and the variant's overrides, "
         f"{settings.get('steps')} steps, held-out greedy accuracy on the demo's held-out problems every "
         f"{settings.get('eval_every')} steps and at the end, seeds {', '.join(map(str, seeds))}.",

@@ -8,7 +8,7 @@
 
 The warm start is the demo's (`cohort demo --seed 0`: the tiny Qwen2 model after its SFT cold start), built
 once under OUT/warm, or any model folder given with --warm-start. Each variant is the demo's GRPO recipe
-(`cohort.demo.DEMO_GRPO`: dapo loss, clip-higher, dynamic sampling, temperature 1.2, lr 1.5e-4) split into 4
+(`cohort.commands.demo.DEMO_GRPO`: dapo loss, clip-higher, dynamic sampling, temperature 1.2, lr 1.5e-4) split into 4
 minibatches (COMMON below: why) with only the listed overrides changed. Each variant x seed is one
 `python -m cohort train OUT/runs/<variant>-s<seed>.yaml` in a subprocess (the YAML holds the whole config,
 so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps. --variants takes names or
@@ -225,8 +225,8 @@ def finished_steps(run: Path) -> int | None:
 
 def write_run_config(out: Path, model: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
     """Returns the path of the run's YAML config, written from the demo recipe plus the variant's overrides."""
+    from cohort.commands.demo import demo_config
     from cohort.config import load_config, save_config
-    from cohort.demo import demo_config
 
     run = run_dir(out, name, seed)
     base = demo_config(run, model, steps=args.steps, seed=seed)

@@ -63,7 +63,7 @@ from benchmarks.common import MODEL_SHAPES, busy_seconds, others_cpu_share, own_
 from cohort.config import AlgoConfig, EpisodeConfig  # noqa: E402
 from cohort.episodes import loop as episode_loop  # noqa: E402
 from cohort.episodes.environments import EnvStep, TextEnvironment  # noqa: E402
-from cohort.episodes.loop import EpisodeGeneration, prompt_messages  # noqa: E402
+from cohort.episodes.multiturn import EpisodeGeneration, prompt_messages  # noqa: E402
 from cohort.episodes.parsers import parser_for  # noqa: E402
 from cohort.episodes.spec import build_episode_spec  # noqa: E402
 from cohort.episodes.templates import render_prompt, render_tool_turn  # noqa: E402
@@ -355,7 +355,7 @@ class _Waited:
 @contextlib.contextmanager
 def step_waits(clock: list[float]) -> Iterator[None]:
     """Yields with the episode loop's environment-step handles timing how long the loop waits for them (added to
-    clock[0]); patched in for the run (cohort.episodes.loop._Pending.result)."""
+    clock[0]); patched in for the run (cohort.episodes.multiturn._Pending.result)."""
     shipped = episode_loop._Pending.result
 
     def result(self: Any) -> Any:

@@ -45,7 +45,7 @@ export PYTHONPATH=$ROOT/src:$ROOT/tests:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 if [[ "$DRY" == 1 ]]; then
   DEVICE=cpu
   BENCH_FLAGS=(--device cpu --tiny)
-  PYTEST_ARGS=(-n 2 tests/test_seeds.py tests/test_errors.py)
+  PYTEST_ARGS=(-n 2 tests/runtime/test_seeds.py tests/test_errors.py)
 else
   DEVICE=cuda
   BENCH_FLAGS=(--device cuda)

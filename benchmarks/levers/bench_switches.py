@@ -123,8 +123,8 @@ class Bench:
         from cohort.data import encode_prompts
         from cohort.fastpath import FastConfig
         from cohort.models import load_model, load_tokenizer, stop_token_ids
-        from cohort.optim import make_adamw
         from cohort.rollout import SamplingParams
+        from cohort.runtime.optim import make_adamw
         from cohort.train.update import PolicyBatch
 
         self.args = args

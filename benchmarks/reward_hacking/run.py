@@ -65,8 +65,8 @@ def make_pairs(model_dir: Path, out: Path, n_prompts: int, seed: int) -> dict:
 
 def train(out: Path, model: Path, rm: Path, pairs: Path, steps: int, seed: int, every: int) -> dict:
     """Returns the curves of one GRPO run against the reward model (iterative when every > 0)."""
+    from cohort.commands.demo import demo_config
     from cohort.config import load_config
-    from cohort.demo import demo_config
     from cohort.trainer import GRPOTrainer
 
     base = demo_config(out, model, steps=steps, seed=seed)
@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--figure", default="docs/img/reward_hacking.png")
     args = p.parse_args(argv)
-    from cohort.rm import RMConfig, train_reward_model
+    from cohort.commands.rm import RMConfig, train_reward_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

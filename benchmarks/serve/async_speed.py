@@ -52,7 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tta-eval-every", type=int, default=25, help="evaluate every this many steps (tta)")
     p.add_argument("--tta-target", type=float, default=MILESTONES[-1], help="stop a tta run at this accuracy")
     p.add_argument(
-        "--idle-wait", type=float, default=300.0, help="before each run, wait up to this long for an idle machine"
+        "--idle-wait",
+        type=float,
+        default=300.0,
+        help="before each run, wait up to this long for an idle machine",
     )
     p.add_argument("--figure", default="docs/img/async_tta.png", help="the report's curves figure")
     return p.parse_args(argv)
@@ -86,7 +89,12 @@ def tta(args) -> None:
     for seed in args.seeds.split(","):
         for config in args.configs.split(","):
             extra = ["--tta-seeds", seed, "--tta-target", str(args.tta_target), "--tta-warm-threads", "2"]
-            extra += ["--tta-max-seconds", str(args.tta_max_seconds), "--tta-eval-every", str(args.tta_eval_every)]
+            extra += [
+                "--tta-max-seconds",
+                str(args.tta_max_seconds),
+                "--tta-eval-every",
+                str(args.tta_eval_every),
+            ]
             run_vs_trl(args, "tta", config, f"tta-{config}-s{seed}", extra)
 
 
@@ -104,7 +112,9 @@ def report(args) -> None:
         for entry in result.get("speed", []):
             by.setdefault((f"{entry['workload']} {entry['model']}", config), []).append(entry["cohort"])
     if by:
-        print("| workload | configuration | s/step (each pass) | completions/s | generate s | update s | others' CPU |")
+        print(
+            "| workload | configuration | s/step (each pass) | completions/s | generate s | update s | others' CPU |"
+        )
         print("|---|---|---|---|---|---|---|")
         for (workload, config), runs in sorted(by.items()):
             steps = [r["seconds_per_step"] for r in runs]
@@ -129,7 +139,11 @@ def report(args) -> None:
     for tag, c in sorted(curves.items()):
         hits = [next((p for p in c["curve"] if p["accuracy"] >= m), None) for m in MILESTONES]
         cells = [f"{h['seconds']:.0f} (step {h['step']})" if h else "-" for h in hits]
-        print(f"| {tag} | {c['seconds_per_step']:.3f} | " + " | ".join(cells) + f" | {c['final_accuracy']:.0%} |")
+        print(
+            f"| {tag} | {c['seconds_per_step']:.3f} | "
+            + " | ".join(cells)
+            + f" | {c['final_accuracy']:.0%} |"
+        )
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -55,9 +55,9 @@ def _vm(field: str, pid: str = "self") -> float:
 def load_child(out: Path, overrides: list[str]) -> None:
     """One training process (under torchrun) that only loads: the policy read and sharded as the trainer does it
     (cohort.train.build.build_policy); writes OUT/load-R.json."""
-    from cohort import distributed as dist
     from cohort.config import load_config
-    from cohort.sharding import resolve_strategy
+    from cohort.runtime import distributed as dist
+    from cohort.runtime.sharding import resolve_strategy
     from cohort.train.build import build_policy, resolve_device, set_threads
 
     cfg = load_config(None, overrides).validate()
@@ -112,8 +112,8 @@ class Phases:
 
 def child(out: Path, overrides: list[str]) -> None:
     """One training process (under torchrun): builds the trainer, runs the steps, writes OUT/rank-R.json."""
-    from cohort import distributed as dist
     from cohort.config import load_config
+    from cohort.runtime import distributed as dist
     from cohort.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(load_config(None, overrides))

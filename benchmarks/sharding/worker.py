@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from cohort import distributed as dist
 from cohort.config import load_config
-from cohort.sharding import local
+from cohort.runtime import distributed as dist
+from cohort.runtime.sharding import local
 from cohort.trainer import GRPOTrainer
 
 

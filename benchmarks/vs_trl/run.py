@@ -436,7 +436,7 @@ def section_sweep(args, workdir: Path, models: dict, rates: dict, rows: dict) ->
 
 def demo_recipe_key() -> dict:
     """Return the parts of cohort's demo recipe that determine the warm start (to reuse a cached one)."""
-    from cohort import demo
+    from cohort.commands import demo
 
     recipe = {
         "model": demo.DEMO_MODEL,

@@ -278,8 +278,8 @@ def run_trl(spec: dict, rows: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------------- time to accuracy
 def greedy_accuracy(model, tokenizer, rows: list[dict], max_len: int) -> float:
     """Return held-out greedy accuracy under the accuracy reward (one evaluator for both frameworks)."""
+    from cohort.commands.evaluation import evaluate
     from cohort.data import encode_prompts
-    from cohort.evaluation import evaluate
     from cohort.rewards import accuracy_reward
     from cohort.rollout import make_engine
 
@@ -297,11 +297,11 @@ def tta_prepare(spec: dict) -> dict:
     """Return facts about the shared warm start: cohort's demo model, SFT-ed exactly as `cohort demo` does."""
     import inspect
 
-    from cohort import demo
+    from cohort.commands import demo
+    from cohort.commands.sft import SFTConfig, encode_pairs, sft_train
     from cohort.data import encode_prompts, make_task, sft_completion
     from cohort.models import build_tiny_model, load_model, load_tokenizer
-    from cohort.seeds import seed_globals
-    from cohort.sft import SFTConfig, encode_pairs, sft_train
+    from cohort.runtime.seeds import seed_globals
 
     out = Path(spec["out_dir"])
     seed = spec["seed"]
@@ -344,8 +344,8 @@ def tta_prepare(spec: dict) -> dict:
 
 def tta_config(spec: dict):
     """Return cohort's default (demo) GRPO recipe for the warm-start model, and its train / held-out rows."""
+    from cohort.commands.demo import DEMO_TASK, demo_config
     from cohort.data import make_task
-    from cohort.demo import DEMO_TASK, demo_config
 
     cfg = demo_config(spec["scratch"], spec["model"], steps=spec["max_steps"], seed=spec["seed"])
     cfg.progress, cfg.eval_at_ends, cfg.save_every, cfg.eval_every = False, False, 0, 0

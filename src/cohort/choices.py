@@ -48,7 +48,7 @@ ATTENTION_KINDS: tuple[str, ...] = (
 """transformers' attention implementations (a hub kernel 'org/name' is passed through as well)."""
 
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
-"""Learning-rate shapes after the linear warm-up: constant, linear to 0, cosine to 0 (``cohort.optim``)."""
+"""Learning-rate shapes after the linear warm-up: constant, linear to 0, cosine to 0 (``cohort.runtime.optim``)."""
 
 HEALTH_CHECKS: tuple[str, ...] = (
     "no_reward",
@@ -67,13 +67,13 @@ HEALTH_CHECKS: tuple[str, ...] = (
     "logprob_gap",
     "non_finite",
 )
-"""Every health check by name (``health.off`` lists the ones to skip); ``cohort.health.CHECKS``."""
+"""Every health check by name (``health.off`` lists the ones to skip); ``cohort.train.health.CHECKS``."""
 
 STRATEGIES: tuple[str, ...] = ("auto", "replicate", "fsdp")
 """distributed.strategy: auto (replicate under torchrun, nothing on one process), replicate, fsdp."""
 
 MIXED_PRECISIONS: tuple[str, ...] = ("none", "bf16", "fp16")
-"""distributed.mixed_precision names; ``cohort.sharding.MIXED_PRECISION`` maps them to FSDP's compute dtype."""
+"""distributed.mixed_precision names; ``cohort.runtime.sharding.MIXED_PRECISION`` maps them to FSDP's compute dtype."""
 
 LOAD_MODES: tuple[str, ...] = ("auto", "rank0", "every")
 """distributed.load: auto (rank0 under fsdp, every otherwise), rank0 (process 0 reads the checkpoint and sends

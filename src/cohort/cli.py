@@ -10,11 +10,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cohort.arguments import build_parser
+from cohort.commands.arguments import build_parser
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from cohort.demo import run_demo
+    from cohort.commands.demo import run_demo
 
     _check_output(args.out, folder=True)
     run_demo(args.out, steps=args.steps, seed=args.seed, progress=not args.no_progress)
@@ -38,7 +38,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = trainer.train()
     final = trainer.save_final()
     summary["final_model"] = str(final)
-    from cohort import distributed as dist
+    from cohort.runtime import distributed as dist
 
     if dist.is_main():  # under torchrun, one summary rather than one per process
         print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
@@ -47,7 +47,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from cohort.doctor import run_doctor
+    from cohort.commands.doctor import run_doctor
 
     if args.groups < 1:
         raise ValueError(f"--groups {args.groups} must be >= 1")
@@ -55,7 +55,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:
-    from cohort.pipeline import load_pipeline, run_pipeline
+    from cohort.commands.pipeline import load_pipeline, run_pipeline
 
     results = run_pipeline(load_pipeline(args.config), run=main)
     print(json.dumps(results, indent=2))
@@ -192,8 +192,8 @@ def _engine(args: argparse.Namespace, model, tokenizer):
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
+    from cohort.commands.sft import SFTConfig, encode_pairs, sft_train
     from cohort.data import encode_prompts
-    from cohort.sft import SFTConfig, encode_pairs, sft_train
 
     _check_output(args.out, folder=True)
     tokenizer, model, rows = _model_and_rows(args, need_completion=True)
@@ -211,7 +211,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
-    from cohort.rm import RMConfig, train_reward_model
+    from cohort.commands.rm import RMConfig, train_reward_model
 
     _check_output(args.out, folder=True)
     cfg = RMConfig(
@@ -240,8 +240,8 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from cohort.commands.evaluation import evaluate
     from cohort.data import encode_prompts
-    from cohort.evaluation import evaluate
     from cohort.rewards import resolve_reward_funcs
 
     reward = resolve_reward_funcs([args.reward])[0]
@@ -335,7 +335,7 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from cohort.generation import CHAT_TEMPLATE_MODES, generate_rows, read_prompts
+    from cohort.commands.generate import CHAT_TEMPLATE_MODES, generate_rows, read_prompts
     from cohort.models import load_model, load_tokenizer
 
     if args.prompt and args.prompts:
@@ -369,7 +369,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from cohort.generation import ChatSession, chat_loop
+    from cohort.commands.generate import ChatSession, chat_loop
     from cohort.models import load_model, load_tokenizer
 
     params = _sampling_params(args)
@@ -444,7 +444,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from cohort.config import describe_keys
 
     if getattr(args, "presets", False):
-        from cohort.presets import describe_presets
+        from cohort.config.presets import describe_presets
 
         print("\n".join(describe_presets()))
         return 0
@@ -513,7 +513,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "config": _cmd_config,
     "serve": _cmd_serve,
 }
-"""Each sub-command of cohort.arguments' parser and the function that runs it."""
+"""Each sub-command of cohort.commands.arguments' parser and the function that runs it."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,12 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from cohort.errors import ConfigError, ReportedElsewhere, TrainingError
     from cohort.fastpath import FastPathError
-    from cohort.rundir import RunLockedError
+    from cohort.runtime.rundir import RunLockedError
 
     try:
         code = COMMANDS[args.command](args)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from cohort.distributed import exit_without_teardown
+            from cohort.runtime.distributed import exit_without_teardown
 
             exit_without_teardown(code)
         return code

@@ -1,4 +1,4 @@
-"""Exceptions shared by modules that must not import each other (cohort.config and cohort.presets)."""
+"""Exceptions shared by modules that must not import each other (cohort.config and cohort.config.presets)."""
 
 from __future__ import annotations
 

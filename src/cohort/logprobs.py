@@ -29,7 +29,7 @@ from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, p
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
 from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
-from cohort.sharding import is_sharded
+from cohort.runtime.sharding import is_sharded
 
 PATHS = ("segments", "dense_mask", "padded")
 """The layouts a LogProbs can come from (LogProbs.path)."""

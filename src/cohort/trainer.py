@@ -20,18 +20,11 @@ from typing import Any
 import torch
 from transformers import TrainerState
 
-from cohort import distributed as dist
-from cohort import seeds
-from cohort.callbacks import Callbacks
-from cohort.checkpoint import (
-    rng_state,
-    set_aside_newer,
-    set_rng_state,
-)
-from cohort.compat import dataset_rows, trl_arguments, trl_view
+from cohort.compat.callbacks import Callbacks
+from cohort.compat.drop_in import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
 from cohort.config.validation import check_episode_sampling, check_user_objective
-from cohort.episodes.loop import episode_metrics
+from cohort.episodes.multiturn import episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
     ConfigError,
@@ -39,18 +32,24 @@ from cohort.errors import (
     RunExistsError,
     TrainingError,
 )
-from cohort.health import HealthMonitor, collapsed_share, compute_precision
 from cohort.models import DTYPES, check_model_source
 from cohort.rewards import (
     score,
 )
-from cohort.rewards.process import process_metrics
-from cohort.rundir import RunLock, StopSignals
-from cohort.sharding import (
+from cohort.rewards.process_rewards import process_metrics
+from cohort.runtime import distributed as dist
+from cohort.runtime import seeds
+from cohort.runtime.checkpoint_files import (
+    rng_state,
+    set_aside_newer,
+    set_rng_state,
+)
+from cohort.runtime.rundir import RunLock, StopSignals
+from cohort.runtime.sharding import (
     gathered,
     resolve_strategy,
 )
-from cohort.train.advantages import Advantaged, advantage_batch, own_rows
+from cohort.train.advantage_step import Advantaged, advantage_batch, own_rows
 from cohort.train.build import (
     build_ahead,
     build_curriculum,
@@ -78,11 +77,12 @@ from cohort.train.checkpoints import (
 )
 from cohort.train.draw import Drawer, Drawn
 from cohort.train.generation import GenerationSource, LocalGeneration
+from cohort.train.health import HealthMonitor, collapsed_share, compute_precision
 from cohort.train.held_out import HeldOut
 from cohort.train.loop import run
 from cohort.train.metrics import rollout_tokens, sample_rows, step_metrics
-from cohort.train.sampling import PromptSampler
-from cohort.train.scoring import Scorer
+from cohort.train.prompt_order import PromptSampler
+from cohort.train.scorer import Scorer
 from cohort.train.state import StateRegistry
 from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
 
@@ -122,7 +122,7 @@ class GRPOTrainer:
 
         TRL's form: `GRPOTrainer(model=name_or_path | PreTrainedModel, reward_funcs=callable | str | model |
         list, args=GRPOConfig(...), train_dataset=..., eval_dataset=..., processing_class=tokenizer,
-        reward_processing_classes=..., peft_config=peft.LoraConfig)`; `cohort.compat` maps it onto the config.
+        reward_processing_classes=..., peft_config=peft.LoraConfig)`; `cohort.compat.drop_in` maps it onto the config.
 
         Both forms take TRL's agent keywords: `tools=[fn, async_fn, ...]` and `environment_factory=Cls` (or a dict
         of factories routed by the dataset's `environment` column); the config's `episodes.*` says the same.

@@ -47,7 +47,7 @@ def test_one_spec_alone_is_a_list_of_one():
 
     assert resolve_reward_funcs(mine) == [mine]
     assert resolve_reward_funcs("accuracy") == [accuracy_reward]  # not iterated letter by letter
-    assert resolve_reward_funcs("cohort.rewards.builtin:format_reward") == [format_reward]
+    assert resolve_reward_funcs("cohort.rewards.rules:format_reward") == [format_reward]
     (overlong,) = resolve_reward_funcs("overlong(max_length=10)")
     assert overlong.max_length == 10
 
@@ -75,8 +75,8 @@ def test_paths_and_hub_ids_are_told_apart_from_functions(tmp_path, monkeypatch):
         resolve_reward_funcs(str(tmp_path / "missing" / "model"))
     with pytest.raises(ValueError, match=r"name the function in the file, e.g. 'rewards.py:my_reward'"):
         resolve_reward_funcs("rewards.py")
-    with pytest.raises(ValueError, match="unknown reward 'cohort.rewards.builtin'"):
-        resolve_reward_funcs("cohort.rewards.builtin")  # a module without ':function' is not a model
+    with pytest.raises(ValueError, match="unknown reward 'cohort.rewards.rules'"):
+        resolve_reward_funcs("cohort.rewards.rules")  # a module without ':function' is not a model
 
 
 def test_reward_processing_classes_align_with_the_specs():
@@ -95,11 +95,11 @@ def test_functions_that_cannot_take_keyword_arguments_are_refused_at_resolve_tim
 
 
 def test_module_spec():
-    assert resolve_reward_funcs(["cohort.rewards.builtin:format_reward"]) == [format_reward]
+    assert resolve_reward_funcs(["cohort.rewards.rules:format_reward"]) == [format_reward]
     with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.rewards'"):
         resolve_reward_funcs(["no_such_pkg.rewards:f"])
     with pytest.raises(ValueError, match=r"has no attribute 'nope'; its callables are \[.*'format_reward'"):
-        resolve_reward_funcs(["cohort.rewards.builtin:nope"])
+        resolve_reward_funcs(["cohort.rewards.rules:nope"])
     with pytest.raises(ValueError, match="'BUILTIN_REWARDS' is a dict, not a function"):
         resolve_reward_funcs(["cohort.rewards.registry:BUILTIN_REWARDS"])
 

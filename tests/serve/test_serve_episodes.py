@@ -21,7 +21,7 @@ from cohort.config import ConfigError, EpisodeConfig, load_config
 from cohort.config.validation import check_episode_sampling
 from cohort.episodes.decoding import decode_episodes
 from cohort.episodes.environments import GuessNumber
-from cohort.episodes.loop import EpisodeGeneration, episode_metrics
+from cohort.episodes.multiturn import EpisodeGeneration, episode_metrics
 from cohort.episodes.remote import decode_episodes_remote
 from cohort.episodes.spec import build_episode_spec
 from cohort.episodes.templates import install_tool_format, render_prompt, render_tool_turn

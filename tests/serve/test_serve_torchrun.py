@@ -25,8 +25,8 @@ from _serve_helpers import run_config, serving
 from safetensors.torch import load_file
 from test_distributed import PARITY, _small_run
 
-from cohort import distributed as dist
 from cohort.config import ConfigError
+from cohort.runtime import distributed as dist
 from cohort.serve import ranks
 
 

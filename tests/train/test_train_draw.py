@@ -7,12 +7,12 @@ import warnings
 import pytest
 import torch
 
-from cohort.curriculum import Curriculum
 from cohort.errors import NonFiniteError
 from cohort.rollout import RolloutBatch, SamplingParams
+from cohort.train.curriculum import Curriculum
 from cohort.train.draw import Drawer
-from cohort.train.sampling import PromptSampler
-from cohort.train.scoring import Scorer
+from cohort.train.prompt_order import PromptSampler
+from cohort.train.scorer import Scorer
 
 G = 2
 

@@ -1,15 +1,15 @@
 """Typed run configuration: dataclasses, YAML files, dotted ``key=value`` overrides, validation.
 
 One tree of dataclasses is the single source of truth for a run. It is built in this order, each layer
-overriding the one before: field defaults, the named ``preset`` (see :mod:`cohort.presets`), the YAML
+overriding the one before: field defaults, the named ``preset`` (see :mod:`cohort.config.presets`), the YAML
 file, then command-line overrides such as ``algo.beta=0.04``. Every check that can be done without
 loading a model is done in :meth:`TrainConfig.validate`, so a typo costs seconds, not a model load; it
 first derives the fields that follow from others (:func:`derive`, for the :class:`RunEnvironment` the run
 starts in), then checks the result without changing it.
 
 The package is a leaf of cohort: it imports only light modules that never import it back
-(:mod:`cohort.errors`, :mod:`cohort.choices`, :mod:`cohort.trl_fields`, :mod:`cohort.presets`, the name
-lists and pure functions of :mod:`cohort.algo`, :mod:`cohort.plugins`, :mod:`cohort.fastpath.switches`
+(:mod:`cohort.errors`, :mod:`cohort.choices`, :mod:`cohort.compat.fields`, :mod:`cohort.config.presets`, the name
+lists and pure functions of :mod:`cohort.algo`, :mod:`cohort.runtime.plugins`, :mod:`cohort.fastpath.switches`
 and the reward-weight check of :mod:`cohort.rewards`); tests/test_imports.py keeps it so.
 
 - :mod:`cohort.config.schema`: the dataclasses (every field with its default and docstring);
@@ -37,7 +37,7 @@ from cohort.config.loading import (
     save_config,
     to_dict,
 )
-from cohort.config.loading import _valid_keys as _valid_keys  # read by cohort.compat
+from cohort.config.loading import _valid_keys as _valid_keys  # read by cohort.compat.drop_in
 from cohort.config.schema import (
     OPTIM_ALIASES,
     AlgoConfig,

@@ -1,7 +1,7 @@
 """Building a config from YAML and dotted ``key=value`` overrides, and writing it back.
 
 A config is built in this order, each layer overriding the one before: field defaults (or a base config),
-the named ``preset`` (:mod:`cohort.presets`), the YAML file, then overrides such as ``algo.beta=0.04``.
+the named ``preset`` (:mod:`cohort.config.presets`), the YAML file, then overrides such as ``algo.beta=0.04``.
 Every value is converted to its field's annotated type here (:func:`_coerce`), naming the key when it
 cannot be; an unknown key is refused with the nearest valid keys (or the cohort name of a TRL field).
 YAML is read as data only, and a key given twice in one mapping is an error.
@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
+from cohort.compat.fields import TRL_FIELDS
+from cohort.config.presets import apply_preset
 from cohort.config.schema import OPTIM_ALIASES, TrainConfig
 from cohort.errors import ConfigError
-from cohort.presets import apply_preset
-from cohort.trl_fields import TRL_FIELDS
 
 __all__ = [
     "MOVED_KEYS",

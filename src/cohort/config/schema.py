@@ -337,7 +337,7 @@ class AlgoConfig:
 
 @dataclass
 class CurriculumConfig:
-    """Setting aside prompts that are always or never solved (off by default; see cohort.curriculum)."""
+    """Setting aside prompts that are always or never solved (off by default; see cohort.train.curriculum)."""
 
     enabled: bool = False
     """Track each training prompt's pass rate and set aside those that every or no completion passed."""
@@ -351,14 +351,14 @@ class CurriculumConfig:
 
 @dataclass
 class HealthConfig:
-    """Live health checks (cohort.health): seed 002's failure modes, each with a threshold."""
+    """Live health checks (cohort.train.health): seed 002's failure modes, each with a threshold."""
 
     enabled: bool = True
     """Evaluate the checks every step (they reuse what the step computed: no extra forward pass)."""
     abort: bool = False
     """Stop the run, after saving a checkpoint, the first time a check fires (exit code 1)."""
     off: list[str] = field(default_factory=list)
-    """Checks to skip, by name (see cohort.health.CHECKS)."""
+    """Checks to skip, by name (see cohort.train.health.CHECKS)."""
     window: int = 20
     """Steps the rate checks average over (zero_variance, truncation, length_drift, surrogate_zero, grad_spike)."""
     zero_variance_max: float = 0.9
@@ -383,14 +383,14 @@ class HealthConfig:
     logprob_gap_max: float | None = None
     """logprob_gap fires when, at num_iterations = 1, the trainer's and the sampler's log-prob of a sampled
     token differ by more than this. None follows the least precise dtype the sampler's and the trainer's forward
-    passes compute in (cohort.health.LOGPROB_GAP_MAX): 1e-3 in float32 (at most 3e-4 over the demo's 3000 CPU
+    passes compute in (cohort.train.health.LOGPROB_GAP_MAX): 1e-3 in float32 (at most 3e-4 over the demo's 3000 CPU
     steps, where fast paths sum in another order), 0.5 in bfloat16 (weights, autocast or rollout.sampler_dtype:
     0.008-0.06 measured on a 0.5B model under CUDA autocast), 0.1 in float16."""
 
 
 @dataclass
 class ProcessConfig:
-    """Process supervision: reward functions that score each reasoning step (see cohort.rewards.process)."""
+    """Process supervision: reward functions that score each reasoning step (see cohort.rewards.process_rewards)."""
 
     step_separator: str = "\n"
     """Where a step ends in the completion's text when a reward gives step rewards without explicit ends
@@ -433,7 +433,7 @@ class EpisodeConfig:
 @dataclass
 class OptimConfig:
     """AdamW and the learning-rate schedule: GRPO's `optim:` section, and the `optim` of supervised fine-tuning
-    (cohort.sft.SFTConfig), reward-model training (cohort.rm.RMConfig) and iterative GRPO's reward model, each
+    (cohort.commands.sft.SFTConfig), reward-model training (cohort.commands.rm.RMConfig) and iterative GRPO's reward model, each
     with defaults of its own (the ones below are GRPO's)."""
 
     lr: float = 1e-6
@@ -457,7 +457,7 @@ class OptimConfig:
 @optim_aliases(rm_lr="lr")
 @dataclass
 class IterativeConfig:
-    """Iterative GRPO: reset the reference and retrain the reward model on fresh policy samples (cohort.iterative)."""
+    """Iterative GRPO: reset the reference and retrain the reward model on fresh policy samples (cohort.train.iterative)."""
 
     every: int = 0
     """Steps between iterations (0: off)."""
@@ -486,7 +486,7 @@ class IterativeConfig:
 
 @dataclass
 class DistributedConfig:
-    """Multi-process training under torchrun (cohort.sharding; docs/usage.md, "Several processes")."""
+    """Multi-process training under torchrun (cohort.runtime.sharding; docs/usage.md, "Several processes")."""
 
     strategy: str = "auto"
     """auto (replicate under torchrun, nothing on one process), replicate (every process holds the whole model;
@@ -580,7 +580,7 @@ class TrainConfig:
     fast: FastConfig = field(default_factory=FastConfig)
     """Switches (auto | on | off) and thresholds of the fast paths (cohort.fastpath; docs/architecture.md)."""
     preset: str | None = None
-    """Named recipe applied before the file and overrides (cohort.presets): r1, dapo, dr_grpo, gspo, cispo,
+    """Named recipe applied before the file and overrides (cohort.config.presets): r1, dapo, dr_grpo, gspo, cispo,
     sapo, gmpo, rloo, reinforce_pp, top_entropy, clip_cov, kl_cov, dppo, prime_rl, vespo, luspo, max_rl,
     ppo_classic (`cohort config --presets` lists each with its source)."""
 

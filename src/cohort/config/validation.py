@@ -6,7 +6,7 @@ changes nothing warns (or is refused) through :mod:`cohort.config.inert`. The ch
 read nothing from the environment: they see the config as given (derived by :mod:`cohort.config.derive`)
 and the facts about the machine passed in (the process count, whether CUDA is visible). The names a value is checked against
 come from light modules (:mod:`cohort.choices`, the name lists of :mod:`cohort.algo`); a user loss or
-advantage estimator named by spec is imported and its signature checked (:mod:`cohort.plugins`).
+advantage estimator named by spec is imported and its signature checked (:mod:`cohort.runtime.plugins`).
 This module reads the schema's classes only as types, so the schema can delegate its checks here.
 """
 
@@ -50,11 +50,11 @@ from cohort.choices import (
 )
 from cohort.config.derive import per_process_batch
 from cohort.config.inert import inert_options
+from cohort.config.presets import PRESETS
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastPathConfigError
-from cohort.plugins import is_function_spec, resolve_advantage, resolve_loss
-from cohort.presets import PRESETS
 from cohort.rewards import reward_weights
+from cohort.runtime.plugins import is_function_spec, resolve_advantage, resolve_loss
 
 if TYPE_CHECKING:
     from cohort.config.schema import AlgoConfig, LoraConfig, OptimConfig, TrainConfig

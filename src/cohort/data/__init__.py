@@ -1,7 +1,9 @@
 """Datasets for cohort: built-in synthetic tasks, JSONL / JSON / `datasets` loading, prompt encoding."""
 
 from cohort.data.code_tasks import CodeTask
-from cohort.data.loading import (
+from cohort.data.multiply_task import MultiplyTask
+from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
+from cohort.data.sources import (
     RESERVED_COLUMNS,
     DataError,
     Rows,
@@ -11,8 +13,6 @@ from cohort.data.loading import (
     row_place,
     validate_rows,
 )
-from cohort.data.multiply_task import MultiplyTask
-from cohort.data.prompts import as_completions, encode_prompts, is_conversational, prompt_text
 from cohort.data.tasks import TASKS, AdditionTask, MultistepTask, Task, get_task, make_task, sft_completion
 
 # defined apart from tasks.py (on top of its Task), registered with the others

@@ -20,8 +20,8 @@ from cohort.episodes.catalog import builtin_tool
 from cohort.episodes.environments import check_environment_factory, is_text_environment
 from cohort.episodes.tools import Tool, ToolSet, environment_tools, make_tool
 from cohort.errors import ConfigError
-from cohort.plugins import is_function_spec, load_function
 from cohort.rewards.scoring import StepRewards
+from cohort.runtime.plugins import is_function_spec, load_function
 
 ROUTING_COLUMN = "environment"
 """The dataset column naming each row's environment when several factories are given (TRL's)."""

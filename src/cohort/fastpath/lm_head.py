@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cohort.fastpath import probes
 from cohort.models import input_device, unwrap  # unwrap: re-exported (checkpoint, logprobs)
-from cohort.sharding import SHARDED_REASON, is_sharded, is_split_sharded
+from cohort.runtime.sharding import SHARDED_REASON, is_sharded, is_split_sharded
 
 
 def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int) -> int:

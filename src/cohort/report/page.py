@@ -309,7 +309,7 @@ def _health_section(run: RunFiles) -> list[str]:
         )
         return out + [f"<p class='muted health-ok'>No health check fired (the checks were {checked}).</p>"]
     out.append(
-        "<p class='muted'>Each check that fired, at the step it started firing (cohort.health lists them all).</p>"
+        "<p class='muted'>Each check that fired, at the step it started firing (cohort.train.health lists them all).</p>"
         "<table class='health'><tr><th>step</th><th>check</th><th>value</th><th>threshold</th><th>what it means</th></tr>"
     )
     for r in run.health:

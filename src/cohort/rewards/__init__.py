@@ -2,14 +2,6 @@
 tensors."""
 
 from cohort.rewards.answers import answers_match, extract_answer, extract_boxed, last_number, parse_number
-from cohort.rewards.builtin import (
-    accuracy_reward,
-    completion_text,
-    final_text,
-    format_reward,
-    make_length_reward,
-    make_overlong_reward,
-)
 from cohort.rewards.code import (
     check_code_rows,
     check_reward_rows,
@@ -17,8 +9,16 @@ from cohort.rewards.code import (
     extract_code,
     make_code_reward,
 )
-from cohort.rewards.models import RewardModel
 from cohort.rewards.registry import BUILTIN_REWARDS, REWARD_FACTORIES, resolve_reward_funcs
+from cohort.rewards.reward_models import RewardModel
+from cohort.rewards.rules import (
+    accuracy_reward,
+    completion_text,
+    final_text,
+    format_reward,
+    make_length_reward,
+    make_overlong_reward,
+)
 from cohort.rewards.scoring import (
     EXTRA_ARGUMENTS,
     REWARD_ARGUMENTS,

@@ -42,8 +42,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.data.loading import DataError, row_place
-from cohort.rewards.builtin import completion_text
+from cohort.data.sources import DataError, row_place
+from cohort.rewards.rules import completion_text
 from cohort.sandbox import ExecResult, Job, Limits, Sandbox, default_sandbox
 
 __all__ = [

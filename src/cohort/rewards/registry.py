@@ -9,9 +9,9 @@ Spec forms:
 - ``"path/to/file.py:func"``: a function loaded from a Python file;
 - ``"path/to/reward_model"`` (a folder with ``config.json``) or ``"org/name"`` (a hub id: one slash, no
   colon, not a built-in name), or a ``transformers.PreTrainedModel`` object: a reward model
-  (sequence classification, ``num_labels == 1``), wrapped in :class:`cohort.rewards.models.RewardModel`;
+  (sequence classification, ``num_labels == 1``), wrapped in :class:`cohort.rewards.reward_models.RewardModel`;
   a folder of a token-classification model is a process reward model
-  (:class:`cohort.rewards.process.ProcessRewardModel`, one score per step, steps split by `step_separator`);
+  (:class:`cohort.rewards.process_rewards.ProcessRewardModel`, one score per step, steps split by `step_separator`);
 - any other callable, used as is.
 
 One spec alone (a string, a path, a callable, a model) counts as a list of one.
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 from cohort.errors import first_line
-from cohort.plugins import load_function
-from cohort.rewards.builtin import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
 from cohort.rewards.code import code_reward, make_code_reward
-from cohort.rewards.models import RewardModel
-from cohort.rewards.process import ProcessRewardModel
+from cohort.rewards.process_rewards import ProcessRewardModel
+from cohort.rewards.reward_models import RewardModel
+from cohort.rewards.rules import accuracy_reward, format_reward, make_length_reward, make_overlong_reward
 from cohort.rewards.scoring import reward_signature
+from cohort.runtime.plugins import load_function
 
 __all__ = ["BUILTIN_REWARDS", "REWARD_FACTORIES", "resolve_reward_funcs"]
 

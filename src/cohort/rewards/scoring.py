@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.data.loading import RESERVED_COLUMNS
+from cohort.data.sources import RESERVED_COLUMNS
 
 __all__ = [
     "EXTRA_ARGUMENTS",

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from cohort import __version__
-from cohort import distributed as dist
 from cohort.errors import ConfigError, NonFiniteError, TrainingError
 from cohort.models import stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams, select_groups
 from cohort.rollout.base import RolloutEngine
+from cohort.runtime import distributed as dist
 from cohort.serve import ranks, weights
 from cohort.serve.protocol import PROTOCOL, identity, mismatch, pack, params_to_dict, read_batch, unpack
 from cohort.serve.worker import READY, die_with_parent, zmq_module

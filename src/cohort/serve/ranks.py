@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 import torch.distributed as tdist
 
-from cohort import distributed as dist
 from cohort.errors import ConfigError
+from cohort.runtime import distributed as dist
+from cohort.runtime.sharding import full_value
 from cohort.serve import weights
-from cohort.sharding import full_value
 
 if TYPE_CHECKING:
     from cohort.serve.client import RemoteGeneration

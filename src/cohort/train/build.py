@@ -11,19 +11,16 @@ from typing import Any
 
 import torch
 
-from cohort import distributed as dist
 from cohort.algo import POLICY_LOSSES
 from cohort.choices import WORKER_ENGINES, resolve_load
 from cohort.config import TrainConfig
-from cohort.curriculum import Curriculum
 from cohort.data import encode_prompts, load_rows, make_task, validate_rows
-from cohort.episodes.loop import EMPTY_PROMPT, EpisodeGeneration, prompt_messages
+from cohort.episodes.multiturn import EMPTY_PROMPT, EpisodeGeneration, prompt_messages
 from cohort.episodes.spec import EpisodeSpec, check_routing
 from cohort.episodes.templates import render_prompt
 from cohort.errors import ConfigError, TrainingError
 from cohort.fastpath.memory import heap_bound_unavailable
 from cohort.fastpath.switches import choose
-from cohort.iterative import IterativeRM, load_initial_pairs
 from cohort.logprobs import warm_probes
 from cohort.models import (
     DTYPES,
@@ -34,7 +31,6 @@ from cohort.models import (
     text_config,
     wrap_lora,
 )
-from cohort.optim import make_adamw, make_scheduler
 from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
 from cohort.rewards import (
@@ -44,15 +40,19 @@ from cohort.rewards import (
     reward_name,
     reward_weights,
 )
-from cohort.rewards.models import RewardModel
-from cohort.rewards.process import ProcessRewardModel
+from cohort.rewards.process_rewards import ProcessRewardModel
+from cohort.rewards.reward_models import RewardModel
 from cohort.rollout import SamplingParams, make_engine
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
+from cohort.runtime import distributed as dist
+from cohort.runtime.optim import make_adamw, make_scheduler
+from cohort.runtime.sharding import Rank0Weights, fill_from_rank0, reshard, shard
 from cohort.serve.client import RemoteGeneration, connect_workers
-from cohort.sharding import Rank0Weights, fill_from_rank0, reshard, shard
 from cohort.train.ahead import AheadQueue
 from cohort.train.checkpoints import check_finite_weights
+from cohort.train.curriculum import Curriculum
+from cohort.train.iterative import IterativeRM, load_initial_pairs
 from cohort.train.update import checkpointing_layers
 
 

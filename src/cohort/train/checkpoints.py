@@ -12,17 +12,6 @@ from typing import Any
 
 import torch
 
-from cohort import distributed as dist
-from cohort import seeds
-from cohort.checkpoint import (
-    find_resume_dir,
-    list_checkpoints,
-    load_model_weights,
-    load_state_file,
-    load_trainer_state,
-    readable_checkpoints,
-    save_checkpoint,
-)
 from cohort.config import TrainConfig, current_keys, to_dict
 from cohort.errors import (
     CheckpointMismatchError,
@@ -37,8 +26,19 @@ from cohort.errors import (
 from cohort.models import fix_adapter_base_path
 from cohort.reference import Reference
 from cohort.report import quiet_hf_progress
-from cohort.rundir import config_changes, logged_steps
-from cohort.sharding import (
+from cohort.runtime import distributed as dist
+from cohort.runtime import seeds
+from cohort.runtime.checkpoint_files import (
+    find_resume_dir,
+    list_checkpoints,
+    load_model_weights,
+    load_state_file,
+    load_trainer_state,
+    readable_checkpoints,
+    save_checkpoint,
+)
+from cohort.runtime.rundir import config_changes, logged_steps
+from cohort.runtime.sharding import (
     SHARDED_DIR,
     full_state_dict,
     load_full_weights,

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cohort.algo import zero_std_group_mask
-from cohort.curriculum import Curriculum
 from cohort.errors import NonFiniteError
 from cohort.rewards import RewardLogs
 from cohort.rollout import RolloutBatch, SamplingParams, select_groups
+from cohort.train.curriculum import Curriculum
 from cohort.train.generation import GenerationSource
-from cohort.train.sampling import PromptSampler
-from cohort.train.scoring import Scorer, StepSpans
+from cohort.train.prompt_order import PromptSampler
+from cohort.train.scorer import Scorer, StepSpans
 
 if TYPE_CHECKING:  # the serve package is imported only by runs with rollout workers (it needs pyzmq)
     from cohort.serve.client import Ticket

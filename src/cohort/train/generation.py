@@ -19,7 +19,7 @@ from cohort.errors import NonFiniteError, NonFiniteSamplingError
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import RolloutEngine
 from cohort.rollout.sampler_copy import SamplerCopy
-from cohort.sharding import gathered
+from cohort.runtime.sharding import gathered
 
 
 class GenerationSource(Protocol):

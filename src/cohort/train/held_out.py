@@ -11,20 +11,20 @@ from typing import Any, cast
 
 import torch
 
-from cohort import distributed as dist
-from cohort import seeds
 from cohort.algo import zero_std_group_mask
-from cohort.episodes.loop import episode_metrics
-from cohort.evaluation import evaluate
+from cohort.commands.evaluation import evaluate
+from cohort.episodes.multiturn import episode_metrics
 from cohort.rewards import extract_answer, final_text
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import EpisodeRecord, RolloutEngine
-from cohort.sharding import gathered
+from cohort.runtime import distributed as dist
+from cohort.runtime import seeds
+from cohort.runtime.sharding import gathered
 from cohort.train.accumulate import WeightedMeans
-from cohort.train.advantages import outcome_advantages
+from cohort.train.advantage_step import outcome_advantages
 from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.metrics import rollout_stats
-from cohort.train.scoring import Scorer
+from cohort.train.scorer import Scorer
 from cohort.train.update import PolicyBatch, PolicyUpdater
 
 
@@ -214,7 +214,7 @@ class HeldOut:
 
 
 class _SourceAsEngine:
-    """The engine call `cohort.evaluation.evaluate` makes, answered by a generation source (rollout workers, which
+    """The engine call `cohort.commands.evaluation.evaluate` makes, answered by a generation source (rollout workers, which
     hold the current weights: the model argument is not needed)."""
 
     def __init__(self, source: GenerationSource) -> None:

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerControl
 
-from cohort import distributed as dist
 from cohort.config import save_config, to_dict
-from cohort.health import HealthAbort
 from cohort.report import MetricsLogger, Progress, read_jsonl, write_report, write_summary
-from cohort.rundir import StopSignals, logged_eval, trim_logs
+from cohort.runtime import distributed as dist
+from cohort.runtime.rundir import StopSignals, logged_eval, trim_logs
+from cohort.train.health import HealthAbort
 from cohort.train.metrics import final_metrics
 
 if TYPE_CHECKING:

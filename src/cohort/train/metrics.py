@@ -10,9 +10,9 @@ import torch
 
 from cohort.rollout import RolloutBatch
 from cohort.train.accumulate import UpdateStats
-from cohort.train.advantages import Advantaged, GatherRows, own_rows
+from cohort.train.advantage_step import Advantaged, GatherRows, own_rows
 from cohort.train.draw import Drawn
-from cohort.train.scoring import as_text
+from cohort.train.scorer import as_text
 
 
 def rollout_stats(

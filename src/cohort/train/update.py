@@ -20,8 +20,6 @@ from typing import Any, cast
 
 import torch
 
-from cohort import distributed as dist
-from cohort import seeds
 from cohort.algo import (
     LOSS_TYPES,
     POLICY_LOSSES,
@@ -41,7 +39,9 @@ from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
 from cohort.logprobs import completion_logprobs
 from cohort.models import input_device, text_config
-from cohort.sharding import full_value, gathered, idle_backward, idle_forward, is_sharded, reshard
+from cohort.runtime import distributed as dist
+from cohort.runtime import seeds
+from cohort.runtime.sharding import full_value, gathered, idle_backward, idle_forward, is_sharded, reshard
 from cohort.train.accumulate import UpdateMeter, UpdateStats, WeightedMeans
 
 

@@ -1,0 +1,229 @@
+"""`cohort doctor CONFIG`: a one-minute rehearsal of a run before committing hours to it.
+
+It checks the config (every error in full, with its fix), loads the model, tokenizer and data exactly as
+`cohort train` would, samples a few real groups, scores them with the run's reward functions, and takes
+one real update on them (on the loaded copy; nothing is saved). Then it reports what would go wrong:
+
+- reward functions that raise, or return None for every completion (blocking);
+- the share of groups whose rewards are all equal (they teach nothing), and the truncation rate, with
+  "EOS never ends a completion" when no completion ended (a chat template or EOS token problem);
+- one prompt's update laid out per completion, seed 002's check (a): reward, advantage, the ratio
+  π_new / π_old after the update, whether it was clipped, and the KL to the reference;
+- the batch arithmetic (prompts per step, minibatches, micro-batches);
+- an estimate of seconds per step and of peak memory, from the rehearsal's own timings.
+
+The exit code is 1 when a blocking problem was found (the run would fail or learn nothing), else 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cohort.algo import zero_std_group_mask
+from cohort.config import TrainConfig, from_dict, to_dict
+from cohort.errors import ConfigError
+from cohort.train.advantage_step import outcome_advantages
+from cohort.train.scorer import as_text
+from cohort.train.update import PolicyBatch
+from cohort.trainer import GRPOTrainer
+
+
+@dataclasses.dataclass
+class Report:
+    """What the rehearsal found: lines to print, and whether any problem blocks the run."""
+
+    lines: list[str] = dataclasses.field(default_factory=list)
+    blocking: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        """Records a line of the report."""
+        self.lines.append(text)
+
+    def block(self, text: str) -> None:
+        """Records a problem that would make the run fail or learn nothing."""
+        self.blocking.append(text)
+        self.lines.append(f"  PROBLEM: {text}")
+
+    def warn(self, text: str) -> None:
+        """Records a problem the run survives but should not ignore."""
+        self.warnings.append(text)
+        self.lines.append(f"  warning: {text}")
+
+
+def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] | None = None) -> Report:
+    """Returns the doctor's report on the run `cfg` describes (see the module docstring)."""
+    rep = Report()
+    rep.say("config")
+    try:
+        cfg.validate(reward_funcs=reward_funcs)
+    except ConfigError as e:
+        rep.block(str(e))
+        return rep
+    r, a = cfg.rollout, cfg.algo
+    rep.say(
+        f"  {cfg.prompts_per_step} prompts per step x G={r.group_size} = {r.batch_size} completions; "
+        f"{a.num_minibatches} minibatch(es) x {a.num_iterations} pass(es) = {a.num_minibatches * a.num_iterations} "
+        f"optimizer step(s) per batch; micro-batches of <= {cfg.micro_batch_tokens} tokens"
+    )
+    trial = from_dict(to_dict(cfg))  # a copy: the rehearsal writes to a temporary folder, never out_dir
+    with tempfile.TemporaryDirectory(prefix="cohort-doctor-") as tmp:
+        trial.out_dir, trial.resume, trial.progress, trial.steps = tmp, None, False, max(cfg.steps, 1)
+        t0 = time.perf_counter()
+        try:
+            trainer = GRPOTrainer(trial, reward_funcs=reward_funcs)
+        except Exception as e:  # noqa: BLE001 - loading is what is rehearsed: every failure is the finding
+            rep.say("model and data")
+            rep.block(f"{type(e).__name__}: {e}")
+            return rep
+        rep.say("model and data")
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        rep.say(
+            f"  {cfg.model.name_or_path}: {n_params / 1e6:.2f} M parameters on {trainer.device}, loaded in "
+            f"{time.perf_counter() - t0:.1f} s; {len(trainer.train_rows)} training prompts, "
+            f"{len(trainer.eval_rows)} held-out"
+        )
+        k = max(1, min(groups, len(trainer.train_rows)))
+        t1 = time.perf_counter()
+        try:
+            drawn = trainer.drawer.draw(k, step=1)
+        except Exception as e:  # noqa: BLE001 - a reward function's own error is what the doctor reports
+            rep.block(f"sampling or scoring {k} groups failed: {type(e).__name__}: {e}")
+            return rep
+        t_sample = time.perf_counter() - t1
+        _rewards(rep, trainer, drawn)
+        G = r.group_size
+        # As training judges them: per weighted reward column under GDPO's decoupled normalisation.
+        zero = zero_std_group_mask(trainer.drawer.signal(drawn), G).view(-1, G)[:, 0].float().mean().item()
+        truncated = drawn.rollout.truncated.float().mean().item()
+        rep.say("rollout")
+        rep.say(
+            f"  {k} groups: {100 * zero:.0f}% with all-equal rewards, {100 * truncated:.0f}% of completions "
+            f"truncated at {r.max_completion_length} tokens, mean length "
+            f"{drawn.rollout.loss_lengths.float().mean().item():.1f}"
+        )
+        if zero == 1.0 and not a.dynamic_sampling:
+            rep.warn(
+                "every sampled group has all-equal rewards: such steps teach nothing (prompts too easy or too "
+                "hard for this model, or a reward that cannot tell completions apart); try algo.dynamic_sampling"
+            )
+        if truncated == 1.0:
+            rep.warn(
+                f"no completion ended within {r.max_completion_length} tokens: EOS never ends a completion. Check "
+                "that the chat template ends turns with the EOS token the model emits (model.generation_config), "
+                "or raise rollout.max_completion_length"
+            )
+        adv = outcome_advantages(
+            drawn.per_func, drawn.reward, drawn.rollout, a, trainer.reward_weights
+        )  # the run's
+        t2 = time.perf_counter()
+        table = _one_update(trainer, drawn, adv)
+        t_update = time.perf_counter() - t2
+        rep.say(
+            "one prompt's update (seed 002's check a): the first group, after one optimizer step on the sample"
+        )
+        rep.lines += table
+        per_group = (t_sample + t_update) / k
+        rep.say("estimates")
+        rep.say(
+            f"  about {per_group * cfg.prompts_per_step:.2f} s per step ({cfg.prompts_per_step} groups at "
+            f"{per_group:.3f} s each, measured on {k}; the first steps are slower), "
+            f"{per_group * cfg.prompts_per_step * cfg.steps / 60:.1f} min for {cfg.steps} steps"
+        )
+        rep.say(f"  peak memory so far: {_peak_memory(trainer.device)}")
+    return rep
+
+
+def _rewards(rep: Report, trainer: Any, drawn: Any) -> None:
+    """Adds each reward function's statistics; one that returns None for every completion blocks."""
+    rep.say("rewards")
+    for j, name in enumerate(trainer.reward_names):
+        col = drawn.per_func[:, j]
+        valid = col[~torch.isnan(col)]
+        if valid.numel() == 0:
+            rep.block(
+                f"reward function {name!r} returned None for every completion: check that it applies to this "
+                "dataset (its columns, the completion format)"
+            )
+            continue
+        rep.say(
+            f"  {name}: mean {valid.mean().item():.3g}, std {valid.std(unbiased=False).item():.3g}, "
+            f"{100 * (1 - valid.numel() / col.numel()):.0f}% None"
+        )
+
+
+def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
+    """Returns the per-completion table of one real update on the sampled groups (reward, advantage, ratio after
+    the step, clipped or not, KL to the reference)."""
+    G = trainer.cfg.rollout.group_size
+    a = trainer.cfg.algo
+    batch = PolicyBatch(
+        drawn.rollout.prompt_ids,
+        drawn.rollout.completion_ids,
+        G,
+        adv,
+        torch.ones_like(adv, dtype=torch.bool),
+        drawn.rollout.sampling_logprobs,
+    )
+    rows = list(range(G))
+    before = trainer.updater.frozen_logprobs(trainer.model, batch, rows)
+    stats = trainer.updater.update(batch, trainer.shuffle_generator)
+    after = trainer.updater.frozen_logprobs(trainer.model, batch, rows)
+    ref = None
+    if trainer.reference is not None:
+        with trainer.reference() as ref_model:
+            ref = trainer.updater.frozen_logprobs(ref_model, batch, rows)
+    high = a.eps_low if a.eps_high is None else a.eps_high
+    reward = drawn.reward  # the weighted sum the advantages were computed from
+    texts = trainer.tokenizer.batch_decode(drawn.rollout.completion_ids[:G], skip_special_tokens=True)
+    out = [
+        f"  prompt: {as_text(drawn.rows[0][trainer.cfg.data.prompt_column])[:80]!r}",
+        "    #  reward  advantage  ratio  clipped  KL      completion",
+    ]
+    for i in rows:
+        ratio = torch.exp(after[i] - before[i])
+        mean_ratio = ratio.mean().item() if ratio.numel() else 1.0
+        clipped = bool(((ratio < 1 - a.eps_low) | (ratio > 1 + high)).any()) if ratio.numel() else False
+        kl = "-"
+        if ref is not None and ref[i].numel():
+            d = ref[i] - after[i]
+            kl = f"{(torch.exp(d) - d - 1).mean().item():.4f}"
+        out.append(
+            f"    {i + 1:<2d} {reward[i].item():6.3f}  {adv[i].item():9.3f}  {mean_ratio:5.3f}  "
+            f"{'yes' if clipped else 'no ':7s}  {kl:6s}  {texts[i][:40]!r}"
+        )
+    out.append(
+        f"  the step: loss {stats.loss:.4g}, grad norm {stats.grad_norm:.4g}, lr {stats.lr:.3g}; positive advantages "
+        "should raise their completion's ratio above 1, negative ones lower it"
+    )
+    return out
+
+
+def _peak_memory(device: torch.device) -> str:
+    """Returns the process's peak memory (and the accelerator's, on CUDA) as text."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 1024**2)
+    text = f"{rss:.0f} MiB resident"
+    if device.type == "cuda":
+        text += f", {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB on {device}"
+    return text
+
+
+def run_doctor(cfg: TrainConfig, *, groups: int = 4, write: Callable[[str], None] = print) -> int:
+    """Returns the doctor's exit code (1 on a blocking problem) after printing its report."""
+    rep = rehearse(cfg, groups=groups)
+    for line in rep.lines:
+        write(line)
+    if rep.blocking:
+        write(f"{len(rep.blocking)} blocking problem(s): fix them before training")
+        return 1
+    verdict = f"{len(rep.warnings)} warning(s)" if rep.warnings else "no problem found"
+    write(f"ready to train: {verdict}")
+    return 0

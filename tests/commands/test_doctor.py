@@ -1,0 +1,102 @@
+"""`cohort doctor`: finds, on purpose-made broken configs, each problem it claims to find, and passes a sound one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from test_trainer import DIGITS, _cfg
+
+from cohort.commands.doctor import rehearse
+
+
+def _none(completions, **kwargs):
+    return [None] * len(completions)
+
+
+def _raises(completions, **kwargs):
+    raise RuntimeError("the grader's server is down")
+
+
+def test_a_sound_config_is_ready_and_shows_one_prompts_update(tiny_model_dir, tmp_path):
+    rep = rehearse(_cfg(tiny_model_dir, tmp_path / "never-written", **{"algo.beta": 0.04}), groups=2)
+    text = "\n".join(rep.lines)
+    assert rep.blocking == [], text
+    assert "4 prompts per step x G=4 = 16 completions" in text
+    assert "digit_fraction: mean" in text and "one prompt's update" in text
+    assert text.count("\n    ") >= 5  # a header and G=4 completion rows
+    assert "s per step" in text and "MiB resident" in text
+    assert not (tmp_path / "never-written").exists()  # nothing is written to out_dir
+
+
+def test_a_reward_returning_nothing_or_raising_blocks(tiny_model_dir, tmp_path):
+    rep = rehearse(_cfg(tiny_model_dir, tmp_path / "n"), groups=2, reward_funcs=[_none])
+    assert any("returned None for every completion" in b for b in rep.blocking)
+    rep = rehearse(_cfg(tiny_model_dir, tmp_path / "r"), groups=2, reward_funcs=[_raises])
+    assert any("the grader's server is down" in b for b in rep.blocking)
+
+
+def test_truncation_and_zero_variance_are_reported(tiny_model_dir, tmp_path):
+    # The random tiny model never emits EOS within 6 tokens, and no completion is a correct sum.
+    rep = rehearse(_cfg(tiny_model_dir, tmp_path / "t", rewards=["accuracy"]), groups=2)
+    assert any("EOS never ends a completion" in w for w in rep.warnings)
+    assert any("all-equal rewards" in w for w in rep.warnings)
+
+
+def test_the_cli_explains_a_config_error_in_full_and_exits_1(tiny_model_dir, tmp_path):
+    args = [
+        f"model.name_or_path={tiny_model_dir}",
+        "data.task=addition",
+        "rollout.group_size=4",
+        "rollout.batch_size=10",
+        f"rewards=[{DIGITS}]",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "doctor", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "PROBLEM: rollout.batch_size=10 is not a positive multiple of rollout.group_size=4" in proc.stdout
+    assert "set rollout.batch_size to e.g. 8 or 12" in proc.stdout
+    fixed = [*args[:-2], "rollout.batch_size=8", f"rewards=[{DIGITS}]"]
+    # The tiny model's 256-token context leaves no room for the default 256-token completions: found on loading.
+    short = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "doctor", *fixed], capture_output=True, text=True
+    )
+    assert (
+        short.returncode == 1
+        and "PROBLEM: TrainingError:" in short.stdout
+        and "max_prompt_length" in short.stdout
+    )
+    ok = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "doctor", *fixed, "rollout.max_completion_length=6"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and "ready to train" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_the_demos_config_passes(tmp_path):
+    from cohort.commands.demo import DEMO_MODEL, demo_config
+    from cohort.models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "demo-model", seed=0, **DEMO_MODEL)
+    rep = rehearse(demo_config(tmp_path / "run", model, steps=None, seed=0), groups=2)
+    assert rep.blocking == [], rep.lines
+    assert "16 prompts per step x G=8 = 128 completions" in "\n".join(rep.lines)
+
+
+def _complement(completions, **kwargs):
+    return [1.0 - float(i % 2) for i in range(len(completions))]  # _position + this = 1 everywhere
+
+
+def _position(completions, **kwargs):
+    return [float(i % 2) for i in range(len(completions))]  # differs inside every group
+
+
+def test_all_equal_groups_are_judged_per_reward_under_gdpo(tiny_model_dir, tmp_path):
+    # The weighted sum is 1 everywhere, but under decoupled (GDPO) normalisation each varying reward column
+    # gives the group an advantage: training judges groups per column, and so does the doctor.
+    cfg = _cfg(tiny_model_dir, tmp_path / "g", **{"algo.reward_mode": "decoupled"})
+    rep = rehearse(cfg, groups=2, reward_funcs=[_position, _complement])
+    text = "\n".join(rep.lines)
+    assert "0% with all-equal rewards" in text, text
