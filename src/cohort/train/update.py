@@ -432,9 +432,9 @@ class PolicyUpdater:
         """Raises TrainingError unless the batch carries the sampler's top-K of width algo.dppo_topk."""
         if batch.topk_ids is None or batch.topk_logprobs is None:
             raise TrainingError(
-                f"algo.dppo_topk={self.topk} takes DPPO's divergence over the sampler's top-{self.topk} log-probs, but "
-                "this rollout carries none; use rollout.engine=builtin without rollout workers or episodes, or "
-                "algo.dppo_topk=0"
+                f"algo.dppo_topk={self.topk} takes DPPO's divergence over the sampler's top-{self.topk} "
+                "log-probs, but this rollout carries none; use rollout.engine=builtin without rollout workers or "
+                "episodes, or algo.dppo_topk=0"
             )
         widths = {int(t.shape[-1]) for t in batch.topk_ids}
         if widths - {self.topk}:
