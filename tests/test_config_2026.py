@@ -43,7 +43,19 @@ def _validate(tmp_path, **over):
         ),
         ({"algo.trust_region_anchor": "mu"}, "algo.trust_region_anchor"),
         ({"algo.dppo_topk": 20}, "set algo.loss_type to dppo_tv or dppo_kl"),
-        ({"algo.loss_type": "dppo_tv", "algo.dppo_topk": 20}, "none of cohort's engines"),
+        (
+            {"algo.loss_type": "dppo_tv", "algo.dppo_topk": 20, "rollout.engine": "hf"},
+            "rollout.engine='hf' does not return them; set rollout.engine=builtin",
+        ),
+        (
+            {"algo.loss_type": "dppo_kl", "algo.dppo_topk": 4, "rollout.workers": 2},
+            "rollout workers (rollout.workers=2) do not return them; unset rollout.workers",
+        ),
+        (
+            {"algo.loss_type": "dppo_tv", "algo.dppo_topk": 4, "episodes.tools": ["my_tools:search"]},
+            "multi-turn episodes do not return them",
+        ),
+        ({"algo.loss_type": "dppo_tv", "algo.dppo_topk": 1.5}, "algo.dppo_topk=1.5: expected an integer"),
         ({"algo.loss_type": "dppo_tv", "algo.dppo_topk": -1}, "algo.dppo_topk=-1 must be an int >= 0"),
         (
             {"algo.advantage": "optimal_token_baseline", "algo.loss_type": "gmpo"},
@@ -94,6 +106,16 @@ def test_new_options_validate_together(tmp_path):
         },
     )
     assert cfg.algo.loss_type == "dppo_kl" and cfg.algo.kl_tau == 1e-3
+
+
+def test_dppo_topk_validates_with_the_builtin_engine_and_is_inert_against_pi_old_in_one_step(tmp_path):
+    over = {"algo.loss_type": "dppo_tv", "algo.dppo_topk": 4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        for anchor in ({"algo.trust_region_anchor": "sampler"}, {"algo.num_iterations": 2}):
+            assert _validate(tmp_path, **over, **anchor).algo.dppo_topk == 4
+    with pytest.warns(ConfigWarning, match="algo.dppo_topk=4 changes nothing.*top-K divergence is 0"):
+        _validate(tmp_path, **over)
 
 
 def test_kl_tau_against_pi_old_in_one_step_is_named_inert(tmp_path):

@@ -50,6 +50,9 @@ class LogProbs:
     sum_pi_squared: torch.Tensor | None = None
     """[n, T] sum_v pi(v)^2 of the predictive distribution (logits / temperature) when asked for (the Optimal
     Token Baseline's variance proxy), logp's dtype; 0 where masked. Carries no gradient."""
+    topk_logp: torch.Tensor | None = None
+    """[n, T, K] the log-probs log_softmax(logits / temperature) at the K token ids asked for per completion
+    token (`topk_ids`; DPPO's top-K divergence), logp's dtype; 0 where masked. Carries no gradient."""
     path: str = "padded"
     """The layout that computed them: segments, dense_mask or padded (see PATHS)."""
     chunked_head: bool = False
@@ -68,6 +71,7 @@ def completion_logprobs(
     chunk_size: int = 1024,
     fast: FastConfig | None = None,
     with_sum_pi_squared: bool = False,
+    topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> LogProbs:
     """Returns LogProbs ([n, T]) of the completion tokens of `rows` (all rows if None), in that order.
 
@@ -75,6 +79,9 @@ def completion_logprobs(
     paths (default: all auto); `FastConfig.all("off")` gives the plain reference computation.
     `with_entropy="grad"` makes the entropy differentiable too (entropy regularisation).
     `with_sum_pi_squared` adds sum_v pi(v)^2 per token, computed inside the (chunked) LM head.
+    `topk_ids`, one LongTensor [T_r, K] per completion (aligned with completion_ids, read for `rows` only), adds
+    LogProbs.topk_logp: the log-probs at those ids, gathered inside the (chunked) LM head, so no [n, T, V]
+    logits are kept.
     """
     fast = FastConfig() if fast is None else fast
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, fast)
@@ -93,6 +100,7 @@ def completion_logprobs(
         chunked=chunked,
         fast=fast,
         with_sum_pi_squared=with_sum_pi_squared,
+        topk_ids=topk_ids,
     )
 
 
@@ -147,13 +155,16 @@ def compute_logprobs(
     chunked: bool = True,
     fast: FastConfig | None = None,
     with_sum_pi_squared: bool = False,
+    topk_ids: Sequence[torch.Tensor] | None = None,
 ) -> LogProbs:
-    """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked`."""
+    """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked` (`topk_ids`:
+    as in completion_logprobs)."""
     fast = FastConfig() if fast is None else fast
     device = input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
     n, T = len(sel), int(lengths.max()) if sel else 0
     mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # [n, T]
+    K = _topk_width(topk_ids, completion_ids, sel)
     if T == 0:
         empty = torch.zeros(n, 0, dtype=torch.promote_types(float_dtype(model), torch.float32), device=device)
         return LogProbs(
@@ -161,6 +172,7 @@ def compute_logprobs(
             mask,
             empty.clone() if with_entropy else None,
             empty.clone() if with_sum_pi_squared else None,
+            empty.new_zeros(n, 0, K) if topk_ids is not None else None,
             path,
             chunked,
         )
@@ -202,16 +214,46 @@ def compute_logprobs(
         # One call of the head's FSDP unit per pass: its all-gather (and reduce-scatter) is a collective every
         # process must join, and processes hold different numbers of tokens. Logits of the completion tokens only.
         rows_per_chunk = max(picked.shape[0], 1)
-    logp, entropy, square = chunked_logprobs(
-        head, picked, target, temperature, with_entropy, rows_per_chunk, with_sum_pi_squared
-    )  # [M] each
+    top_ids = None
+    if topk_ids is not None:
+        padded = torch.zeros(n, T, K, dtype=torch.long, device=device)  # [n, T, K]
+        for i, r in enumerate(sel):
+            padded[i, : len(completion_ids[r])] = topk_ids[r].to(device=device, dtype=torch.long)
+        top_ids = padded.view(n * T, K).index_select(0, dest)  # [M, K], in the order of `target`
+    logp, entropy, square, top = chunked_logprobs(
+        head, picked, target, temperature, with_entropy, rows_per_chunk, with_sum_pi_squared, top_ids
+    )  # [M] each; top [M, K]
     flat = torch.zeros(n * T, dtype=logp.dtype, device=device)  # [n*T]
     logp_out = flat.index_copy(0, dest, logp).view(n, T)  # [n, T]
     ent_out = flat.index_copy(0, dest, entropy).view(n, T) if entropy is not None else None  # [n, T]
     sq_out = (
         flat.index_copy(0, dest, square.to(logp.dtype)).view(n, T) if square is not None else None
     )  # [n, T]
-    return LogProbs(logp_out, mask, ent_out, sq_out, path, parts is not None)
+    top_out = None
+    if top is not None:
+        top_flat = torch.zeros(n * T, K, dtype=logp.dtype, device=device)  # [n*T, K]
+        top_out = top_flat.index_copy(0, dest, top.to(logp.dtype)).view(n, T, K)  # [n, T, K]
+    return LogProbs(logp_out, mask, ent_out, sq_out, top_out, path, parts is not None)
+
+
+def _topk_width(topk_ids, completion_ids, sel) -> int:
+    """Returns K of `topk_ids` (0 without them); raises ValueError when a selected row's ids are not [T_r, K]."""
+    if topk_ids is None:
+        return 0
+    if len(topk_ids) != len(completion_ids):
+        raise ValueError(
+            f"topk_ids has {len(topk_ids)} rows for {len(completion_ids)} completions; pass one [T_r, K] tensor per "
+            "completion"
+        )
+    K = int(topk_ids[sel[0]].shape[-1]) if sel and topk_ids[sel[0]].dim() > 0 else 0
+    for r in sel:
+        t = topk_ids[r]
+        if t.dim() != 2 or t.shape != (len(completion_ids[r]), K) or t.is_floating_point():
+            raise ValueError(
+                f"topk_ids[{r}] must be an integer tensor of shape [{len(completion_ids[r])}, {K}] (K ids per "
+                f"completion token, the same K for every row), got {t.dtype} of shape {tuple(t.shape)}"
+            )
+    return K
 
 
 def _impl(model: torch.nn.Module) -> str | None:

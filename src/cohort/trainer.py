@@ -8,6 +8,7 @@ in the constructor before the model is loaded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -332,7 +333,7 @@ class GRPOTrainer:
             scorer=self.scorer,
             updater=self.updater,
             cfg=cfg,
-            params=params,
+            params=dataclasses.replace(params, logprobs_topk=0),  # no update reads a held-out top-K
             device=self.device,
             autocast=self.autocast,
             trainer_state=self.state,
@@ -579,6 +580,8 @@ class GRPOTrainer:
             adv.in_loss,
             rollout.sampling_logprobs,
             token_advantages=adv.token_advantages,
+            topk_ids=rollout.topk_ids,
+            topk_logprobs=rollout.topk_logprobs,
             group_offset=int(counts[: dist.rank()].sum()),
             total_groups=int(counts.sum()),
             loss_masks=rollout.loss_masks,

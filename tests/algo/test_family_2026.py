@@ -17,6 +17,7 @@ from cohort.algo import (
     optimal_token_baseline,
     policy_loss,
     topk_divergence,
+    topk_divergence_from_logprobs,
 )
 from cohort.algo.controls import ControlSettings, token_controls
 
@@ -307,6 +308,27 @@ def test_topk_divergence_matches_loop_reference_and_the_full_vocabulary():
     kl, tv = topk_divergence(logits, every, sampler)
     full = (sampler.exp() * (sampler - torch.log_softmax(logits, -1))).sum(-1)
     torch.testing.assert_close(kl, full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_topk_divergence_from_gathered_logprobs_is_topk_divergence_bit_for_bit(dtype):
+    # The update gathers the policy's log-probs at the top-K ids in its chunked LM head and calls the helper;
+    # topk_divergence gathers them from full logits and calls the same helper: the same numbers, exactly.
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 5, 11, generator=g, dtype=dtype)
+    sampler = torch.log_softmax(2 * torch.randn(3, 5, 11, generator=g, dtype=dtype), -1)
+    ids = sampler.topk(4, dim=-1).indices
+    anchor = sampler.gather(-1, ids).float()
+    kl, tv = topk_divergence(logits, ids, anchor)
+    gathered = torch.log_softmax(logits.to(torch.promote_types(dtype, torch.float32)), -1).gather(-1, ids)
+    kl2, tv2 = topk_divergence_from_logprobs(gathered, anchor)
+    assert torch.equal(kl, kl2) and torch.equal(tv, tv2)
+    assert kl.dtype == tv.dtype == torch.promote_types(dtype, torch.float32)
+    # Against itself the divergence is exactly 0 (pi_old = the policy before its first step).
+    zero_kl, zero_tv = topk_divergence_from_logprobs(gathered, gathered)
+    assert zero_kl.eq(0).all() and zero_tv.eq(0).all()
+    with pytest.raises(ValueError, match="must have one shape"):
+        topk_divergence_from_logprobs(gathered, anchor[..., :3])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -29,6 +29,12 @@ def test_a_sound_config_is_ready_and_shows_one_prompts_update(tiny_model_dir, tm
     assert not (tmp_path / "never-written").exists()  # nothing is written to out_dir
 
 
+def test_dppo_topk_rehearses_its_update_with_the_samplers_top_k(tiny_model_dir, tmp_path):
+    over = {"algo.loss_type": "dppo_tv", "algo.dppo_topk": 4, "algo.trust_region_anchor": "sampler"}
+    rep = rehearse(_cfg(tiny_model_dir, tmp_path / "never-written", **over), groups=1)
+    assert rep.blocking == [] and "one prompt's update" in "\n".join(rep.lines), "\n".join(rep.lines)
+
+
 def test_a_reward_returning_nothing_or_raising_blocks(tiny_model_dir, tmp_path):
     rep = rehearse(_cfg(tiny_model_dir, tmp_path / "n"), groups=2, reward_funcs=[_none])
     assert any("returned None for every completion" in b for b in rep.blocking)

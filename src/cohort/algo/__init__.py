@@ -17,7 +17,7 @@ from .advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-from .divergence import topk_divergence
+from .divergence import topk_divergence, topk_divergence_from_logprobs
 from .entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
@@ -79,6 +79,7 @@ __all__ = [
     "sampler_correction",
     "off_policy_mask",
     "topk_divergence",
+    "topk_divergence_from_logprobs",
     "max_rl_advantages",
     "optimal_token_baseline",
     "dppo_kl_loss",

@@ -42,12 +42,34 @@ def topk_divergence(
     if topk_ids.is_floating_point() or topk_ids.dtype == torch.bool:
         raise TypeError(f"topk_ids must hold integer token ids, got dtype {topk_ids.dtype}.")
     wide = torch.promote_types(logits.dtype, torch.float32)
-    log_q_all = torch.log_softmax(logits.to(wide), dim=-1)  # [N, T, V]
-    log_q = log_q_all.gather(-1, topk_ids.long())  # [N, T, K]
-    log_p = topk_logprobs.detach().to(wide)  # [N, T, K]
+    log_q = torch.log_softmax(logits.to(wide), dim=-1).gather(-1, topk_ids.long())  # [N, T, K]
+    return topk_divergence_from_logprobs(log_q, topk_logprobs)
+
+
+def topk_divergence_from_logprobs(
+    policy_topk_logprobs: torch.Tensor, anchor_topk_logprobs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (kl [...], tv [...]): KL(P || Q) and TV(P, Q) of the K + 1-point distributions over the last dim.
+
+    policy_topk_logprobs [..., K]: the policy's log-probs log q_k at the sampler's top-K ids (a gather of its
+    log-softmax, e.g. LogProbs.topk_logp from the chunked LM head); anchor_topk_logprobs [..., K]: the anchor's
+    log p_k at the same ids (the sampler's, or pi_old's). The rests are 1 - sum (floored at 1e-12). Computed in
+    the policy's dtype promoted to at least float32; the anchor is detached, the policy side is not.
+    topk_divergence is this function applied to its logits' gathered log-softmax, so both agree exactly.
+    """
+    check_tensor("policy_topk_logprobs", policy_topk_logprobs)
+    check_tensor("anchor_topk_logprobs", anchor_topk_logprobs)
+    if policy_topk_logprobs.shape != anchor_topk_logprobs.shape or policy_topk_logprobs.dim() < 1:
+        raise ValueError(
+            f"policy_topk_logprobs {tuple(policy_topk_logprobs.shape)} and anchor_topk_logprobs "
+            f"{tuple(anchor_topk_logprobs.shape)} must have one shape [..., K] (the same K ids per token)"
+        )
+    wide = torch.promote_types(policy_topk_logprobs.dtype, torch.float32)
+    log_q = policy_topk_logprobs.to(wide)  # [..., K]
+    log_p = anchor_topk_logprobs.detach().to(wide)  # [..., K]
     p, q = log_p.exp(), log_q.exp()
-    p_rest = (1 - p.sum(-1)).clamp(min=REST_FLOOR)  # [N, T]
-    q_rest = (1 - q.sum(-1)).clamp(min=REST_FLOOR)  # [N, T]
-    kl = (p * (log_p - log_q)).sum(-1) + p_rest * (p_rest.log() - q_rest.log())  # [N, T]
-    tv = 0.5 * ((p - q).abs().sum(-1) + (p_rest - q_rest).abs())  # [N, T]
+    p_rest = (1 - p.sum(-1)).clamp(min=REST_FLOOR)  # [...]
+    q_rest = (1 - q.sum(-1)).clamp(min=REST_FLOOR)  # [...]
+    kl = (p * (log_p - log_q)).sum(-1) + p_rest * (p_rest.log() - q_rest.log())  # [...]
+    tv = 0.5 * ((p - q).abs().sum(-1) + (p_rest - q_rest).abs())  # [...]
     return kl, tv

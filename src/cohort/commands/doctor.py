@@ -172,6 +172,8 @@ def _one_update(trainer: Any, drawn: Any, adv: torch.Tensor) -> list[str]:
         adv,
         torch.ones_like(adv, dtype=torch.bool),
         drawn.rollout.sampling_logprobs,
+        topk_ids=drawn.rollout.topk_ids,
+        topk_logprobs=drawn.rollout.topk_logprobs,
     )
     rows = list(range(G))
     before = trainer.updater.frozen_logprobs(trainer.model, batch, rows)

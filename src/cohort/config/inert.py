@@ -126,6 +126,18 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        "algo.dppo_topk",
+        lambda c, _: (
+            "the policy equals pi_old at the one optimizer step each batch makes, so the top-K divergence is 0 and "
+            "masks nothing; set algo.num_iterations or algo.num_minibatches above 1, or "
+            "algo.trust_region_anchor=sampler"
+            if c.algo.dppo_topk
+            and c.algo.trust_region_anchor == "old"
+            and c.algo.num_iterations * c.algo.num_minibatches == 1
+            else None
+        ),
+    ),
+    Inert(
         "algo.use_bias_correction_kl",
         lambda c, _: (
             "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key"

@@ -288,8 +288,9 @@ class AlgoConfig:
     log-probs before the update) or sampler (the rollout engine's log-probs, as the DPPO paper and prime-rl;
     then sampler_correction must be none, since the ratio already is pi / pi_sampler)."""
     dppo_topk: int = 0
-    """DPPO's top-K divergence mask over the sampler's K most likely tokens (0: the binary mask of the sampled
-    token). Refused when > 0: no rollout engine of cohort returns top-K log-probs yet."""
+    """DPPO's top-K divergence mask over the sampler's K most likely tokens, the sampled one forced in (0: the
+    binary mask of the sampled token). Needs loss_type dppo_tv / dppo_kl and the builtin engine in the trainer
+    (not hf, rollout workers or episodes); the anchor follows trust_region_anchor."""
 
     scale: str = "group"
     """Advantage scaling: group (z-score), batch (std over the batch) or none (Dr. GRPO)."""

@@ -501,6 +501,7 @@ def _check_objective(cfg: TrainConfig, import_user_code: bool = True) -> None:
         )
     _check_choice("algo.sampler_correction", a.sampler_correction, tuple(SAMPLER_CORRECTIONS))
     _check_2026_family(a)
+    _check_topk_source(cfg)
     if not a.sampler_is_max > 1:
         raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
     if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
@@ -551,8 +552,8 @@ def _check_advantage_fits_loss(a: AlgoConfig) -> None:
 def _check_2026_family(a: AlgoConfig) -> None:
     """Raises ConfigError for a value of the 2026 family's options out of range, or a combination that cannot
     run: VESPO with a sequence-level sampler correction, the sampler anchor with a sampler correction, dro
-    without kl_tau, DPPO's top-K without an engine that returns top-K log-probs. Warns, as TRL does, when
-    luspo runs with token-level importance."""
+    without kl_tau, DPPO's top-K with a loss that has no DPPO mask (its engine: _check_topk_source). Warns, as TRL
+    does, when luspo runs with token-level importance."""
     _check_choice("algo.trust_region_anchor", a.trust_region_anchor, TRUST_REGION_ANCHORS)
     if not isinstance(a.kl_tau, (int, float)) or isinstance(a.kl_tau, bool) or not a.kl_tau >= 0:
         raise ConfigError(
@@ -600,11 +601,31 @@ def _check_2026_family(a: AlgoConfig) -> None:
                 f"algo.dppo_topk={k} is the top-K divergence of DPPO's mask; loss_type={a.loss_type!r} has no such "
                 "mask: set algo.loss_type to dppo_tv or dppo_kl, or algo.dppo_topk=0"
             )
+
+
+def _check_topk_source(cfg: TrainConfig) -> None:
+    """Raises ConfigError when algo.dppo_topk > 0 and the rollouts come from a source that cannot return each
+    token's top-K log-probs: only the trainer's builtin engine does (not hf, rollout workers or episodes)."""
+    k, r = cfg.algo.dppo_topk, cfg.rollout
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        return
+    why = None
+    if r.engine != "builtin":
+        why = f"rollout.engine={r.engine!r} does not return them; set rollout.engine=builtin"
+    elif r.workers is not None:
+        why = (
+            f"rollout workers (rollout.workers={r.workers!r}) do not return them; unset rollout.workers to sample "
+            "with the trainer's builtin engine"
+        )
+    elif cfg.episodes.enabled:
+        why = (
+            "multi-turn episodes do not return them (their turn decoder does not); drop episodes.tools, "
+            "episodes.environment and episodes.environments"
+        )
+    if why is not None:
         raise ConfigError(
-            f"algo.dppo_topk={k} needs the rollout engine to return each token's top-{k} log-probs with the "
-            "sampled token forced in, and none of cohort's engines (builtin, hf, vllm workers) returns them yet; "
-            "set algo.dppo_topk=0 for DPPO's binary mask (cohort.algo.topk_divergence and policy_loss(..., "
-            "divergence=) serve a training loop of your own that has them)"
+            f"algo.dppo_topk={k} needs each sampled token's top-{k} log-probs from the rollout engine, and {why}, "
+            "or algo.dppo_topk=0 for DPPO's binary mask"
         )
 
 
@@ -831,6 +852,11 @@ def _check_fast(cfg: TrainConfig, cuda_available: bool = False) -> None:
             )
         elif m.attn_implementation not in (None, "sdpa"):
             why = f"it replaces sdpa's attention, and model.attn_implementation={m.attn_implementation!r}"
+        elif cfg.algo.dppo_topk > 0:
+            why = (
+                f"algo.dppo_topk={cfg.algo.dppo_topk} asks for each token's top-K log-probs, which the captured "
+                "step does not return"
+            )
         if why is not None:
             raise FastPathConfigError(
                 f"fast.graph_decode=on cannot run: {why}; set fast.graph_decode=auto or off"

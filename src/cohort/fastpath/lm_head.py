@@ -25,16 +25,24 @@ def chunk_rows(vocab: int, device: torch.device, chunk_size: int, chunk_mib: int
     return max(1, min(chunk_size, (chunk_mib << 20) // (4 * max(vocab, 1))))
 
 
-def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size, with_sum_pi_squared=False):
-    """Returns (log-probs [M], entropy [M] or None, sum_v pi(v)^2 [M] or None) from hidden states (or logits
-    when head is None) [M, *].
+def chunked_logprobs(
+    head, picked, target, temperature, with_entropy, chunk_size, with_sum_pi_squared=False, topk_ids=None
+):
+    """Returns (log-probs [M], entropy [M] or None, sum_v pi(v)^2 [M] or None, top-K log-probs [M, K] or None)
+    from hidden states (or logits when head is None) [M, *].
 
     `with_entropy`: False, True (a statistic, outside autograd) or "grad" (differentiable: a loss term).
     `with_sum_pi_squared`: also each position's sum of squared next-token probabilities at `temperature` (a
-    statistic outside autograd: the Optimal Token Baseline's variance proxy), from the same chunk's logits."""
+    statistic outside autograd: the Optimal Token Baseline's variance proxy), from the same chunk's logits.
+    `topk_ids` [M, K] long: also each position's log-probs at these K token ids (a gather of the log-softmax at
+    `temperature`, outside autograd: DPPO's top-K divergence), from the same chunk's logits."""
     if with_sum_pi_squared and with_entropy == "grad":
         raise ValueError(
             "with_sum_pi_squared is a statistic of a pass without gradients; with_entropy='grad' is not"
+        )
+    if topk_ids is not None and (topk_ids.dim() != 2 or topk_ids.shape[0] != picked.shape[0]):
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} must be [M, K] with M = {picked.shape[0]} (one row per position)"
         )
     fn = _logp_entropy_grad if with_entropy == "grad" else _logp_entropy if with_entropy else _logp_only
     if with_sum_pi_squared:
@@ -42,22 +50,24 @@ def chunked_logprobs(head, picked, target, temperature, with_entropy, chunk_size
     # Recomputing chunks in backward keeps one chunk's logits alive at a time. When everything fits in
     # one chunk that bound holds anyway, and skipping the recompute saves 7 % of the demo's update.
     use_ckpt = torch.is_grad_enabled() and picked.requires_grad and picked.shape[0] > chunk_size
-    logps, ents, squares = [], [], []
+    logps, ents, squares, tops = [], [], [], []
     for start in range(0, picked.shape[0], chunk_size):
         h = picked[start : start + chunk_size]  # [m, H]
         tgt = target[start : start + chunk_size]  # [m]
+        top = topk_ids[start : start + chunk_size] if topk_ids is not None else None  # [m, K]
         if use_ckpt:
-            out = checkpoint(fn, head, h, tgt, temperature, use_reentrant=False)
+            out = checkpoint(fn, head, h, tgt, temperature, top, use_reentrant=False)
         else:
-            out = fn(head, h, tgt, temperature)
+            out = fn(head, h, tgt, temperature, top)
         logps.append(out[0])
         ents.append(out[1])
-        if with_sum_pi_squared:
-            squares.append(out[2])
+        squares.append(out[2])
+        tops.append(out[3])
     return (
         torch.cat(logps),
         (torch.cat(ents) if with_entropy else None),
         (torch.cat(squares) if with_sum_pi_squared else None),
+        (torch.cat(tops) if topk_ids is not None else None),
     )
 
 
@@ -69,13 +79,23 @@ def _scaled_logits(head, h, temperature):
     return logits / temperature if temperature != 1.0 else logits
 
 
-def _logp_only(head, h, target, temperature):
+def _gather_topk(logits, logz, topk):
+    """Returns the log-probs [m, K] at ids topk [m, K] (None when not asked), outside autograd."""
+    if topk is None:
+        return None
+    # A mask statistic, never a loss term: under checkpointing a differentiable gather would keep its inputs.
+    with torch.no_grad():
+        return logits.detach().gather(-1, topk) - logz.detach()[:, None]
+
+
+def _logp_only(head, h, target, temperature, topk=None):
     logits = _scaled_logits(head, h, temperature)  # [m, V]
-    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logits.logsumexp(-1)  # [m]
-    return logp, None
+    logz = logits.logsumexp(-1)  # [m]
+    logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
+    return logp, None, None, _gather_topk(logits, logz, topk)
 
 
-def _logp_entropy(head, h, target, temperature):
+def _logp_entropy(head, h, target, temperature, topk=None):
     logits = _scaled_logits(head, h, temperature)  # [m, V]
     logz = logits.logsumexp(-1)  # [m]
     logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
@@ -85,33 +105,37 @@ def _logp_entropy(head, h, target, temperature):
     with torch.no_grad():
         z = logits.detach()
         entropy = logz.detach() - (z.softmax(-1) * z).sum(-1)  # [m]
-    return logp, entropy
+    return logp, entropy, None, _gather_topk(logits, logz, topk)
 
 
-def _logp_stats(head, h, target, temperature):
+def _logp_stats(head, h, target, temperature, topk=None):
     logits = _scaled_logits(head, h, temperature)  # [m, V]
     logz = logits.logsumexp(-1)  # [m]
     logp = logits.gather(-1, target[:, None]).squeeze(-1) - logz  # [m]
     with torch.no_grad():
         # sum_v pi_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)): in log space, so no [m, V] of probabilities.
         square = torch.exp((2 * logits.detach()).logsumexp(-1) - 2 * logz.detach())  # [m]
-    return logp, None, square
+    return logp, None, square, _gather_topk(logits, logz, topk)
 
 
-def _logp_stats_entropy(head, h, target, temperature):
-    logp, _, square = _logp_stats(head, h, target, temperature)
+def _logp_stats_entropy(head, h, target, temperature, topk=None):
+    logp, _, square, top = _logp_stats(head, h, target, temperature, topk)
     with torch.no_grad():
         z = _scaled_logits(head, h, temperature).detach()
         entropy = z.logsumexp(-1) - (z.softmax(-1) * z).sum(-1)  # [m]
-    return logp, entropy, square
+    return logp, entropy, square, top
 
 
-def _logp_entropy_grad(head, h, target, temperature):
+def _logp_entropy_grad(head, h, target, temperature, topk=None):
     logits = _scaled_logits(head, h, temperature)  # [m, V]
     logp_all = logits.log_softmax(-1)  # [m, V]
     logp = logp_all.gather(-1, target[:, None]).squeeze(-1)  # [m]
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # [m], differentiable (entropy regularisation)
-    return logp, entropy
+    top = None
+    if topk is not None:
+        with torch.no_grad():
+            top = logp_all.detach().gather(-1, topk)  # [m, K]
+    return logp, entropy, None, top
 
 
 class _HeadThenTransform(torch.nn.Module):

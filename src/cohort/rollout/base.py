@@ -30,6 +30,10 @@ class SamplingParams:
     """Keep only the top_k most likely tokens (0 = off)."""
     greedy: bool = False
     """Take the argmax at every step; temperature, top_p and top_k are ignored."""
+    logprobs_topk: int = 0
+    """Also return, per completion token, the K most likely tokens and their log-probs under the distribution of
+    `sampling_logprobs`, the sampled token forced in (RolloutBatch.topk_ids / topk_logprobs; DPPO's top-K
+    divergence). 0 = off; only engines with `returns_topk` (the builtin one) honour it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_completion_length, bool) or not isinstance(self.max_completion_length, int):
@@ -50,6 +54,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to switch it off")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}; use 0 to switch it off")
+        k = self.logprobs_topk
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"logprobs_topk must be an int >= 0, got {k!r}; use 0 to switch it off")
 
 
 @dataclass
@@ -103,8 +110,15 @@ class RolloutBatch:
     `loss_lengths` and `token_mask`, never the field itself, so both forms flow the same way."""
     episodes: list[EpisodeRecord] | None = None
     """Per row its episode record when the rollout was multi-turn (None for single completions)."""
+    topk_ids: list[torch.Tensor] | None = None
+    """Per row a long [T_i, K] CPU tensor: at each completion token the sampler's K most likely token ids under
+    the distribution of `sampling_logprobs`, the sampled token forced in (it replaces the K-th when it is not
+    among them); None unless asked for (SamplingParams.logprobs_topk)."""
+    topk_logprobs: list[torch.Tensor] | None = None
+    """Per row a float32 [T_i, K] CPU tensor: the log-probs of `topk_ids` under that distribution."""
 
     def __post_init__(self) -> None:
+        self._check_topk()
         if self.loss_masks is None:
             return
         if len(self.loss_masks) != len(self.completion_ids):
@@ -117,6 +131,31 @@ class RolloutBatch:
                 raise ValueError(
                     f"loss_masks[{i}] must be a bool tensor of shape [{len(c)}] (one flag per completion token), "
                     f"got {m.dtype} of shape {tuple(m.shape)}"
+                )
+
+    def _check_topk(self) -> None:
+        """Raises ValueError unless topk_ids and topk_logprobs are both None, or both one [T_i, K] per row."""
+        ids, lps = self.topk_ids, self.topk_logprobs
+        if ids is None and lps is None:
+            return
+        if ids is None or lps is None:
+            raise ValueError("topk_ids and topk_logprobs come together: pass both or neither")
+        if len(ids) != len(self.completion_ids) or len(lps) != len(self.completion_ids):
+            raise ValueError(
+                f"topk_ids / topk_logprobs have {len(ids)} / {len(lps)} rows for {len(self.completion_ids)} "
+                "completions; an engine that returns top-K log-probs returns them for every completion"
+            )
+        K = int(ids[0].shape[-1]) if ids and ids[0].dim() == 2 else None
+        for i, (t, lp, c) in enumerate(zip(ids, lps, self.completion_ids)):
+            if t.dtype != torch.long or t.dim() != 2 or t.shape != (len(c), K):
+                raise ValueError(
+                    f"topk_ids[{i}] must be a long tensor of shape [{len(c)}, K] (K ids per completion token, the "
+                    f"same K in every row), got {t.dtype} of shape {tuple(t.shape)}"
+                )
+            if lp.dtype != torch.float32 or lp.shape != t.shape:
+                raise ValueError(
+                    f"topk_logprobs[{i}] must be a float32 tensor of topk_ids[{i}]'s shape {tuple(t.shape)}, got "
+                    f"{lp.dtype} of shape {tuple(lp.shape)}"
                 )
 
     @property
@@ -162,6 +201,8 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
     logprobs: list[torch.Tensor] | None = []
     masks: list[torch.Tensor] = []
     records: list[EpisodeRecord] | None = []
+    top_ids: list[torch.Tensor] | None = []
+    top_lps: list[torch.Tensor] = []
     episodes = any(batch.loss_masks is not None for batch, _ in parts)
     for batch, groups in parts:
         if batch.group_size != G:
@@ -180,6 +221,11 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
             records += [batch.episodes[r] for r in rows]
         else:
             records = None
+        if top_ids is not None and batch.topk_ids is not None and batch.topk_logprobs is not None:
+            top_ids += [batch.topk_ids[r] for r in rows]
+            top_lps += [batch.topk_logprobs[r] for r in rows]
+        else:
+            top_ids = None
     return RolloutBatch(
         prompt_ids=prompts,
         completion_ids=completions,
@@ -189,6 +235,8 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]]) -> Rollou
         paths=dict(parts[0][0].paths),
         loss_masks=masks if episodes else None,
         episodes=records,
+        topk_ids=top_ids,
+        topk_logprobs=top_lps if top_ids is not None else None,
     )
 
 
@@ -206,6 +254,11 @@ class Sampled:
     """[N, T] float32: log-prob of each sampled token under logits / temperature (see RolloutBatch)."""
     paths: dict[str, bool] = field(default_factory=dict)
     """The fast paths the engine took (RolloutBatch.paths)."""
+    topk_ids: torch.Tensor | None = None
+    """[N, T, K] long: each token's top-K ids, the sampled one forced in (RolloutBatch.topk_ids); None unless
+    asked for."""
+    topk_logprobs: torch.Tensor | None = None
+    """[N, T, K] float32: their log-probs (RolloutBatch.topk_logprobs)."""
 
 
 class RolloutEngine(abc.ABC):
@@ -214,6 +267,8 @@ class RolloutEngine(abc.ABC):
     name: str = "?"
     streams_finished: bool = False
     """Whether `sample` takes `on_finished` and calls it as each completion ends (else generate calls it after)."""
+    returns_topk: bool = False
+    """Whether `sample` honours SamplingParams.logprobs_topk (generate refuses a request for it otherwise)."""
 
     def __init__(self, *, eos_token_ids: Sequence[int], pad_token_id: int) -> None:
         eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
@@ -246,6 +301,11 @@ class RolloutEngine(abc.ABC):
         when the engine streams (`streams_finished`), else after sampling: a caller starts work on finished
         completions (a code reward's sandbox runs) while the others are still being generated."""
         validate_request(prompt_ids, group_size, params)
+        if params.logprobs_topk > 0 and not self.returns_topk:
+            raise ValueError(
+                f"the {self.name} engine does not return top-K log-probs (logprobs_topk={params.logprobs_topk}); "
+                "use the builtin engine (make_engine('builtin', ...)), or logprobs_topk=0"
+            )
         device = input_device(model)
         stream = {"on_finished": on_finished} if on_finished is not None and self.streams_finished else {}
         with torch.inference_mode(), eval_mode(model):
@@ -256,6 +316,13 @@ class RolloutEngine(abc.ABC):
             for row in (~out.truncated).nonzero().flatten().tolist():
                 on_finished(row, out.tokens[row, : lengths[row]].tolist())
         logps = out.logprobs.cpu()
+        top_ids = top_lps = None
+        if params.logprobs_topk > 0:
+            if out.topk_ids is None or out.topk_logprobs is None:
+                raise RuntimeError(f"the {self.name} engine was asked for top-K log-probs and returned none")
+            ids, lps = out.topk_ids.cpu(), out.topk_logprobs.cpu()
+            top_ids = [ids[i, :n].clone() for i, n in enumerate(lengths)]
+            top_lps = [lps[i, :n].clone() for i, n in enumerate(lengths)]
         return RolloutBatch(
             prompt_ids=[list(p) for p in prompt_ids],
             completion_ids=[row[:n] for row, n in zip(out.tokens.tolist(), lengths)],
@@ -263,6 +330,8 @@ class RolloutEngine(abc.ABC):
             group_size=group_size,
             sampling_logprobs=[logps[i, :n].clone() for i, n in enumerate(lengths)],
             paths=out.paths,
+            topk_ids=top_ids,
+            topk_logprobs=top_lps,
         )
 
     @abc.abstractmethod

@@ -37,15 +37,20 @@ from cohort.models import (
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
 from cohort.rollout.graph import static_decode
-from cohort.rollout.sampling import check_finite_logprobs, sample_next
+from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
 
 _GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 """Models whose decode step failed to capture in a rollout under fast.graph_decode=auto (said once; eager since)."""
 
 
-def graph_decode_unavailable(model: torch.nn.Module | None, device: torch.device) -> str | None:
+def graph_decode_unavailable(
+    model: torch.nn.Module | None, device: torch.device, logprobs_topk: int = 0
+) -> str | None:
     """Returns why the captured decode step cannot run for `model` on `device` from what is known without running
     it (None: nothing rules it out); the config checks the same before the model loads."""
+    if logprobs_topk > 0:
+        # The captured step writes each token's log-prob only; top-K rollouts decode eagerly.
+        return f"top-K log-probs are asked for (logprobs_topk={logprobs_topk}), which the captured step does not return"
     if device.type != "cuda":
         return f"it decodes on {device.type}, and CUDA graphs need a CUDA GPU"
     if model is not None and any(isinstance(p, DTensor) for p in model.parameters()):
@@ -63,6 +68,7 @@ class BuiltinEngine(RolloutEngine):
 
     name = "builtin"
     streams_finished = True
+    returns_topk = True
 
     def __init__(self, *, eos_token_ids, pad_token_id: int, fast: FastConfig | None = None) -> None:
         super().__init__(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
@@ -89,10 +95,27 @@ class BuiltinEngine(RolloutEngine):
                 f"torch.Generator(device={str(device)!r})"
             )
         paths: dict[str, bool] = {}
+        top: dict[str, torch.Tensor] = {}
         tokens, lengths, ended, logps = self._decode(
-            model, prompt_ids, group_size, params, generator, device, paths=paths, on_finished=on_finished
+            model,
+            prompt_ids,
+            group_size,
+            params,
+            generator,
+            device,
+            paths=paths,
+            on_finished=on_finished,
+            top=top,
         )
-        return Sampled(tokens=tokens, lengths=lengths, truncated=~ended, logprobs=logps, paths=paths)
+        return Sampled(
+            tokens=tokens,
+            lengths=lengths,
+            truncated=~ended,
+            logprobs=logps,
+            paths=paths,
+            topk_ids=top.get("ids"),
+            topk_logprobs=top.get("logprobs"),
+        )
 
     def _decode(
         self,
@@ -105,12 +128,14 @@ class BuiltinEngine(RolloutEngine):
         shared=None,
         paths=None,
         on_finished=None,
+        top=None,
     ):
         """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) on `device`.
 
         shared: decode against one copy of each prompt's cache (None: as the switches decide). paths, when
         given, receives which fast paths ran (shared_prefix, preallocated_kv, packed_weights); on_finished: as in
-        `sample`.
+        `sample`; top, when given and params.logprobs_topk = K > 0, receives each token's top-K ("ids" [N, T, K]
+        long, "logprobs" [N, T, K] float32).
         """
         f = self.fast
         G, T = group_size, params.max_completion_length
@@ -125,7 +150,8 @@ class BuiltinEngine(RolloutEngine):
                 worth=_copies_avoided(model, len(prompt_ids), G, P) >= f.shared_prefix_min_elements,
                 unavailable=lambda: self._sharing_unavailable(model, device, P + T),
             )
-        if self._graph(model, device, P + T, T):
+        K = params.logprobs_topk
+        if self._graph(model, device, P + T, T, K):
             try:
                 tokens, lengths, ended, logps = static_decode(
                     model,
@@ -199,6 +225,9 @@ class BuiltinEngine(RolloutEngine):
 
         tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=device)  # [N, T]
         logps = torch.zeros(N, T, dtype=torch.float32, device=device)  # [N, T]
+        if K > 0:
+            top_ids = torch.zeros(N, T, K, dtype=torch.long, device=device)  # [N, T, K]
+            top_lps = torch.zeros(N, T, K, dtype=torch.float32, device=device)  # [N, T, K]
         lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
         ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N]
         done = torch.zeros(N, dtype=torch.bool, device=device)  # [n] live rows that already ended
@@ -208,7 +237,14 @@ class BuiltinEngine(RolloutEngine):
             if shared:
                 scope.enter_context(plan_attention(model))
             for t in range(T):
-                tok, lp = sample_next(logits, params, generator)  # [n], [n]
+                if K > 0:
+                    tok, lp, k_ids, k_lps = sample_next_topk(
+                        logits, params, K, generator
+                    )  # [n] x2, [n, K] x2
+                    top_ids[rows, t] = k_ids
+                    top_lps[rows, t] = k_lps
+                else:
+                    tok, lp = sample_next(logits, params, generator)  # [n], [n]
                 tokens[rows, t] = tok
                 logps[rows, t] = lp
                 hit = torch.isin(tok, eos) & ~done  # [n]
@@ -250,9 +286,18 @@ class BuiltinEngine(RolloutEngine):
                 packed_weights=packed > 0,
                 graph_decode=False,
             )
+        if K > 0 and top is not None:
+            top.update(ids=top_ids, logprobs=top_lps)
         return tokens, lengths, ended, logps
 
-    def _graph(self, model: torch.nn.Module, device: torch.device, span_needed: int, new_tokens: int) -> bool:
+    def _graph(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        span_needed: int,
+        new_tokens: int,
+        logprobs_topk: int,
+    ) -> bool:
         """Returns whether this rollout decodes with the captured step (fast.graph_decode)."""
         f = self.fast
         if f.graph_decode == "auto" and model in _GRAPH_FAILED:
@@ -262,11 +307,11 @@ class BuiltinEngine(RolloutEngine):
             "graph_decode",
             model,
             worth=device.type == "cuda" and new_tokens >= f.graph_decode_min_tokens,
-            unavailable=lambda: self._graph_unavailable(model, device, span_needed),
+            unavailable=lambda: self._graph_unavailable(model, device, span_needed, logprobs_topk),
         )
 
     def _graph_unavailable(
-        self, model: torch.nn.Module, device: torch.device, span_needed: int
+        self, model: torch.nn.Module, device: torch.device, span_needed: int, logprobs_topk: int = 0
     ) -> str | None:
         """Returns why the captured decode step cannot sample this model (None: it can).
 
@@ -274,7 +319,8 @@ class BuiltinEngine(RolloutEngine):
         a check once per model: two prompts of different lengths decoded greedily by the captured step must
         reproduce the eager decoding; a capture that fails (a forward that syncs with the host, for one) fails it.
         """
-        reason = graph_decode_unavailable(model, device) or _window_unavailable(model, span_needed)
+        reason = graph_decode_unavailable(model, device, logprobs_topk)
+        reason = reason or _window_unavailable(model, span_needed)
         if reason is not None:
             return reason
         vocab, prompts = _probe_prompts(model)

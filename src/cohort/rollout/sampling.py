@@ -39,11 +39,44 @@ def sample_next(
     accelerator nothing is refused (see `draw`): a row whose logits are not finite gets a non-finite
     log-prob, which the engine checks once per rollout (`check_finite_logprobs`).
     """
+    tokens, logp, _ = _sample(logits, params, generator)
+    return tokens, logp
+
+
+def sample_next_topk(
+    logits: torch.Tensor, params: SamplingParams, k: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (tokens [n], log-probs [n], top-K ids [n, k] long, top-K log-probs [n, k] float32): sample_next's
+    draw (the same tokens and log-probs for the same generator) and the k most likely tokens under the same
+    distribution, the sampled token forced in (`forced_topk`)."""
+    tokens, logp, logp_all = _sample(logits, params, generator)
+    ids, top = forced_topk(logp_all, tokens, k)
+    return tokens, logp, ids, top
+
+
+def forced_topk(logp_all: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (ids [n, k] long, log-probs [n, k]): the k largest of logp_all [n, V] per row, in decreasing order,
+    except that a sampled token (tokens [n]) outside them replaces the k-th, so every row holds its own token."""
+    vocab = logp_all.shape[-1]
+    if not 0 < k <= vocab:
+        raise ValueError(f"logprobs_topk={k} must be in 1..{vocab} (the vocabulary size)")
+    top, ids = logp_all.topk(k, dim=-1)  # [n, k], [n, k]
+    present = (ids == tokens[:, None]).any(-1)  # [n]
+    ids[:, -1] = torch.where(present, ids[:, -1], tokens)
+    top[:, -1] = torch.where(present, top[:, -1], logp_all.gather(-1, tokens[:, None]).squeeze(-1))
+    return ids, top
+
+
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (tokens [n], their log-probs [n], every token's log-prob [n, V]) of one draw (see sample_next)."""
     logits = logits.float()  # [n, V]
     if params.greedy:
         tokens = logits.argmax(dim=-1)  # [n]
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)  # [n]
-        return tokens, logp
+        logp_all = torch.log_softmax(logits, dim=-1)  # [n, V]
+        logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)  # [n]
+        return tokens, logp, logp_all
     scaled = logits / params.temperature if params.temperature != 1.0 else logits  # [n, V]
     logp_all = torch.log_softmax(scaled, dim=-1)  # [n, V]
     if 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0:
@@ -59,7 +92,7 @@ def sample_next(
             raise NonFiniteSamplingError(str(e)) from e
         raise
     logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)  # [n]
-    return tokens, logp
+    return tokens, logp, logp_all
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None, block: int = 1024) -> torch.Tensor:

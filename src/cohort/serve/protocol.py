@@ -46,7 +46,11 @@ def unpack(frames: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
 
 def params_to_dict(params: SamplingParams) -> dict[str, Any]:
     """Returns the sampling parameters as a JSON-ready dict."""
-    return asdict(params)
+    d = asdict(params)
+    if not d["logprobs_topk"]:
+        # Off, the request is the one workers have always been sent (no worker returns top-K log-probs).
+        del d["logprobs_topk"]
+    return d
 
 
 def params_from_dict(d: dict[str, Any]) -> SamplingParams:

@@ -122,6 +122,8 @@ def rollout_state(batch: RolloutBatch | None) -> dict[str, Any] | None:
         "group_size": batch.group_size,
         "sampling_logprobs": batch.sampling_logprobs,
         "paths": batch.paths,
+        "topk_ids": batch.topk_ids,
+        "topk_logprobs": batch.topk_logprobs,
     }
 
 
@@ -134,4 +136,7 @@ def rollout_from(state: dict[str, Any]) -> RolloutBatch:
         group_size=int(state["group_size"]),
         sampling_logprobs=None if state["sampling_logprobs"] is None else list(state["sampling_logprobs"]),
         paths=dict(state["paths"]),
+        # checkpoints written before top-K rollouts existed have neither key
+        topk_ids=None if state.get("topk_ids") is None else list(state["topk_ids"]),
+        topk_logprobs=None if state.get("topk_logprobs") is None else list(state["topk_logprobs"]),
     )

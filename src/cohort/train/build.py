@@ -380,7 +380,8 @@ def build_curriculum(cfg: TrainConfig, n_rows: int) -> Curriculum | None:
 
 
 def sampling_params(cfg: TrainConfig) -> SamplingParams:
-    """Returns the rollout's sampling parameters (greedy when rollout.temperature is 0)."""
+    """Returns the rollout's sampling parameters (greedy when rollout.temperature is 0; the sampler's top-K
+    log-probs asked for when algo.dppo_topk > 0)."""
     r = cfg.rollout
     return SamplingParams(
         max_completion_length=r.max_completion_length,
@@ -388,6 +389,7 @@ def sampling_params(cfg: TrainConfig) -> SamplingParams:
         top_p=r.top_p,
         top_k=r.top_k,
         greedy=r.temperature == 0,
+        logprobs_topk=cfg.algo.dppo_topk,
     )
 
 

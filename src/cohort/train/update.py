@@ -28,6 +28,7 @@ from cohort.algo import (
     optimal_token_baseline,
     policy_loss,
     sampler_correction,
+    topk_divergence_from_logprobs,
 )
 from cohort.algo.controls import SAMPLER_CORRECTIONS, ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
@@ -71,6 +72,11 @@ class PolicyBatch:
     rewards: torch.Tensor | None = None
     """[N] each row's combined reward: the return the Optimal Token Baseline's per-token advantages are taken
     from (algo.advantage=optimal_token_baseline; None otherwise)."""
+    topk_ids: list[torch.Tensor] | None = None
+    """Per row the sampler's top-K token ids [T_row, K] (RolloutBatch.topk_ids): DPPO's top-K divergence
+    (algo.dppo_topk > 0) is taken over them; None otherwise."""
+    topk_logprobs: list[torch.Tensor] | None = None
+    """Per row the sampler's log-probs [T_row, K] of topk_ids (RolloutBatch.topk_logprobs)."""
 
     @property
     def lengths(self) -> list[int]:
@@ -212,6 +218,9 @@ class PolicyUpdater:
         # trust_region_anchor=sampler: the ratio, DPPO's masks and kl_tau are taken against the sampler's
         # log-probs, which then stand in for pi_old on every pass (the config refuses a sampler correction).
         self.sampler_anchor = algo.trust_region_anchor == "sampler"
+        # DPPO's top-K mask (algo.dppo_topk = K > 0): the divergence over the sampler's top-K ids replaces the
+        # binary one; its anchor follows trust_region_anchor like the ratio's.
+        self.topk = int(algo.dppo_topk)
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
@@ -269,6 +278,7 @@ class PolicyUpdater:
         *,
         with_entropy=False,
         with_sum_pi_squared=False,
+        with_topk=False,
     ):
         with self.autocast():
             lp = completion_logprobs(
@@ -281,6 +291,7 @@ class PolicyUpdater:
                 with_entropy=with_entropy,
                 fast=self.fast,
                 with_sum_pi_squared=with_sum_pi_squared,
+                topk_ids=batch.topk_ids if with_topk else None,
             )
         if meter is not None:
             meter.path(lp.path, lp.chunked_head)
@@ -323,7 +334,7 @@ class PolicyUpdater:
     ) -> Iterator[tuple[list[int], Any]]:
         """Yields (a micro-batch's rows, their log-probs under `model`) of a pass over `rows` (call it without
         gradients); a micro-batch this process has no rows in runs an idle forward, so sharded processes stay in
-        step. `options`: _logprobs's (with_entropy, with_sum_pi_squared)."""
+        step. `options`: _logprobs's (with_entropy, with_sum_pi_squared, with_topk)."""
         with self._frozen(model, batch, rows) as micros:
             for micro in micros:
                 if not micro:
@@ -333,19 +344,32 @@ class PolicyUpdater:
                 yield micro, self._logprobs(model, batch, micro, **options)
 
     @torch.no_grad()
-    def frozen_logprobs(self, model, batch: PolicyBatch, rows: Sequence[int]) -> dict[int, torch.Tensor]:
-        """Return {row: [T_row] log-probs} under `model` without gradients."""
+    def frozen_logprobs(
+        self,
+        model,
+        batch: PolicyBatch,
+        rows: Sequence[int],
+        topk_out: dict[int, torch.Tensor] | None = None,
+    ) -> dict[int, torch.Tensor]:
+        """Return {row: [T_row] log-probs} under `model` without gradients; topk_out, when given, receives
+        {row: [T_row, K]} the log-probs at the batch's top-K ids from the same pass."""
         out: dict[int, torch.Tensor] = {}
-        for micro, lp in self._frozen_passes(model, batch, rows):
+        with_topk = topk_out is not None
+        for micro, lp in self._frozen_passes(model, batch, rows, with_topk=with_topk):
             for i, r in enumerate(micro):
                 out[r] = lp.logp[i, : len(batch.completion_ids[r])]
+                if topk_out is not None:
+                    topk_out[r] = cast(torch.Tensor, lp.topk_logp)[i, : len(batch.completion_ids[r])]
         return out
 
     @torch.no_grad()
-    def _otb_pass(self, batch: PolicyBatch) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
+    def _otb_pass(
+        self, batch: PolicyBatch, topk_out: dict[int, torch.Tensor] | None = None
+    ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
         """Returns ({row: [T_row] log pi_old}, per-row [T_row] token advantages) of the Optimal Token Baseline
         over every row of `batch`: one pass without gradients at the sampling temperature whose chunked LM head
-        also gives sum_v pi_old(v)^2; the sampler correction's weights, when one is on, scale the proxy (verl)."""
+        also gives sum_v pi_old(v)^2; the sampler correction's weights, when one is on, scale the proxy (verl).
+        topk_out: as in frozen_logprobs."""
         if batch.rewards is None:
             raise TrainingError(
                 "algo.advantage=optimal_token_baseline needs each row's reward in the batch, and none was given"
@@ -360,12 +384,17 @@ class PolicyUpdater:
         old: dict[int, torch.Tensor] = {}
         square: dict[int, torch.Tensor] = {}
         keep: dict[int, torch.Tensor] = {}
-        for micro, lp in self._frozen_passes(self.model, batch, rows, with_sum_pi_squared=True):
+        passes = self._frozen_passes(
+            self.model, batch, rows, with_sum_pi_squared=True, with_topk=topk_out is not None
+        )
+        for micro, lp in passes:
             mask = self._loss_mask(lp, batch, micro)
             squares = cast(torch.Tensor, lp.sum_pi_squared)
             for i, r in enumerate(micro):
                 length = len(batch.completion_ids[r])
                 old[r], square[r], keep[r] = lp.logp[i, :length], squares[i, :length], mask[i, :length]
+                if topk_out is not None:
+                    topk_out[r] = cast(torch.Tensor, lp.topk_logp)[i, :length]
         if (
             n == 0
         ):  # a process without groups: it joined the pass's collectives above, and has nothing to score
@@ -399,14 +428,51 @@ class PolicyUpdater:
         token_adv = [adv[r, : len(batch.completion_ids[r])].float().cpu() for r in rows]
         return old, token_adv
 
+    def _check_topk(self, batch: PolicyBatch) -> None:
+        """Raises TrainingError unless the batch carries the sampler's top-K of width algo.dppo_topk."""
+        if batch.topk_ids is None or batch.topk_logprobs is None:
+            raise TrainingError(
+                f"algo.dppo_topk={self.topk} takes DPPO's divergence over the sampler's top-{self.topk} "
+                "log-probs, but this rollout carries none; use rollout.engine=builtin without rollout workers or "
+                "episodes, or algo.dppo_topk=0"
+            )
+        widths = {int(t.shape[-1]) for t in batch.topk_ids}
+        if widths - {self.topk}:
+            raise TrainingError(
+                f"algo.dppo_topk={self.topk}, but the rollout's top-K log-probs have K = {sorted(widths)}; sample "
+                f"with SamplingParams(logprobs_topk={self.topk})"
+            )
+
+    def _topk_divergence(
+        self,
+        lp,
+        batch: PolicyBatch,
+        micro: list[int],
+        old_topk: dict[int, torch.Tensor] | None,
+        width: int,
+    ) -> torch.Tensor:
+        """Returns the micro-batch's [n, T] detached top-K divergence of the policy from its anchor (TV for
+        dppo_tv, KL for dppo_kl): the sampler's top-K log-probs (trust_region_anchor=sampler), pi_old's at the same
+        ids (old, with a pi_old pass), else the current policy's own (pi_old = the policy: divergence 0)."""
+        policy = cast(torch.Tensor, lp.topk_logp).detach()  # [n, T, K]
+        if self.sampler_anchor:
+            assert batch.topk_logprobs is not None  # _check_topk
+            anchor = self._stack({r: batch.topk_logprobs[r].to(policy.device) for r in micro}, micro, width)
+        elif old_topk is not None:
+            anchor = self._stack(old_topk, micro, width)
+        else:
+            anchor = policy
+        kl, tv = topk_divergence_from_logprobs(policy, anchor)  # [n, T] each
+        return (kl if self.algo.loss_type == "dppo_kl" else tv).detach()
+
     @staticmethod
     def _stack(values: dict[int, torch.Tensor], rows: list[int], width: int) -> torch.Tensor:
         first = next(iter(values.values()))
-        out = torch.zeros(len(rows), width, dtype=first.dtype, device=first.device)
+        out = torch.zeros(len(rows), width, *first.shape[1:], dtype=first.dtype, device=first.device)
         for i, r in enumerate(rows):
             v = values[r]
-            out[i, : v.numel()] = v
-        return out  # [n, T]
+            out[i, : v.shape[0]] = v
+        return out  # [n, T] (or [n, T, K] for per-token vectors)
 
     def _minibatches(self, batch: PolicyBatch, generator: torch.Generator | None) -> Iterator[list[int]]:
         local = len(batch.prompt_ids)
@@ -467,15 +533,20 @@ class PolicyUpdater:
                 "algo.trust_region_anchor=sampler takes the ratio against the sampler's log-probs, but this rollout "
                 "engine returned none; use rollout.engine=builtin or hf, or algo.trust_region_anchor=old"
             )
+        if self.topk > 0:
+            self._check_topk(batch)
         # Under the sampler anchor the sampler's log-probs are pi_old: no pass computes the trainer's own.
         need_old = multi_step and not self.sampler_anchor
+        # DPPO's top-K anchor under trust_region_anchor=old: pi_old's log-probs at the sampler's top-K ids, from
+        # the pi_old pass itself (without one, pi_old is the current policy detached, as for the ratio).
+        old_topk: dict[int, torch.Tensor] | None = {} if self.topk > 0 and need_old else None
         token_adv = batch.token_advantages
         if a.advantage == "optimal_token_baseline":
             # Its pi_old pass gives the per-token advantages, and pi_old itself where the update needs it.
-            otb_old, token_adv = self._otb_pass(batch)
+            otb_old, token_adv = self._otb_pass(batch, topk_out=old_topk)
             old = {r: otb_old[r] for r in loss_rows} if need_old else None
         else:
-            old = self.frozen_logprobs(self.model, batch, loss_rows) if need_old else None
+            old = self.frozen_logprobs(self.model, batch, loss_rows, topk_out=old_topk) if need_old else None
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
@@ -529,7 +600,9 @@ class PolicyUpdater:
                     with_entropy: bool | str = it == 0 or a.top_entropy_quantile < 1 or self.entropy_on
                     if self.entropy_on and apply_coef != 0:
                         with_entropy = "grad"
-                    lp = self._logprobs(self.model, batch, micro, meter, with_entropy=with_entropy)
+                    lp = self._logprobs(
+                        self.model, batch, micro, meter, with_entropy=with_entropy, with_topk=self.topk > 0
+                    )
                     mask = self._loss_mask(lp, batch, micro)
                     width = lp.logp.shape[1]
                     old_mb = self._stack(old, micro, width) if old is not None else None
@@ -560,6 +633,9 @@ class PolicyUpdater:
                         if self.controls.active
                         else None
                     )
+                    divergence = (
+                        self._topk_divergence(lp, batch, micro, old_topk, width) if self.topk > 0 else None
+                    )
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
                     sampler_weights = None
                     if ctl and self.folds_sampler_weights:
@@ -578,7 +654,11 @@ class PolicyUpdater:
                         num_items=num_items,
                         num_sequences=num_seq,
                         options=self._loss_options,
+                        divergence=divergence,
                     )
+                    if divergence is not None:  # a mean over the loss tokens, weighted by them in the meter
+                        kept_div = torch.where(mask, divergence, 0)
+                        metrics["dppo/topk_divergence_mean"] = kept_div.sum() / mask.sum().clamp(min=1)
                     if self.entropy_on:  # on the tokens the policy term trains (top-entropy's when set)
                         ent = cast(torch.Tensor, lp.entropy)
                         active = mask if kept is None else mask & kept.bool()
