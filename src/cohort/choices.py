@@ -103,3 +103,8 @@ def resolve_strategy(strategy: str, world: int) -> str:
             )
         return "none"
     return "replicate" if strategy == "auto" else strategy
+
+
+def is_function_spec(value: object) -> bool:
+    """Return True when `value` reads as a ``module:function`` or ``file.py:function`` spec (user code)."""
+    return isinstance(value, str) and ":" in value and not value.startswith(":")

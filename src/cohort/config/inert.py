@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cohort.algo.estimators import advantage_arguments
+from cohort.algo.options import advantage_arguments
 
 if TYPE_CHECKING:
     from cohort.config.schema import TrainConfig

@@ -597,7 +597,6 @@ class TrainConfig:
         reward_funcs: Sequence[str | Callable] | None = None,
         environment: RunEnvironment | None = None,
         environment_rewards: bool = False,
-        import_user_code: bool = True,
     ) -> TrainConfig:
         """Return self, derived for the run's environment and then checked: every value that can be checked
         before a model is loaded.
@@ -609,8 +608,8 @@ class TrainConfig:
         `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
         that name); `reward_weights` must then give one weight per one of them. `environment_rewards`: an
         environment factory given outside the config may own the reward (`rewards` may be empty).
-        `import_user_code=False`: a loss or estimator given as user code is not imported yet (see
-        :func:`cohort.config.validation.check_user_objective`).
+        Nothing is imported or registered: a loss or estimator given as user code is checked for its form
+        here and imported by :func:`cohort.runtime.plugins.check_user_objective`.
         """
         env = RunEnvironment.detect() if environment is None else environment
         return validate_config(
@@ -622,5 +621,4 @@ class TrainConfig:
             reward_funcs=reward_funcs,
             stacklevel=3,
             environment_rewards=environment_rewards,
-            import_user_code=import_user_code,
         )
