@@ -27,6 +27,7 @@ from cohort import choices
 from cohort.algo.options import check_algo
 from cohort.choices import (
     ATTENTION_KINDS,
+    DISTRIBUTED_BACKENDS,
     DTYPE_NAMES,
     ENGINES,
     HEALTH_CHECKS,
@@ -34,7 +35,9 @@ from cohort.choices import (
     MIXED_PRECISIONS,
     SAMPLER_DTYPES,
     SCHEDULES,
+    WEIGHT_TRANSPORTS,
     WORKER_ENGINES,
+    check_sampling,
     resolve_strategy,
 )
 from cohort.config.derive import per_process_batch
@@ -97,10 +100,7 @@ def validate_config(
         raise ConfigError(
             f"rollout.max_completion_length={r.max_completion_length} must be a positive number of tokens"
         )
-    if r.temperature < 0:
-        raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    check_sampling(r.temperature, r.top_p, r.top_k, greedy=r.temperature == 0, prefix="rollout.")
     _check_choice("rollout.engine", r.engine, ENGINES + WORKER_ENGINES)
     _check_choice("optim.schedule", o.schedule, SCHEDULES)
     _check_choice("model.dtype", str(cfg.model.dtype).lower(), tuple(DTYPE_NAMES))
@@ -216,7 +216,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
     rollout.batch_size that is not the derived share of distributed.global_batch_size."""
     d, r = cfg.distributed, cfg.rollout
     strategy = resolve_strategy(d.strategy, world)
-    _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
+    _check_choice("distributed.backend", d.backend, DISTRIBUTED_BACKENDS)
     _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
     _check_choice("distributed.load", d.load, LOAD_MODES)
     if d.backend == "nccl" and world > 1 and not cuda_available:
@@ -308,10 +308,6 @@ def _check_workers(cfg: TrainConfig) -> None:
                 )
         if len(set(w)) != len(w):
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
-
-
-WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
-"""rollout.weight_transport's values (cohort.serve.weights.TRANSPORTS, named here without importing it)."""
 
 
 def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
@@ -502,7 +498,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
             )
     checks = [
         *_optim_ranges(o, "optim."),
-        ("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 disables it)"),
         ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 saves only at the end)"),
         ("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 1, ">= 1"),
         ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
