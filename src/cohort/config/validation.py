@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -43,17 +43,15 @@ from cohort.choices import (
 from cohort.config.derive import per_process_batch
 from cohort.config.inert import inert_options
 from cohort.config.presets import PRESETS
+from cohort.config.schema import OptimConfig, TrainFields, check_lora
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastPathConfigError
-
-if TYPE_CHECKING:
-    from cohort.config.schema import LoraConfig, OptimConfig, TrainConfig
 
 __all__ = ["check_lora", "check_optim", "check_reward_weights", "validate_config"]
 
 
 def validate_config(
-    cfg: TrainConfig,
+    cfg: TrainFields,
     *,
     world_size: int,
     cuda_available: bool,
@@ -62,7 +60,7 @@ def validate_config(
     reward_funcs: Sequence[str | Callable] | None = None,
     stacklevel: int = 2,
     environment_rewards: bool = False,
-) -> TrainConfig:
+) -> TrainFields:
     """Return `cfg`, unchanged, after checking every value that can be checked before a model is loaded.
 
     `cfg` is checked as given: derive it first (:func:`cohort.config.derive.derive`). `world_size`: the
@@ -155,22 +153,6 @@ def validate_config(
     return cfg
 
 
-def check_lora(lora: LoraConfig) -> LoraConfig:
-    """Return `lora` after checking the adapter settings (raises ConfigError naming the bad key)."""
-    if isinstance(lora.r, bool) or not isinstance(lora.r, int) or lora.r <= 0:
-        raise ConfigError(f"model.lora.r={lora.r!r} must be a positive integer (typical: 8, 16, 64)")
-    if not lora.alpha > 0:
-        raise ConfigError(f"model.lora.alpha={lora.alpha!r} must be > 0 (typical: 2 * r)")
-    if not 0.0 <= lora.dropout < 1.0:
-        raise ConfigError(f"model.lora.dropout={lora.dropout!r} must be in [0, 1)")
-    if isinstance(lora.target_modules, str) or not lora.target_modules:
-        raise ConfigError(
-            f"model.lora.target_modules={lora.target_modules!r} must be a non-empty list of module "
-            "names, e.g. ['q_proj', 'v_proj']"
-        )
-    return lora
-
-
 def check_optim(o: OptimConfig, prefix: str = "optim.") -> OptimConfig:
     """Return `o` after checking an optimizer section: every number finite, a known schedule, a positive
     learning rate and every value in its range (ConfigError naming `prefix` + the key).
@@ -211,7 +193,7 @@ def _check_rules(rules: Sequence[tuple[str, Any, bool, str]]) -> None:
             raise ConfigError(f"{key}={value} must be {rule}")
 
 
-def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> None:
+def _check_distributed(cfg: TrainFields, world: int, cuda_available: bool) -> None:
     """Raises ConfigError for a multi-process setting that cannot run on `world` processes here, or a
     rollout.batch_size that is not the derived share of distributed.global_batch_size."""
     d, r = cfg.distributed, cfg.rollout
@@ -263,7 +245,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
             )
 
 
-def _check_workers(cfg: TrainConfig) -> None:
+def _check_workers(cfg: TrainFields) -> None:
     """Raises ConfigError for a rollout.workers / max_staleness / timeout value that cannot work, or rollout
     workers combined with what they cannot serve (docs/serving.md says what is not built)."""
     r = cfg.rollout
@@ -310,7 +292,7 @@ def _check_workers(cfg: TrainConfig) -> None:
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
 
 
-def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
+def _check_transport(cfg: TrainFields, cuda_available: bool) -> None:
     """Raises ConfigError for a rollout.weight_transport that is not a transport, or nccl where the trainer's
     weights cannot be on a GPU (NCCL sends from GPU memory); the worker's side is checked on connecting."""
     t = cfg.rollout.weight_transport
@@ -329,7 +311,7 @@ def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
         )
 
 
-def check_episode_sampling(cfg: TrainConfig) -> None:
+def check_episode_sampling(cfg: TrainFields) -> None:
     """Raises ConfigError when multi-turn episodes cannot be sampled as configured: rollout workers asked to roll
     them out ahead of their step (rollout.max_staleness > 0; at 0 the workers sample each turn of the trainer's
     agent loop), or rollout.engine=hf in the trainer (episodes decode with cohort's own turn decoder)."""
@@ -346,7 +328,7 @@ def check_episode_sampling(cfg: TrainConfig) -> None:
         )
 
 
-def _check_vllm(cfg: TrainConfig) -> None:
+def _check_vllm(cfg: TrainFields) -> None:
     """Raises ConfigError when rollout.engine=vllm meets what a vLLM rollout worker cannot serve (docs/vllm.md)."""
     r = cfg.rollout
     if r.workers is None:
@@ -382,7 +364,7 @@ def _check_vllm(cfg: TrainConfig) -> None:
         )
 
 
-def _check_beside_algo(cfg: TrainConfig) -> None:
+def _check_beside_algo(cfg: TrainFields) -> None:
     """Raises ConfigError for a value of the sampler copy, iterative GRPO, process supervision or episodes that
     cannot work."""
     r = cfg.rollout
@@ -416,7 +398,7 @@ def _check_beside_algo(cfg: TrainConfig) -> None:
     _check_episodes(cfg)
 
 
-def _check_episodes(cfg: TrainConfig) -> None:
+def _check_episodes(cfg: TrainFields) -> None:
     """Raises ConfigError for an episodes.* value that cannot work (the tools and factories themselves are
     imported and checked by the builder, still before the model loads)."""
     e = cfg.episodes
@@ -476,7 +458,7 @@ def _check_episodes(cfg: TrainConfig) -> None:
         )
 
 
-def _check_ranges(cfg: TrainConfig) -> None:
+def _check_ranges(cfg: TrainFields) -> None:
     """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""
     for key, value in _leaves(cfg):
         if isinstance(value, float) and not math.isfinite(value):
@@ -531,7 +513,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
         )
 
 
-def _check_health(cfg: TrainConfig) -> None:
+def _check_health(cfg: TrainFields) -> None:
     """Raises ConfigError for an unknown health check name or a threshold outside its range."""
     h = cfg.health
     unknown = [name for name in h.off if name not in HEALTH_CHECKS]
@@ -560,7 +542,7 @@ def _check_health(cfg: TrainConfig) -> None:
     _check_rules(rules)
 
 
-def _check_fast(cfg: TrainConfig, cuda_available: bool = False) -> None:
+def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
     """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
     f, m = cfg.fast, cfg.model
     try:
