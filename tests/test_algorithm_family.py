@@ -17,6 +17,7 @@ from cohort.algo.estimators import ADVANTAGE_TYPES
 from cohort.config import load_config
 from cohort.config.presets import PRESETS
 from cohort.errors import ConfigError
+from cohort.runtime.plugins import check_user_objective
 from cohort.trainer import GRPOTrainer
 
 
@@ -186,18 +187,20 @@ def test_a_user_loss_and_estimator_train_through_the_cli(tiny_model_dir, tmp_pat
     ],
 )
 def test_bad_objective_options_fail_at_config_load(tmp_path, over, fragment):
+    """Each refusal comes before the model loads: from validation, or, for user code (which validation never
+    imports), from check_user_objective, the trainer's next check."""
     with pytest.raises(ConfigError, match=fragment):
-        _cfg("m", tmp_path, **over).validate()
+        check_user_objective(_cfg("m", tmp_path, **over).validate())
 
 
 def test_a_user_loss_with_the_wrong_signature_names_the_expected_one(tmp_path):
     code = tmp_path / "bad_loss.py"
     code.write_text("def two_args(a, b):\n    return a\n")
     with pytest.raises(ConfigError, match="Expected signature: def my_loss"):
-        _cfg("m", tmp_path, **{"algo.loss_type": f"{code}:two_args"}).validate()
+        check_user_objective(_cfg("m", tmp_path, **{"algo.loss_type": f"{code}:two_args"}).validate())
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
-        _cfg("m", tmp_path, **{"algo.loss_type": f"{code}:nope"}).validate()
+        check_user_objective(_cfg("m", tmp_path, **{"algo.loss_type": f"{code}:nope"}).validate())
     other = tmp_path / "bad_adv.py"  # a file is imported once per process, so a new one
     other.write_text("def adv(rewards):\n    return rewards\n")
     with pytest.raises(ConfigError, match="Expected signature: def my_advantages"):
-        _cfg("m", tmp_path, **{"algo.advantage": f"{other}:adv"}).validate()
+        check_user_objective(_cfg("m", tmp_path, **{"algo.advantage": f"{other}:adv"}).validate())

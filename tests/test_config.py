@@ -53,6 +53,11 @@ def test_type_errors_are_named():
         ("algo.scale=zscore", "group, batch, none"),
         ("rollout.engine=vllm2", "builtin, hf"),
         ("reward_weights=[1,2]", "one weight per function"),
+        ("rollout.temperature=-1", "rollout.temperature must be > 0"),
+        ("rollout.top_p=0", r"rollout.top_p must be in \(0, 1\]"),
+        ("rollout.top_k=-1", "rollout.top_k must be an int >= 0"),
+        ("rollout.weight_transport=tcp", "rollout.weight_transport='tcp' is not one of auto, gloo, nccl"),
+        ("distributed.backend=mpi", "distributed.backend='mpi' is not valid"),
     ],
 )
 def test_validation_errors(override, fragment):

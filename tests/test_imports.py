@@ -15,6 +15,7 @@ into one unit that cannot be understood or tested apart).
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,18 +260,59 @@ def test_only_the_cli_defers_imports_of_cohort():
     assert found == []
 
 
-def test_config_imports_only_light_modules():
-    """Importing the config loads neither transformers nor the model, sharding, health or TRL-mapping code."""
+#: The modules of cohort outside cohort.config that importing the config may load: the owners' leaf modules,
+#: which hold the names and the checks of the owners' own values, and import nothing else of cohort.
+CONFIG_LEAVES = {
+    "cohort",  # the package: lazy exports, the table of moved import paths
+    "cohort.errors",
+    "cohort.choices",
+    "cohort.algo",  # lazy: its names load with the module that defines them
+    "cohort.algo.options",  # the algorithm's names, tables and the checks of algo.* values, free of torch
+    "cohort.compat",  # lazy
+    "cohort.compat.fields",  # TRL's field names, data only
+    "cohort.fastpath",
+    "cohort.fastpath.switches",  # the fast-path switchboard's names and its FastConfig section
+}
+
+
+def test_config_loads_only_leaf_modules():
+    """Importing cohort.config loads no module of cohort outside it but the owners' leaf modules, and neither
+    transformers nor torch's distributed or model code."""
     import subprocess
     import sys
 
-    code = (
-        "import sys, cohort.config; "
-        "print(sorted(m for m in ('transformers', 'cohort.models', 'cohort.runtime.sharding', 'cohort.train.health', "
-        "'cohort.compat.drop_in', 'cohort.runtime.optim', 'cohort.trainer') if m in sys.modules))"
-    )
+    code = "import sys, cohort.config; print(sorted(m for m in sys.modules if m.startswith(('cohort', 'transformers'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    loaded = set(eval(out.stdout))  # a printed list of str
+    outside = sorted(m for m in loaded if not _in_config(m) and m not in CONFIG_LEAVES)
+    assert outside == []
+
+
+def test_the_config_leaves_import_only_leaves():
+    """What each leaf imports when it loads stays among the leaves: a new import there would pull the rest in."""
+    graph = import_graph()
+    assert {m: sorted(graph[m] - CONFIG_LEAVES) for m in CONFIG_LEAVES} == {m: [] for m in CONFIG_LEAVES}
+
+
+def test_validation_changes_no_registry():
+    """Validating a config that names user code imports none of it and registers nothing (the trainer's
+    check_user_objective does, after the run's own checks)."""
+    import cohort.algo.options as options
+    from cohort.config import load_config
+
+    kinds, estimators = dict(options.LOSS_KINDS), set(options.ADVANTAGE_NAMES)
+    cfg = load_config(
+        None,
+        [
+            "model.name_or_path=m",
+            "data.task=addition",
+            f"algo.loss_type={Path(__file__).parent / 'user_objective.py'}:my_loss",
+            f"algo.advantage={Path(__file__).parent / 'user_objective.py'}:my_advantages",
+        ],
+    )
+    cfg.validate()
+    assert dict(options.LOSS_KINDS) == kinds and set(options.ADVANTAGE_NAMES) == estimators
+    assert not any("user_objective" in name for name in sys.modules)
 
 
 def test_no_module_level_import_cycles():

@@ -103,3 +103,32 @@ def resolve_strategy(strategy: str, world: int) -> str:
             )
         return "none"
     return "replicate" if strategy == "auto" else strategy
+
+
+def is_function_spec(value: object) -> bool:
+    """Return True when `value` reads as a ``module:function`` or ``file.py:function`` spec (user code)."""
+    return isinstance(value, str) and ":" in value and not value.startswith(":")
+
+
+WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
+"""rollout.weight_transport's values (cohort.serve.weights implements them)."""
+
+DISTRIBUTED_BACKENDS = ("auto", "gloo", "nccl")
+"""distributed.backend's values: auto is nccl with GPUs, gloo without (cohort.runtime.distributed)."""
+
+
+def check_sampling(
+    temperature: object, top_p: object, top_k: object, *, greedy: bool, prefix: str = ""
+) -> None:
+    """Raises ConfigError (a ValueError) for a sampling parameter out of its range: the one rule of the
+    sampler's settings, for the config's `rollout.*` (`prefix`, where temperature 0 means `greedy`) and for
+    every engine's SamplingParams."""
+    if not greedy and not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ConfigError(
+            f"{prefix}temperature must be > 0, got {temperature!r}; "
+            + ("0 decodes greedily" if prefix else "use greedy=True for argmax decoding")
+        )
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"{prefix}top_p must be in (0, 1], got {top_p!r}; use 1.0 to switch it off")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError(f"{prefix}top_k must be an int >= 0, got {top_k!r}; use 0 to switch it off")

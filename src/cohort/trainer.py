@@ -24,7 +24,7 @@ from transformers import TrainerState
 from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
-from cohort.config.validation import check_episode_sampling, check_user_objective
+from cohort.config.validation import check_episode_sampling
 from cohort.episodes.multiturn import episode_metrics
 from cohort.episodes.spec import build_episode_spec
 from cohort.errors import (
@@ -45,6 +45,7 @@ from cohort.runtime.checkpoint_files import (
     set_aside_newer,
     set_rng_state,
 )
+from cohort.runtime.plugins import check_user_objective
 from cohort.runtime.rundir import RunLock, StopSignals
 from cohort.runtime.sharding import (
     gathered,
@@ -171,7 +172,6 @@ class GRPOTrainer:
             need_data=train_rows is None and not env_owns_data,
             reward_funcs=reward_funcs,
             environment_rewards=environment_factory is not None,
-            import_user_code=False,  # after the model, data and run folder are checked (step 0 below)
         )
         dist.init_from_env(cfg.distributed.backend)
         # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.

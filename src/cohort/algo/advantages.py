@@ -20,10 +20,7 @@ from typing import cast
 import torch
 
 from ._checks import as_float, check_choice, check_group_size, check_nonneg
-
-SCALES = ("group", "batch", "none")
-STD_KINDS = ("sample", "population")
-COMBINE_MODES = ("sum", "decoupled")
+from .options import COMBINE_MODES, SCALES, STD_KINDS
 
 
 def _masked_stats(

@@ -15,19 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .offpolicy import off_policy_mask, sampler_correction
+from .options import COV_METHODS, SAMPLER_CORRECTIONS
 from .selection import COV_RATIOS, clip_cov_mask, kl_cov_mask, token_covariance, top_entropy_mask
-
-COV_METHODS = ("none", "clip_cov", "kl_cov")
-"""Covariance-based token selections: none, Clip-Cov (detach the chosen tokens), KL-Cov (penalise them)."""
-
-SAMPLER_CORRECTIONS: dict[str, tuple[str, str] | None] = {
-    "none": None,
-    "token_tis": ("token", "truncate"),
-    "token_mis": ("token", "mask"),
-    "sequence_tis": ("sequence", "truncate"),
-    "sequence_mis": ("sequence", "mask"),
-}
-"""Sampler importance corrections by name: (level, mode) of :func:`cohort.algo.offpolicy.sampler_correction`."""
 
 
 @dataclass(frozen=True)

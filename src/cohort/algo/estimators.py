@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 
 from ._checks import check_group_size
 from .advantages import group_advantages, max_rl_advantages, reinforce_pp_advantages, rloo_advantages
+from .options import ADVANTAGE_NAMES, ADVANTAGE_TYPES, ESTIMATOR_FIELDS
 
 #: (rewards [N], group_size, lengths [N] or None, **kwargs) -> advantages [N]
 Estimator = Callable[..., torch.Tensor]
@@ -60,42 +60,31 @@ def _otb_rows(rewards, group_size, lengths):
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
 """Every advantage estimator by name: the built-in ones and those registered from user modules."""
 
-ESTIMATOR_FIELDS: dict[str, dict[str, str]] = {}
-"""The config fields each built-in estimator reads, as {its keyword argument: the algo.* field it comes from}
-(advantage_arguments builds its call from them; the config's own copy, AlgoConfig.advantage_arguments, and
-its inert-option rules are tested against them). A user estimator reads algo.advantage_kwargs instead."""
 
-
-def _builtin(name: str, fn: Estimator, **reads: str) -> None:
-    """Registers a built-in estimator with the config fields it reads (`reads`: keyword -> algo field)."""
+def _builtin(name: str, fn: Estimator) -> None:
+    """Registers a built-in estimator after checking that it takes exactly the keywords cohort.algo.options
+    declares it reads (ESTIMATOR_FIELDS[name]: keyword -> algo field)."""
     keywords = {
         p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
+    reads = ESTIMATOR_FIELDS[name]
     if keywords != set(reads):  # the declaration is the function's keywords, neither more nor fewer
         raise TypeError(f"estimator {name!r} takes {sorted(keywords)} but declares {sorted(reads)}")
     ADVANTAGE_ESTIMATORS[name] = fn
-    ESTIMATOR_FIELDS[name] = reads
 
 
-_builtin("grpo", _grpo, scale="scale", std="std", eps="adv_eps")
+_builtin("grpo", _grpo)
 _builtin("rloo", _rloo)
-_builtin("reinforce_pp", _reinforce_pp, std="std", eps="adv_eps")
-_builtin("reinforce_pp_baseline", _reinforce_pp_baseline, std="std", eps="adv_eps")
+_builtin("reinforce_pp", _reinforce_pp)
+_builtin("reinforce_pp_baseline", _reinforce_pp_baseline)
 _builtin("max_rl", _max_rl)
 _builtin("optimal_token_baseline", _otb_rows)
-
-ADVANTAGE_TYPES = tuple(ADVANTAGE_ESTIMATORS)
-"""The built-in estimators' names."""
+if tuple(ADVANTAGE_ESTIMATORS) != ADVANTAGE_TYPES:
+    raise ImportError(
+        f"cohort.algo.options.ADVANTAGE_TYPES {ADVANTAGE_TYPES} != {tuple(ADVANTAGE_ESTIMATORS)}"
+    )
 
 _USER: dict[str, Callable[..., torch.Tensor]] = {}
-
-
-def advantage_arguments(name: str, algo: Any) -> dict[str, object]:
-    """Returns the keyword arguments estimator `name` is called with, read from `algo` (an AlgoConfig): the
-    fields a built-in estimator declares (ESTIMATOR_FIELDS), or algo.advantage_kwargs for a user estimator."""
-    if name in ESTIMATOR_FIELDS:
-        return {keyword: getattr(algo, field) for keyword, field in ESTIMATOR_FIELDS[name].items()}
-    return dict(algo.advantage_kwargs)
 
 
 def register_advantage(name: str, fn: Callable[..., torch.Tensor]) -> None:
@@ -107,6 +96,7 @@ def register_advantage(name: str, fn: Callable[..., torch.Tensor]) -> None:
         return fn(rewards.to(torch.float64), group_size, **kwargs)
 
     ADVANTAGE_ESTIMATORS[name] = call
+    ADVANTAGE_NAMES.add(name)
     ESTIMATOR_FIELDS.pop(name, None)  # a user estimator under a built-in's name reads algo.advantage_kwargs
     _USER[name] = fn
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_choice, check_nonneg, check_tensor
-
-KL_KINDS = ("k1", "k2", "k3")
+from .options import KL_KINDS
 
 #: Default bound on |log pi_ref - log pi_theta|; exp(20) ~ 4.9e8 still fits comfortably in bf16/fp16/fp32.
 LOG_RATIO_CLAMP = 20.0

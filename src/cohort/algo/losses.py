@@ -60,9 +60,18 @@ from typing import Any, NamedTuple
 import torch
 
 from ._checks import check_choice, check_nonneg, check_tensor
-from .kl import KL_KINDS, LOG_RATIO_CLAMP, kl_estimate
-
-IMPORTANCE_LEVELS = ("token", "sequence")
+from .kl import LOG_RATIO_CLAMP, kl_estimate
+from .options import (
+    AGGREGATIONS,
+    BUILTIN_LOSSES,
+    IMPORTANCE_LEVELS,
+    KL_KINDS,
+    LOSS_KINDS,
+    LOSS_PARAMETERS,
+    LossKind,
+    check_clip,
+    check_loss_parameters,
+)
 
 Normaliser = int | float | torch.Tensor | None
 #: (per_token_loss [N, T] (0 where masked), mask bool [N, T], *, num_items, num_sequences,
@@ -140,7 +149,8 @@ def _aggregate_luspo(
     return per_token.sum() / (per_token.shape[0] if num_sequences is None else num_sequences)
 
 
-AGGREGATIONS = tuple(LOSS_AGGREGATIONS)
+if tuple(LOSS_AGGREGATIONS) != AGGREGATIONS:  # the names the config checks are the functions registered here
+    raise ImportError(f"cohort.algo.options.AGGREGATIONS {AGGREGATIONS} != {tuple(LOSS_AGGREGATIONS)}")
 
 TOKEN_COUNT_SCOPE: dict[str, str | None] = {
     "grpo": None,
@@ -247,45 +257,15 @@ def register_loss(
     POLICY_LOSSES[name] = PolicyLoss(
         fn, aggregation, sequence_advantages, token_importance, folds_sampler_weights, reads_divergence
     )
+    LOSS_KINDS[name] = LossKind(
+        aggregation,
+        sequence_advantages,
+        token_importance,
+        folds_sampler_weights,
+        reads_divergence,
+        fn is clip_loss,
+    )
     return POLICY_LOSSES[name]
-
-
-class LossParameter(NamedTuple):
-    """A built-in loss's keyword parameter: the range a value must lie in, and its default."""
-
-    rule: str
-    """"> 1", "> 0" or "in [0, 1)"."""
-    default: float | None
-
-
-LOSS_PARAMETERS: dict[str, dict[str, LossParameter]] = {
-    "cispo": {"max_ratio": LossParameter("> 1", 5.0), "min_ratio": LossParameter("in [0, 1)", None)},
-    "sapo": {"tau_pos": LossParameter("> 0", 1.0), "tau_neg": LossParameter("> 0", 1.05)},
-    "gmpo": {"clip": LossParameter("> 0", 0.4)},
-    "vespo": {
-        "k_pos": LossParameter("> 0", 2.0),
-        "lambda_pos": LossParameter("> 0", 3.0),
-        "k_neg": LossParameter("> 0", 3.0),
-        "lambda_neg": LossParameter("> 0", 2.0),
-    },
-    "dppo_tv": {
-        "mask_low": LossParameter("> 0", 0.15),
-        "mask_high": LossParameter("> 0", 0.15),
-        "max_ratio": LossParameter("> 1", None),
-    },
-    "dppo_kl": {
-        "mask_low": LossParameter("> 0", 0.05),
-        "mask_high": LossParameter("> 0", 0.05),
-        "max_ratio": LossParameter("> 1", None),
-    },
-}
-"""Each built-in loss's keyword parameters: (valid range, default), the one place their defaults are written
-(the loss functions' signatures read them). Sources: cispo's max_ratio 5.0 is the value TRL's documentation
-gives as ScaleRL's recommendation; sapo's temperatures are the SAPO paper's; gmpo's 0.4 (a ratio range of
-[e^-0.4, e^0.4]) is the GMPO paper's. vespo's (k, lambda) per advantage sign are TRL 1.16's defaults
-(vespo_k_pos ... vespo_lambda_neg); dppo's mask thresholds are the DPPO authors' recipe (0.15 for the TV mask,
-0.05 for the KL one), and max_ratio None leaves the detached ratio untruncated (prime-rl; the authors' 1e4 is
-nearly the same); dro has no parameter of its own (its penalty is algo.kl_tau)."""
 
 
 def _default(loss_type: str, name: str) -> Any:
@@ -460,16 +440,30 @@ def dro_loss(x: LossInputs) -> LossTerms:
     return LossTerms(-x.advantages * x.policy_gradient_term())
 
 
-for _name in AGGREGATIONS:
-    register_loss(_name, clip_loss, _name)
-register_loss("cispo", cispo_loss, "dapo")  # MiniMax-M1 and ScaleRL normalise over all tokens of the batch
-register_loss("sapo", sapo_loss, "grpo")  # SAPO averages per sequence, then over sequences
-register_loss("gmpo", gmpo_loss, "grpo", sequence_advantages=True, token_importance=True)
-# VESPO, DPPO and DRO normalise over all tokens of the batch (TRL's and verl's token-mean, prime-rl's count).
-register_loss("vespo", vespo_loss, "dapo", token_importance=True, folds_sampler_weights=True)
-register_loss("dppo_tv", dppo_tv_loss, "dapo", token_importance=True, reads_divergence=True)
-register_loss("dppo_kl", dppo_kl_loss, "dapo", token_importance=True, reads_divergence=True)
-register_loss("dro", dro_loss, "dapo", token_importance=True)
+_BUILTIN_FUNCTIONS: dict[str, PerTokenLoss] = {
+    **{name: clip_loss for name in ("grpo", "bnpo", "dapo", "dr_grpo", "luspo")},
+    "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "gmpo": gmpo_loss,
+    "vespo": vespo_loss,
+    "dppo_tv": dppo_tv_loss,
+    "dppo_kl": dppo_kl_loss,
+    "dro": dro_loss,
+}
+for _name, _kind in BUILTIN_LOSSES.items():  # what each reads is written once, in cohort.algo.options
+    register_loss(
+        _name,
+        _BUILTIN_FUNCTIONS[_name],
+        _kind.aggregation,
+        sequence_advantages=_kind.sequence_advantages,
+        token_importance=_kind.token_importance,
+        folds_sampler_weights=_kind.folds_sampler_weights,
+        reads_divergence=_kind.reads_divergence,
+    )
+    if LOSS_KINDS[_name] != _kind:
+        raise ImportError(
+            f"loss {_name!r}: cohort.algo.options says {_kind}, its function says {LOSS_KINDS[_name]}"
+        )
 
 LOSS_TYPES = tuple(POLICY_LOSSES)
 """The built-in loss types (user losses registered later are in POLICY_LOSSES only)."""
@@ -482,28 +476,11 @@ def check_loss_kwargs(loss_type: str, kwargs: Mapping[str, object]) -> dict[str,
         raise ValueError(
             f"unknown loss_type {loss_type!r}; valid options: {valid}, or 'my_pkg.module:function' for your own."
         )
+    fn = POLICY_LOSSES[loss_type].fn
+    if fn is _BUILTIN_FUNCTIONS.get(loss_type):
+        return check_loss_parameters(loss_type, kwargs)
     kwargs = dict(kwargs)
-    spec = LOSS_PARAMETERS.get(loss_type)
-    if spec is None:
-        fn = POLICY_LOSSES[loss_type].fn
-        if fn not in (clip_loss, dro_loss):  # the built-in losses without parameters
-            check_loss_signature(loss_type, fn, kwargs)
-        elif kwargs:
-            raise ValueError(f"loss_type={loss_type!r} takes no parameters, got {sorted(kwargs)}")
-        return kwargs
-    for key, value in kwargs.items():
-        if key not in spec:
-            raise ValueError(
-                f"loss_type={loss_type!r} has no parameter {key!r}; its parameters are {sorted(spec)}"
-            )
-        rule = spec[key].rule
-        if value is None and spec[key].default is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise ValueError(f"{loss_type} parameter {key} must be a number {rule}, got {value!r}")
-        ok = {"> 1": value > 1, "> 0": value > 0, "in [0, 1)": 0 <= value < 1}[rule]
-        if not ok:
-            raise ValueError(f"{loss_type} parameter {key} must be {rule} (the paper's range), got {value!r}")
+    check_loss_signature(loss_type, fn, kwargs)
     return kwargs
 
 
@@ -637,17 +614,7 @@ def _checked_options(
             "for it. Fix: importance='token'."
         )
     check_choice("kl_kind", kl_kind, KL_KINDS)
-    eps_low = check_nonneg("eps_low", eps_low)
-    if eps_low >= 1:
-        raise ValueError(f"eps_low must be in [0, 1) so that 1 - eps_low > 0, got {eps_low!r}.")
-    eps_high = eps_low if eps_high is None else check_nonneg("eps_high", eps_high)
-    if delta is not None:
-        delta = check_nonneg("delta", delta)
-        if delta <= 1 + eps_high:
-            raise ValueError(
-                f"delta must be > 1 + eps_high = {1 + eps_high!r}, got {delta!r}; it caps the ratio above the "
-                "clip range for negative advantages. Fix: pass e.g. delta=4.0, or delta=None for no cap."
-            )
+    eps_low, eps_high, delta = check_clip(eps_low, eps_high, delta)
     beta = check_nonneg("beta", beta)
     kl_tau = check_nonneg("kl_tau", kl_tau)
     if loss_type == "dro" and kl_tau == 0:

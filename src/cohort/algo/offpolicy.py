@@ -19,9 +19,7 @@ import torch
 
 from ._checks import check_choice, check_tensor
 from .kl import LOG_RATIO_CLAMP
-
-IS_LEVELS = ("token", "sequence")
-IS_MODES = ("truncate", "mask")
+from .options import IS_LEVELS, IS_MODES
 
 
 def sampler_correction(

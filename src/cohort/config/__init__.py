@@ -22,6 +22,7 @@ and the reward-weight check of :mod:`cohort.rewards`); tests/test_imports.py kee
 from __future__ import annotations
 
 from cohort.choices import ATTENTION_KINDS, SAMPLER_DTYPES
+from cohort.config.checked import TrainConfig
 from cohort.config.derive import RunEnvironment, derive, torchrun_world_size
 from cohort.config.inert import INERT_OPTIONS, Inert, inert_options
 from cohort.config.loading import (
@@ -52,10 +53,11 @@ from cohort.config.schema import (
     OptimConfig,
     ProcessConfig,
     RolloutConfig,
-    TrainConfig,
+    TrainFields,
+    check_lora,
     optim_aliases,
 )
-from cohort.config.validation import check_lora, check_optim, validate_config
+from cohort.config.validation import check_optim, check_reward_weights, validate_config
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastConfig
 
@@ -83,6 +85,8 @@ __all__ = [
     "RolloutConfig",
     "RunEnvironment",
     "TrainConfig",
+    "TrainFields",
+    "check_reward_weights",
     "check_lora",
     "check_optim",
     "current_keys",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from cohort.config.schema import TrainConfig
+    from cohort.config.schema import TrainFields
 
 __all__ = ["RunEnvironment", "derive", "per_process_batch", "torchrun_world_size"]
 
@@ -41,7 +41,7 @@ class RunEnvironment:
         return cls(world_size=torchrun_world_size(), cuda_available=torch.cuda.is_available())
 
 
-def per_process_batch(cfg: TrainConfig, world_size: int) -> int | None:
+def per_process_batch(cfg: TrainFields, world_size: int) -> int | None:
     """Returns each process's share of distributed.global_batch_size, or None when there is no global batch
     or it does not split into `world_size` processes of whole groups (validation refuses that one)."""
     total, group = cfg.distributed.global_batch_size, cfg.rollout.group_size
@@ -50,7 +50,7 @@ def per_process_batch(cfg: TrainConfig, world_size: int) -> int | None:
     return total // world_size
 
 
-def derive(cfg: TrainConfig, *, world_size: int) -> TrainConfig:
+def derive(cfg: TrainFields, *, world_size: int) -> TrainFields:
     """Returns `cfg` with the fields that follow from others set, in place, for a run on `world_size` processes.
 
     - rollout.batch_size: each process's share of distributed.global_batch_size, when one is given;

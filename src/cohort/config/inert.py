@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cohort.algo.estimators import advantage_arguments
+from cohort.algo.options import advantage_arguments
 
 if TYPE_CHECKING:
-    from cohort.config.schema import TrainConfig
+    from cohort.config.schema import TrainFields
 
 __all__ = ["INERT_OPTIONS", "Inert", "inert_options"]
 
@@ -28,13 +28,13 @@ class Inert:
 
     key: str
     """Dotted config key."""
-    why: Callable[[TrainConfig, int], str | None]
+    why: Callable[[TrainFields, int], str | None]
     """Returns the reason and the fix when the option is inert in `cfg` run on `world_size` processes, else None."""
     error: bool = False
     """True: refusing is right (the setting contradicts another); False: a ConfigWarning."""
 
 
-def _no_reference(cfg: TrainConfig, world_size: int) -> str | None:
+def _no_reference(cfg: TrainFields, world_size: int) -> str | None:
     """Returns why a reference-model option changes nothing at beta = 0 (None when beta > 0)."""
     return (
         "algo.beta=0 runs no reference model (no KL penalty); set algo.beta > 0 or drop this key"
@@ -43,10 +43,10 @@ def _no_reference(cfg: TrainConfig, world_size: int) -> str | None:
     )
 
 
-def _estimator_ignores(name: str) -> Callable[[TrainConfig, int], str | None]:
+def _estimator_ignores(name: str) -> Callable[[TrainFields, int], str | None]:
     """Returns the rule saying why algo.`name` changes nothing when the advantage estimator does not read it."""
 
-    def why(cfg: TrainConfig, world_size: int) -> str | None:
+    def why(cfg: TrainFields, world_size: int) -> str | None:
         a = cfg.algo
         reads = advantage_arguments(
             a.advantage, a
@@ -227,7 +227,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
 """Every option that can be accepted yet change nothing, with why: the one place such checks live."""
 
 
-def inert_options(cfg: TrainConfig, *, world_size: int) -> list[tuple[str, Any, str, bool]]:
+def inert_options(cfg: TrainFields, *, world_size: int) -> list[tuple[str, Any, str, bool]]:
     """Returns (key, value, why, is_error) for each option set away from its default that changes nothing in `cfg`
     run on `world_size` processes."""
     default = type(cfg)()  # the field defaults

@@ -33,8 +33,9 @@ from typing import Any
 import yaml
 
 from cohort.compat.fields import TRL_FIELDS
+from cohort.config.checked import TrainConfig
 from cohort.config.presets import apply_preset
-from cohort.config.schema import OPTIM_ALIASES, TrainConfig
+from cohort.config.schema import OPTIM_ALIASES
 from cohort.errors import ConfigError
 
 __all__ = [
@@ -61,17 +62,20 @@ MOVED_KEYS: dict[str, str] = {
 
 def field_docs(cls: type) -> dict[str, str]:
     """Return {field name: docstring} for a config dataclass, read from its source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for prev, node in zip(body, body[1:]):
-        if (
-            isinstance(prev, ast.AnnAssign)
-            and isinstance(prev.target, ast.Name)
-            and isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-        ):
-            docs[prev.target.id] = str(node.value.value)
+    for klass in reversed(cls.__mro__):  # a subclass's fields and docstrings may live in its bases
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for prev, node in zip(body, body[1:]):
+            if (
+                isinstance(prev, ast.AnnAssign)
+                and isinstance(prev.target, ast.Name)
+                and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+            ):
+                docs[prev.target.id] = str(node.value.value)
     return docs
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from cohort.config.derive import RunEnvironment, derive
-from cohort.config.validation import check_lora, validate_config
+from cohort.errors import ConfigError
 from cohort.fastpath.switches import FastConfig
 
 __all__ = [
@@ -31,7 +30,8 @@ __all__ = [
     "ProcessConfig",
     "EpisodeConfig",
     "RolloutConfig",
-    "TrainConfig",
+    "TrainFields",
+    "check_lora",
     "optim_aliases",
 ]
 
@@ -506,8 +506,9 @@ class DistributedConfig:
 
 
 @dataclass
-class TrainConfig:
-    """A whole GRPO run."""
+class TrainFields:
+    """A whole GRPO run's settings: the sections and the run-wide fields (cohort.config.TrainConfig adds the call
+    that derives and checks them)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy."""
@@ -590,38 +591,18 @@ class TrainConfig:
         """Return the number of distinct prompts sampled per step."""
         return self.rollout.batch_size // self.rollout.group_size
 
-    def validate(
-        self,
-        *,
-        need_model: bool = True,
-        need_data: bool = True,
-        reward_funcs: Sequence[str | Callable] | None = None,
-        environment: RunEnvironment | None = None,
-        environment_rewards: bool = False,
-        import_user_code: bool = True,
-    ) -> TrainConfig:
-        """Return self, derived for the run's environment and then checked: every value that can be checked
-        before a model is loaded.
 
-        Three explicit steps: the environment (`environment`, else this process's:
-        :meth:`RunEnvironment.detect` reads torchrun's WORLD_SIZE and whether CUDA is visible), then
-        :func:`cohort.config.derive.derive` sets the fields that follow from others (in place), then
-        :func:`cohort.config.validation.validate_config` checks the result and changes nothing.
-        `reward_funcs`: the reward functions the run uses instead of `rewards` (GRPOTrainer's argument of
-        that name); `reward_weights` must then give one weight per one of them. `environment_rewards`: an
-        environment factory given outside the config may own the reward (`rewards` may be empty).
-        `import_user_code=False`: a loss or estimator given as user code is not imported yet (see
-        :func:`cohort.config.validation.check_user_objective`).
-        """
-        env = RunEnvironment.detect() if environment is None else environment
-        return validate_config(
-            derive(self, world_size=env.world_size),
-            world_size=env.world_size,
-            cuda_available=env.cuda_available,
-            need_model=need_model,
-            need_data=need_data,
-            reward_funcs=reward_funcs,
-            stacklevel=3,
-            environment_rewards=environment_rewards,
-            import_user_code=import_user_code,
+def check_lora(lora: LoraConfig) -> LoraConfig:
+    """Return `lora` after checking the adapter settings (raises ConfigError naming the bad key)."""
+    if isinstance(lora.r, bool) or not isinstance(lora.r, int) or lora.r <= 0:
+        raise ConfigError(f"model.lora.r={lora.r!r} must be a positive integer (typical: 8, 16, 64)")
+    if not lora.alpha > 0:
+        raise ConfigError(f"model.lora.alpha={lora.alpha!r} must be > 0 (typical: 2 * r)")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"model.lora.dropout={lora.dropout!r} must be in [0, 1)")
+    if isinstance(lora.target_modules, str) or not lora.target_modules:
+        raise ConfigError(
+            f"model.lora.target_modules={lora.target_modules!r} must be a non-empty list of module "
+            "names, e.g. ['q_proj', 'v_proj']"
         )
+    return lora

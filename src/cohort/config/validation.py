@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from cohort import choices
-from cohort.algo import (
-    ADVANTAGE_TYPES,
-    AGGREGATIONS,
-    COMBINE_MODES,
-    IMPORTANCE_LEVELS,
-    KL_KINDS,
-    POLICY_LOSSES,
-    SCALES,
-    STD_KINDS,
-    clip_loss,
-)
-from cohort.algo.controls import COV_METHODS, SAMPLER_CORRECTIONS
-from cohort.algo.estimators import advantage_arguments
+from cohort.algo.options import check_algo
 from cohort.choices import (
     ATTENTION_KINDS,
+    DISTRIBUTED_BACKENDS,
     DTYPE_NAMES,
     ENGINES,
     HEALTH_CHECKS,
@@ -45,25 +35,23 @@ from cohort.choices import (
     MIXED_PRECISIONS,
     SAMPLER_DTYPES,
     SCHEDULES,
+    WEIGHT_TRANSPORTS,
     WORKER_ENGINES,
+    check_sampling,
     resolve_strategy,
 )
 from cohort.config.derive import per_process_batch
 from cohort.config.inert import inert_options
 from cohort.config.presets import PRESETS
+from cohort.config.schema import OptimConfig, TrainFields, check_lora
 from cohort.errors import ConfigError, ConfigWarning
 from cohort.fastpath.switches import FastPathConfigError
-from cohort.rewards import reward_weights
-from cohort.runtime.plugins import is_function_spec, resolve_advantage, resolve_loss
 
-if TYPE_CHECKING:
-    from cohort.config.schema import AlgoConfig, LoraConfig, OptimConfig, TrainConfig
-
-__all__ = ["check_lora", "check_optim", "check_user_objective", "validate_config"]
+__all__ = ["check_lora", "check_optim", "check_reward_weights", "validate_config"]
 
 
 def validate_config(
-    cfg: TrainConfig,
+    cfg: TrainFields,
     *,
     world_size: int,
     cuda_available: bool,
@@ -72,8 +60,7 @@ def validate_config(
     reward_funcs: Sequence[str | Callable] | None = None,
     stacklevel: int = 2,
     environment_rewards: bool = False,
-    import_user_code: bool = True,
-) -> TrainConfig:
+) -> TrainFields:
     """Return `cfg`, unchanged, after checking every value that can be checked before a model is loaded.
 
     `cfg` is checked as given: derive it first (:func:`cohort.config.derive.derive`). `world_size`: the
@@ -82,9 +69,10 @@ def validate_config(
     instead of `rewards` (GRPOTrainer's argument of that name); `reward_weights` must then give one weight
     per one of them. `stacklevel`: as ``warnings.warn``'s, for the warnings about inert options (2: the
     caller of this function). `environment_rewards`: an environment factory given outside the config may
-    own the run's reward, so `rewards` may be empty. `import_user_code=False` leaves a loss or estimator named as
-    `module:function` / `file.py:function` unimported (only its spec and file are checked): a trainer checks its
-    model, data and run folder first, then calls :func:`check_user_objective`, so a refused run runs none of it.
+    own the run's reward, so `rewards` may be empty. Nothing is imported or registered: a loss or estimator
+    named as `module:function` / `file.py:function` is checked for its form and file here, and for what it reads
+    by :func:`cohort.runtime.plugins.check_user_objective`, which a trainer calls after its model, data and run
+    folder are checked (so a refused run runs none of the user's code).
     """
     r, a, o = cfg.rollout, cfg.algo, cfg.optim
     _check_distributed(cfg, world_size, cuda_available)
@@ -110,16 +98,8 @@ def validate_config(
         raise ConfigError(
             f"rollout.max_completion_length={r.max_completion_length} must be a positive number of tokens"
         )
-    if r.temperature < 0:
-        raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    check_sampling(r.temperature, r.top_p, r.top_k, greedy=r.temperature == 0, prefix="rollout.")
     _check_choice("rollout.engine", r.engine, ENGINES + WORKER_ENGINES)
-    _check_choice("algo.scale", a.scale, SCALES)
-    _check_choice("algo.std", a.std, STD_KINDS)
-    _check_choice("algo.importance", a.importance, IMPORTANCE_LEVELS)
-    _check_choice("algo.kl_estimator", a.kl_estimator, KL_KINDS)
-    _check_choice("algo.reward_mode", a.reward_mode, COMBINE_MODES)
     _check_choice("optim.schedule", o.schedule, SCHEDULES)
     _check_choice("model.dtype", str(cfg.model.dtype).lower(), tuple(DTYPE_NAMES))
     _check_device(cfg.model.device)
@@ -151,7 +131,7 @@ def validate_config(
         raise ConfigError("rewards is empty: name at least one reward function, e.g. rewards=[accuracy]")
     if given or cfg.reward_weights is not None:
         try:
-            reward_weights(cfg.reward_weights, given)
+            check_reward_weights(cfg.reward_weights, _reward_names(given))
         except ValueError as e:
             raise ConfigError(str(e)) from None
     if need_data and not cfg.data.task and not cfg.data.path:
@@ -160,7 +140,9 @@ def validate_config(
             "task (addition, multistep, code, multiply)"
         )
     _check_ranges(cfg)
-    _check_objective(cfg, import_user_code)
+    check_algo(cfg.algo)
+    _check_topk_source(cfg)
+    _check_beside_algo(cfg)
     _check_fast(cfg, cuda_available)
     for key, value, why, error in inert_options(cfg, world_size=world_size):
         message = f"{key}={value!r} changes nothing in this configuration: {why}"
@@ -170,22 +152,6 @@ def validate_config(
     if cfg.preset is not None:
         _check_choice("preset", cfg.preset, tuple(PRESETS))
     return cfg
-
-
-def check_lora(lora: LoraConfig) -> LoraConfig:
-    """Return `lora` after checking the adapter settings (raises ConfigError naming the bad key)."""
-    if isinstance(lora.r, bool) or not isinstance(lora.r, int) or lora.r <= 0:
-        raise ConfigError(f"model.lora.r={lora.r!r} must be a positive integer (typical: 8, 16, 64)")
-    if not lora.alpha > 0:
-        raise ConfigError(f"model.lora.alpha={lora.alpha!r} must be > 0 (typical: 2 * r)")
-    if not 0.0 <= lora.dropout < 1.0:
-        raise ConfigError(f"model.lora.dropout={lora.dropout!r} must be in [0, 1)")
-    if isinstance(lora.target_modules, str) or not lora.target_modules:
-        raise ConfigError(
-            f"model.lora.target_modules={lora.target_modules!r} must be a non-empty list of module "
-            "names, e.g. ['q_proj', 'v_proj']"
-        )
-    return lora
 
 
 def check_optim(o: OptimConfig, prefix: str = "optim.") -> OptimConfig:
@@ -228,12 +194,12 @@ def _check_rules(rules: Sequence[tuple[str, Any, bool, str]]) -> None:
             raise ConfigError(f"{key}={value} must be {rule}")
 
 
-def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> None:
+def _check_distributed(cfg: TrainFields, world: int, cuda_available: bool) -> None:
     """Raises ConfigError for a multi-process setting that cannot run on `world` processes here, or a
     rollout.batch_size that is not the derived share of distributed.global_batch_size."""
     d, r = cfg.distributed, cfg.rollout
     strategy = resolve_strategy(d.strategy, world)
-    _check_choice("distributed.backend", d.backend, ("auto", "gloo", "nccl"))
+    _check_choice("distributed.backend", d.backend, DISTRIBUTED_BACKENDS)
     _check_choice("distributed.mixed_precision", d.mixed_precision, MIXED_PRECISIONS)
     _check_choice("distributed.load", d.load, LOAD_MODES)
     if d.backend == "nccl" and world > 1 and not cuda_available:
@@ -280,7 +246,7 @@ def _check_distributed(cfg: TrainConfig, world: int, cuda_available: bool) -> No
             )
 
 
-def _check_workers(cfg: TrainConfig) -> None:
+def _check_workers(cfg: TrainFields) -> None:
     """Raises ConfigError for a rollout.workers / max_staleness / timeout value that cannot work, or rollout
     workers combined with what they cannot serve (docs/serving.md says what is not built)."""
     r = cfg.rollout
@@ -327,11 +293,7 @@ def _check_workers(cfg: TrainConfig) -> None:
             raise ConfigError(f"rollout.workers lists an address twice ({w}); list each worker once")
 
 
-WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
-"""rollout.weight_transport's values (cohort.serve.weights.TRANSPORTS, named here without importing it)."""
-
-
-def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
+def _check_transport(cfg: TrainFields, cuda_available: bool) -> None:
     """Raises ConfigError for a rollout.weight_transport that is not a transport, or nccl where the trainer's
     weights cannot be on a GPU (NCCL sends from GPU memory); the worker's side is checked on connecting."""
     t = cfg.rollout.weight_transport
@@ -350,7 +312,7 @@ def _check_transport(cfg: TrainConfig, cuda_available: bool) -> None:
         )
 
 
-def check_episode_sampling(cfg: TrainConfig) -> None:
+def check_episode_sampling(cfg: TrainFields) -> None:
     """Raises ConfigError when multi-turn episodes cannot be sampled as configured: rollout workers asked to roll
     them out ahead of their step (rollout.max_staleness > 0; at 0 the workers sample each turn of the trainer's
     agent loop), or rollout.engine=hf in the trainer (episodes decode with cohort's own turn decoder)."""
@@ -367,7 +329,7 @@ def check_episode_sampling(cfg: TrainConfig) -> None:
         )
 
 
-def _check_vllm(cfg: TrainConfig) -> None:
+def _check_vllm(cfg: TrainFields) -> None:
     """Raises ConfigError when rollout.engine=vllm meets what a vLLM rollout worker cannot serve (docs/vllm.md)."""
     r = cfg.rollout
     if r.workers is None:
@@ -403,109 +365,10 @@ def _check_vllm(cfg: TrainConfig) -> None:
         )
 
 
-def check_user_objective(cfg: TrainConfig) -> None:
-    """Raises ConfigError for a loss or advantage estimator named as user code that cannot run as configured,
-    after importing it (what validate_config(import_user_code=False) left for later)."""
-    _check_objective(cfg, True)
-
-
-def _unimported(spec: str, known: Sequence[str], label: str) -> bool:
-    """Returns whether `spec` names user code not imported yet, after checking its form (and, for a file, that
-    it exists) without importing it."""
-    if spec in known or not is_function_spec(spec):
-        return False
-    target, attr = spec.rsplit(":", 1)
-    if not attr.strip():
-        raise ConfigError(
-            f"{label}={spec!r} names no function after the ':'; write e.g. '{target}:my_function'"
-        )
-    if (target.endswith(".py") or "/" in target) and not Path(target).expanduser().is_file():
-        raise ConfigError(f"{label}={spec!r}: file {target!r} not found")
-    return True
-
-
-def _check_objective(cfg: TrainConfig, import_user_code: bool = True) -> None:
-    """Raises ConfigError for a loss, advantage estimator, entropy control or sampler correction that cannot
-    run as configured (user code named by spec is imported and its signature checked here, unless
-    `import_user_code` is False: then only what needs no import)."""
-    a, r = cfg.algo, cfg.rollout
-    if not import_user_code and (
-        _unimported(a.loss_type, list(POLICY_LOSSES), "algo.loss_type")
-        or _unimported(a.advantage, ADVANTAGE_TYPES, "algo.advantage")
-    ):
-        return  # the rest reads the registered loss and estimator: check_user_objective, after the run's own checks
-    _check_advantage_fits_loss(a)
-    for key in ("loss_kwargs", "advantage_kwargs"):
-        if not isinstance(getattr(a, key), dict):
-            raise ConfigError(f"algo.{key}={getattr(a, key)!r} must be a mapping of keyword arguments")
-    if a.advantage in ADVANTAGE_TYPES and a.advantage_kwargs:
-        raise ConfigError(
-            f"algo.advantage_kwargs={a.advantage_kwargs!r} is for your own estimator; the built-in "
-            f"{a.advantage!r} reads algo.std and algo.adv_eps (grpo also algo.scale)"
-        )
-    try:
-        resolve_loss(a.loss_type, a.loss_kwargs)
-        resolve_advantage(a.advantage, advantage_arguments(a.advantage, a))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if a.aggregation is not None:
-        _check_choice("algo.aggregation", a.aggregation, AGGREGATIONS)
-    spec = POLICY_LOSSES[a.loss_type]
-    if spec.fn is not clip_loss:
-        for key, value in (("delta", a.delta), ("eps_high", a.eps_high)):
-            if value is not None:
-                raise ConfigError(
-                    f"algo.{key}={value} belongs to PPO's clip loss, which loss_type={a.loss_type!r} does not use; "
-                    f"set algo.{key}=null (its own parameters go in algo.loss_kwargs)"
-                )
-    if spec.token_importance and a.importance != "token":
-        raise ConfigError(
-            f"loss_type={a.loss_type!r} is built on token-level ratios; set algo.importance=token"
-        )
-    if a.advantage != "grpo":
-        if a.scale != "group":
-            raise ConfigError(
-                f"algo.scale={a.scale!r} applies to the grpo estimator; algo.advantage={a.advantage!r} "
-                "has its own normalisation: set algo.scale=group"
-            )
-        if a.reward_mode != "sum":
-            raise ConfigError(
-                f"algo.reward_mode={a.reward_mode!r} computes GDPO's own advantages; it needs "
-                f"algo.advantage=grpo, not {a.advantage!r}"
-            )
-    if not 0 < a.top_entropy_quantile <= 1:
-        raise ConfigError(
-            f"algo.top_entropy_quantile={a.top_entropy_quantile} must be in (0, 1] (the share of highest-"
-            "entropy tokens kept; the paper uses 0.2, 1.0 keeps all)"
-        )
-    _check_entropy_regularisation(a)
-    _check_choice("algo.cov_method", a.cov_method, COV_METHODS)
-    if a.cov_ratio is not None and not 0 < a.cov_ratio <= 1:
-        raise ConfigError(f"algo.cov_ratio={a.cov_ratio} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)")
-    bounds = a.clip_cov_bounds
-    if (
-        not isinstance(bounds, (list, tuple))
-        or len(bounds) != 2
-        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
-        or not bounds[0] < bounds[1]
-    ):
-        raise ConfigError(
-            f"algo.clip_cov_bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
-        )
-    if a.kl_cov_coef < 0:
-        raise ConfigError(f"algo.kl_cov_coef={a.kl_cov_coef} must be >= 0 (the paper uses 1)")
-    if a.cov_method == "kl_cov" and a.num_iterations * a.num_minibatches == 1:
-        raise ConfigError(
-            "algo.cov_method=kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
-            "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
-        )
-    _check_choice("algo.sampler_correction", a.sampler_correction, tuple(SAMPLER_CORRECTIONS))
-    _check_2026_family(a)
-    _check_topk_source(cfg)
-    if not a.sampler_is_max > 1:
-        raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
-    if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
-        raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
+def _check_beside_algo(cfg: TrainFields) -> None:
+    """Raises ConfigError for a value of the sampler copy, iterative GRPO, process supervision or episodes that
+    cannot work."""
+    r = cfg.rollout
     if r.sampler_dtype is not None:
         _check_choice("rollout.sampler_dtype", str(r.sampler_dtype).lower(), SAMPLER_DTYPES)
     it = cfg.iterative
@@ -536,74 +399,7 @@ def _check_objective(cfg: TrainConfig, import_user_code: bool = True) -> None:
     _check_episodes(cfg)
 
 
-TRUST_REGION_ANCHORS = ("old", "sampler")
-"""algo.trust_region_anchor's values: pi_old, or the sampler's log-probs."""
-
-
-def _check_advantage_fits_loss(a: AlgoConfig) -> None:
-    """Raises ConfigError for an advantage estimator the loss cannot take (OTB's per-token ones with gmpo)."""
-    if a.advantage == "optimal_token_baseline" and a.loss_type == "gmpo":
-        raise ConfigError(
-            "algo.advantage=optimal_token_baseline gives one advantage per token, and loss_type=gmpo needs one "
-            "per completion: choose another loss type"
-        )
-
-
-def _check_2026_family(a: AlgoConfig) -> None:
-    """Raises ConfigError for a value of the 2026 family's options out of range, or a combination that cannot
-    run: VESPO with a sequence-level sampler correction, the sampler anchor with a sampler correction, dro
-    without kl_tau, DPPO's top-K with a loss that has no DPPO mask (its engine: _check_topk_source). Warns, as TRL
-    does, when luspo runs with token-level importance."""
-    _check_choice("algo.trust_region_anchor", a.trust_region_anchor, TRUST_REGION_ANCHORS)
-    if not isinstance(a.kl_tau, (int, float)) or isinstance(a.kl_tau, bool) or not a.kl_tau >= 0:
-        raise ConfigError(
-            f"algo.kl_tau={a.kl_tau!r} must be a number >= 0 (the squared log-ratio penalty's coefficient; "
-            "prime-rl uses 1e-3, 0 turns it off)"
-        )
-    if a.loss_type == "dro" and a.kl_tau == 0:
-        raise ConfigError(
-            "algo.loss_type=dro is -A * r plus the squared log-ratio penalty, whose coefficient is algo.kl_tau; "
-            "kl_tau=0 leaves a plain policy gradient: set algo.kl_tau > 0 (verl's dro_beta = 2 * kl_tau)"
-        )
-    if not isinstance(a.use_bias_correction_kl, bool):
-        raise ConfigError(f"algo.use_bias_correction_kl={a.use_bias_correction_kl!r} must be true or false")
-    t = a.off_policy_mask_threshold
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
-        raise ConfigError(
-            f"algo.off_policy_mask_threshold={t!r} must be a number >= 0 (the mean per-token KL from the sampler "
-            "above which a negative sample is dropped; TRL's example is 0.5), or null to turn the mask off"
-        )
-    if a.loss_type == "luspo" and a.importance != "sequence":
-        warnings.warn(
-            f"algo.loss_type=luspo is meant with algo.importance=sequence (the LUSPO paper's GSPO ratio); "
-            f"algo.importance={a.importance} runs it with token-level ratios",
-            ConfigWarning,
-            stacklevel=4,
-        )
-    if a.loss_type == "vespo" and a.sampler_correction.startswith("sequence_"):
-        raise ConfigError(
-            f"algo.loss_type=vespo folds the sampler's per-token ratios into its own sequence weight, so "
-            f"algo.sampler_correction={a.sampler_correction} would weigh each sequence twice: set "
-            "algo.sampler_correction to token_tis, token_mis or none"
-        )
-    if a.trust_region_anchor == "sampler" and a.sampler_correction not in ("none", "auto"):
-        raise ConfigError(
-            f"algo.trust_region_anchor=sampler takes the importance ratio against the sampler's log-probs, which "
-            f"already corrects for the sampler: algo.sampler_correction={a.sampler_correction} would correct "
-            "twice; set algo.sampler_correction=none (or trust_region_anchor=old)"
-        )
-    k = a.dppo_topk
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ConfigError(f"algo.dppo_topk={k!r} must be an int >= 0 (0: DPPO's binary mask)")
-    if k > 0:
-        if a.loss_type not in ("dppo_tv", "dppo_kl"):
-            raise ConfigError(
-                f"algo.dppo_topk={k} is the top-K divergence of DPPO's mask; loss_type={a.loss_type!r} has no such "
-                "mask: set algo.loss_type to dppo_tv or dppo_kl, or algo.dppo_topk=0"
-            )
-
-
-def _check_topk_source(cfg: TrainConfig) -> None:
+def _check_topk_source(cfg: TrainFields) -> None:
     """Raises ConfigError when algo.dppo_topk > 0 and the rollouts come from a source that cannot return each
     token's top-K log-probs: only the trainer's builtin engine does (not hf, rollout workers or episodes)."""
     k, r = cfg.algo.dppo_topk, cfg.rollout
@@ -629,7 +425,7 @@ def _check_topk_source(cfg: TrainConfig) -> None:
         )
 
 
-def _check_episodes(cfg: TrainConfig) -> None:
+def _check_episodes(cfg: TrainFields) -> None:
     """Raises ConfigError for an episodes.* value that cannot work (the tools and factories themselves are
     imported and checked by the builder, still before the model loads)."""
     e = cfg.episodes
@@ -689,47 +485,17 @@ def _check_episodes(cfg: TrainConfig) -> None:
         )
 
 
-def _check_ranges(cfg: TrainConfig) -> None:
+def _check_ranges(cfg: TrainFields) -> None:
     """Raises ConfigError for a non-finite number anywhere, or a value outside its documented range."""
     for key, value in _leaves(cfg):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
-    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    r, o = cfg.rollout, cfg.optim
     if r.temperature == 0 and r.group_size > 1:
         raise ConfigError(
             f"rollout.temperature=0 decodes greedily: the {r.group_size} completions of a prompt would be "
             "identical, every advantage 0 and nothing learned; set rollout.temperature > 0 (1.0 is usual)"
         )
-    if not 0 <= a.eps_low < 1:
-        raise ConfigError(
-            f"algo.eps_low={a.eps_low} must be in [0, 1) (the ratio is clipped at 1 - eps_low; 0.2 is usual)"
-        )
-    if a.eps_high is not None and a.eps_high < 0:
-        raise ConfigError(f"algo.eps_high={a.eps_high} must be >= 0 (DAPO's clip-higher uses 0.28)")
-    high = a.eps_low if a.eps_high is None else a.eps_high
-    if a.delta is not None and not a.delta > 1 + high:
-        raise ConfigError(
-            f"algo.delta={a.delta} must be > 1 + eps_high = {1 + high} (e.g. 4.0), or null to disable it"
-        )
-    if not a.adv_eps > 0:
-        raise ConfigError(
-            f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)"
-        )
-    if a.ref_update_every < 0:
-        raise ConfigError(
-            f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
-        )
-    if a.ref_sync_kl is not None and not a.ref_sync_kl > 0:
-        raise ConfigError(
-            f"algo.ref_sync_kl={a.ref_sync_kl} must be > 0 (the mean per-token KL above which the reference "
-            "syncs; seed 002 suggests 0.5), or null"
-        )
-    if not 0 < a.ref_mixup_alpha <= 1:
-        raise ConfigError(
-            f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
-        )
-    if a.max_sampling_rounds < 1:
-        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
     _check_health(cfg)
     cur = cfg.curriculum
     if cur.enabled:
@@ -741,7 +507,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
             )
     checks = [
         *_optim_ranges(o, "optim."),
-        ("rollout.top_k", r.top_k, r.top_k >= 0, ">= 0 (0 disables it)"),
         ("save_every", cfg.save_every, cfg.save_every >= 0, ">= 0 (0 saves only at the end)"),
         ("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 1, ">= 1"),
         ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
@@ -775,7 +540,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
         )
 
 
-def _check_health(cfg: TrainConfig) -> None:
+def _check_health(cfg: TrainFields) -> None:
     """Raises ConfigError for an unknown health check name or a threshold outside its range."""
     h = cfg.health
     unknown = [name for name in h.off if name not in HEALTH_CHECKS]
@@ -804,7 +569,7 @@ def _check_health(cfg: TrainConfig) -> None:
     _check_rules(rules)
 
 
-def _check_fast(cfg: TrainConfig, cuda_available: bool = False) -> None:
+def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
     """Raises ConfigError for a fast-path setting that is invalid or that this config cannot honour."""
     f, m = cfg.fast, cfg.model
     try:
@@ -909,37 +674,41 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _check_entropy_regularisation(a: AlgoConfig) -> None:
-    """Raises ConfigError for entropy-regularisation settings that cannot work."""
-    for key in (
-        "entropy_coef",
-        "entropy_target",
-        "entropy_coef_min",
-        "entropy_coef_max",
-        "entropy_coef_delta",
-    ):
-        value = getattr(a, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"algo.{key}={value!r} must be a finite number")
-    if not a.adaptive_entropy:
-        return
-    if a.entropy_coef_delta <= 0:
-        raise ConfigError(
-            f"algo.entropy_coef_delta={a.entropy_coef_delta} must be > 0 (the adaptive coefficient's step; "
-            "TRL's default is 0.005)"
-        )
-    if a.entropy_coef_min > a.entropy_coef_max:
-        raise ConfigError(
-            f"algo.entropy_coef_min={a.entropy_coef_min} is above algo.entropy_coef_max={a.entropy_coef_max}; "
-            "the adaptive coefficient stays within [min, max]"
-        )
-    if a.entropy_target < 0:
-        raise ConfigError(
-            f"algo.entropy_target={a.entropy_target} must be >= 0 (a mean per-token entropy in nats)"
-        )
-
-
 def _check_choice(key: str, value: Any, valid: tuple[str, ...]) -> None:
     """Raises ConfigError when `value` is not one of `valid`, listing them."""
     if value not in valid:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+
+
+def _reward_names(funcs: Any) -> list[str]:
+    """Returns the names of reward functions given as specs or callables (one spec alone counts as a list)."""
+    items = [funcs] if isinstance(funcs, str) or callable(funcs) else list(funcs)
+    return [f if isinstance(f, str) else getattr(f, "__name__", type(f).__name__) for f in items]
+
+
+def check_reward_weights(weights: Any, names: Sequence[str]) -> list[float]:
+    """Returns the reward weights as floats (1.0 each when `weights` is None) after checking that there is one
+    finite number per reward function `names` (ConfigError, a ValueError, otherwise)."""
+    if weights is None:
+        return [1.0] * len(names)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise ConfigError(
+            f"reward_weights={weights!r} must be a list of numbers, one per reward function {list(names)}"
+        )
+    values = list(weights)
+    if len(values) != len(names):
+        raise ConfigError(
+            f"reward_weights has {len(values)} values but there are {len(names)} reward functions {list(names)}: "
+            "give one weight per function"
+        )
+    for i, (w, name) in enumerate(zip(values, names)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real):
+            raise ConfigError(
+                f"reward_weights[{i}]={w!r} (for {name!r}) is not a number; give one float per function"
+            )
+        if not math.isfinite(w):
+            raise ConfigError(
+                f"reward_weights[{i}]={float(w)} (for {name!r}) is not finite; every weight must be a finite number "
+                "(use 0 to switch a reward off)"
+            )
+    return [float(w) for w in values]

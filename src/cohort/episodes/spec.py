@@ -15,13 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cohort.choices import is_function_spec
 from cohort.config import EpisodeConfig
 from cohort.episodes.catalog import builtin_tool
 from cohort.episodes.environments import check_environment_factory, is_text_environment
 from cohort.episodes.tools import Tool, ToolSet, environment_tools, make_tool
 from cohort.errors import ConfigError
 from cohort.rewards.scoring import StepRewards
-from cohort.runtime.plugins import is_function_spec, load_function
+from cohort.runtime.plugins import load_function
 
 ROUTING_COLUMN = "environment"
 """The dataset column naming each row's environment when several factories are given (TRL's)."""

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cohort.config.validation import check_reward_weights
 from cohort.data.sources import RESERVED_COLUMNS
 
 __all__ = [
@@ -119,29 +120,9 @@ def reward_weights(
     checked before anything is loaded.
     """
     names = [f if isinstance(f, str) else reward_name(f) for f in _as_specs(funcs)]
-    if weights is None:
-        return torch.ones(len(names), dtype=torch.float32)
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, np.ndarray, torch.Tensor)):
-        raise ValueError(
-            f"reward_weights={weights!r} must be a list of numbers, one per reward function {names}"
-        )
-    values = list(weights.tolist() if isinstance(weights, (np.ndarray, torch.Tensor)) else weights)
-    if len(values) != len(names):
-        raise ValueError(
-            f"reward_weights has {len(values)} values but there are {len(names)} reward functions {names}: "
-            "give one weight per function"
-        )
-    for i, (w, name) in enumerate(zip(values, names)):
-        if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real):
-            raise ValueError(
-                f"reward_weights[{i}]={w!r} (for {name!r}) is not a number; give one float per function"
-            )
-        if not math.isfinite(w):
-            raise ValueError(
-                f"reward_weights[{i}]={float(w)} (for {name!r}) is not finite; every weight must be a finite "
-                "number (use 0 to switch a reward off)"
-            )
-    return torch.tensor([float(w) for w in values], dtype=torch.float32)
+    if isinstance(weights, (np.ndarray, torch.Tensor)):
+        weights = weights.tolist()
+    return torch.tensor(check_reward_weights(weights, names), dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------- signatures

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cohort.choices import check_sampling
 from cohort.models import cache_kwargs, eval_mode, forward_accepts, input_device
 
 
@@ -46,14 +47,7 @@ class SamplingParams:
                 f"max_completion_length must be >= 1, got {self.max_completion_length}; "
                 "pass the number of new tokens each completion may have"
             )
-        if not self.greedy and not self.temperature > 0:
-            raise ValueError(
-                f"temperature must be > 0, got {self.temperature}; use greedy=True for argmax decoding"
-            )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to switch it off")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}; use 0 to switch it off")
+        check_sampling(self.temperature, self.top_p, self.top_k, greedy=self.greedy)
         k = self.logprobs_topk
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"logprobs_topk must be an int >= 0, got {k!r}; use 0 to switch it off")

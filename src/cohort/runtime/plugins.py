@@ -19,11 +19,9 @@ from typing import Any
 from cohort.algo import check_loss_kwargs, register_loss
 from cohort.algo.estimators import ADVANTAGE_TYPES, check_advantage_kwargs, register_advantage
 from cohort.algo.losses import LOSS_TYPES
-
-
-def is_function_spec(value: object) -> bool:
-    """Return True when `value` reads as a ``module:function`` or ``file.py:function`` spec."""
-    return isinstance(value, str) and ":" in value and not value.startswith(":")
+from cohort.algo.options import advantage_arguments, check_algo
+from cohort.choices import is_function_spec
+from cohort.errors import ConfigError
 
 
 def import_failure(exc: BaseException, path: Path | None = None) -> str:
@@ -114,3 +112,20 @@ def resolve_advantage(spec: str, kwargs: dict[str, Any], label: str = "algo.adva
         )
     check_advantage_kwargs(spec, kwargs)
     return spec
+
+
+def check_user_objective(cfg: Any) -> None:
+    """Returns None after importing and registering the loss and advantage estimator a config (`cfg`, a
+    TrainConfig) names as user code, and checking that each can run as configured (ConfigError otherwise).
+
+    The config's own validation imports nothing; a trainer calls this once its model, data and run folder are
+    checked, so that a refused run runs none of the user's code."""
+    a = cfg.algo
+    try:
+        resolve_loss(a.loss_type, a.loss_kwargs)
+        resolve_advantage(a.advantage, advantage_arguments(a.advantage, a))
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_algo(a)  # again, now that what the user's loss and estimator read is known

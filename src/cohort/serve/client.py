@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 
 from cohort import __version__
 from cohort.errors import ConfigError, NonFiniteError, TrainingError
@@ -36,6 +37,7 @@ from cohort.models import stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams, select_groups
 from cohort.rollout.base import RolloutEngine
 from cohort.runtime import distributed as dist
+from cohort.runtime.sharding import full_value
 from cohort.serve import ranks, weights
 from cohort.serve.protocol import PROTOCOL, identity, mismatch, pack, params_to_dict, read_batch, unpack
 from cohort.serve.worker import READY, die_with_parent, zmq_module
@@ -336,16 +338,59 @@ class RemoteGeneration:
                 return c.channel.device
         return None
 
+    def _share_losses(self, *, src: int | None = None) -> None:
+        """Returns None after every process marked lost the workers another process lost (all of them pooled, or
+        process `src`'s alone), each with a warning."""
+        if not dist.is_distributed():
+            return  # one training process: its own losses are all there are
+        mine = {i: c.lost for i, c in enumerate(self.clients) if c.lost is not None}
+        if src is None:
+            seen = dist.all_gather_object(mine)
+        else:
+            box = [mine]
+            tdist.broadcast_object_list(box, src=src)
+            seen = [box[0]]
+        for r, lost in enumerate(seen):
+            for i, why in lost.items():
+                c = self.clients[i]
+                if c.lost is None:
+                    rank = src if src is not None else r
+                    self._lose(c, f"{why}, seen by training process {rank}")
+
+    def _push_in_buckets(self, *, full: bool) -> None:
+        """Returns None once process 0 has sent the current weights to every live worker, bucket by bucket, and
+        every process knows which workers the push lost; WorkersLostError on every process when none is left.
+        Every training process must call it together (cohort.serve.ranks says how the buckets travel)."""
+        t0 = time.perf_counter()
+        self._share_losses()
+        self._require_live()
+        everything = full or self.pushed is None
+        named = weights.push_tensors(self.model, full=everything)
+        runs = list(ranks.buckets(named, self.bucket_bytes))
+        for k, run in enumerate(runs):
+            # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
+            # (built on the GPU of an NCCL channel; only process 0 holds channels, the others keep nothing)
+            device = self.buffer_device or "cpu"
+            spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main(), device=device)
+            if dist.is_main():
+                self.send_weights(spec, buffers, final=k == len(runs) - 1)
+            del spec, buffers
+        # also the barrier: no process samples before every worker holds the weights
+        self._share_losses(src=0)
+        self._require_live()
+        self.pushed = self.version
+        self.push_seconds += time.perf_counter() - t0
+
     def push_weights(self, *, full: bool = False) -> None:
         """Sends the current weights to every live worker (the whole state dict when `full` or a worker has
         none yet), losing a worker whose receive fails or times out. A full push, or any push without
         pushes_in_flight, returns once the workers hold the weights; otherwise it returns at once, and the
         push lands when each worker reaches it among its requests. Several training processes, or an NCCL
-        channel, push bucket by bucket (cohort.serve.ranks.push), each bucket landing before the next."""
+        channel, push bucket by bucket (_push_in_buckets), each bucket landing before the next."""
         if self.pushed == self.version and not full:
             return
         if dist.is_distributed() or self.buffer_device is not None:
-            ranks.push(self, full=full)
+            self._push_in_buckets(full=full)
             return
         t0 = time.perf_counter()
         everything = full or self.pushed is None

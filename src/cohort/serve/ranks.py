@@ -22,20 +22,14 @@ built on its GPU, so a push never holds a second whole copy of the weights there
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as tdist
 
 from cohort.errors import ConfigError
 from cohort.runtime import distributed as dist
-from cohort.runtime.sharding import full_value
-from cohort.serve import weights
-
-if TYPE_CHECKING:
-    from cohort.serve.client import RemoteGeneration
 
 T = TypeVar("T")
 
@@ -83,47 +77,3 @@ def buckets(named: list[tuple[str, torch.Tensor]], limit: int) -> Iterator[list[
         size += t.numel() * t.element_size()
     if run:
         yield run
-
-
-def share_losses(source: RemoteGeneration, *, src: int | None = None) -> None:
-    """Returns None after every process marked lost the workers another process lost (all of them pooled, or
-    process `src`'s alone), each with a warning."""
-    if not dist.is_distributed():
-        return  # one training process: its own losses are all there are
-    mine = {i: c.lost for i, c in enumerate(source.clients) if c.lost is not None}
-    if src is None:
-        seen = dist.all_gather_object(mine)
-    else:
-        box = [mine]
-        tdist.broadcast_object_list(box, src=src)
-        seen = [box[0]]
-    for r, lost in enumerate(seen):
-        for i, why in lost.items():
-            c = source.clients[i]
-            if c.lost is None:
-                rank = src if src is not None else r
-                source._lose(c, f"{why}, seen by training process {rank}")
-
-
-def push(source: RemoteGeneration, *, full: bool) -> None:
-    """Returns None once process 0 has sent the current weights to every live worker, bucket by bucket, and every
-    process knows which workers the push lost; WorkersLostError on every process when none is left. Every
-    training process must call it together."""
-    t0 = time.perf_counter()
-    share_losses(source)
-    source._require_live()
-    everything = full or source.pushed is None
-    named = weights.push_tensors(source.model, full=everything)
-    runs = list(buckets(named, source.bucket_bytes))
-    for k, run in enumerate(runs):
-        # sharded tensors: an all-gather every process joins; process 0 alone keeps the values, in the buffers
-        # (built on the GPU of an NCCL channel; only process 0 holds channels, the others keep nothing)
-        device = source.buffer_device or "cpu"
-        spec, buffers = weights.flatten_each(run, full_value, keep=dist.is_main(), device=device)
-        if dist.is_main():
-            source.send_weights(spec, buffers, final=k == len(runs) - 1)
-        del spec, buffers
-    share_losses(source, src=0)  # also the barrier: no process samples before every worker holds the weights
-    source._require_live()
-    source.pushed = source.version
-    source.push_seconds += time.perf_counter() - t0

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from cohort.choices import WEIGHT_TRANSPORTS
+
 
 def torch_dtype(name: str) -> torch.dtype:
     """Returns the torch dtype called `name` ("float32", "bfloat16", "int64", ...); ValueError for another name."""
@@ -74,8 +76,8 @@ def join_store(host: str, port: int, timeout: float) -> tdist.TCPStore:
     return tdist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
 
 
-TRANSPORTS = ("auto", "gloo", "nccl")
-"""rollout.weight_transport's values."""
+TRANSPORTS = WEIGHT_TRANSPORTS
+"""rollout.weight_transport's values (named once, in cohort.choices)."""
 
 NCCL_WATCHDOG_FACTOR = 4
 """NCCL's watchdog fires this many worker timeouts after a transfer starts: the channel's own poll aborts first."""

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from cohort.algo import combine_rewards, process_advantages, process_advantages_to_tokens, zero_std_group_mask
-from cohort.algo.estimators import advantage_arguments, estimate_advantages
+from cohort.algo.estimators import estimate_advantages
+from cohort.algo.options import advantage_arguments
 from cohort.rollout import RolloutBatch
 from cohort.train.scorer import StepSpans
 
