@@ -62,12 +62,15 @@ def gather_rows(
     groups, tokens, extra = len(rollout.prompt_ids), rollout_tokens(rollout), drawn.metrics()
     if not dist.is_distributed():
         return StepRows(None, 0, [groups], tokens, collapse, extra)
+    assert zero_std is not None
     share = 0.0 if collapse is None else collapse * first_groups
     head = [groups, tokens, share, first_groups, *extra.values()]
     columns = metric_columns(rollout, drawn.per_func, drawn.reward, zero_std)
     parts, heads = dist.all_gather_table(columns, head, capacity)
     counts = [int(h[0]) for h in heads]
-    total = [sum(h[k] for h in heads) for k in range(len(head))]  # rank order: as the all-reduce of two adds
+    # Added in rank order: whole numbers exactly, the collapse share's float parts with the bits an all-reduce
+    # gives two processes (a + b == b + a); with more, the order may differ from the backend's in the last bit.
+    total = [sum(h[k] for h in heads) for k in range(len(head))]
     merged = {
         name: float(max(int(h[4 + k]) for h in heads)) if name in MOST else total[4 + k]
         for k, name in enumerate(extra)

@@ -338,12 +338,13 @@ class PolicyUpdater:
             for mb, mb_rows in enumerate(self._minibatches(batch, generator)):
                 rows = [r for r in mb_rows if in_loss[r]]
                 asked: list[int] = []  # the sums loss_normalisers asks for, in its order
+
+                def ask(value: int, asked: list[int] = asked) -> int:
+                    asked.append(int(value))
+                    return int(value)
+
                 loss_normalisers(
-                    a.loss_type,
-                    [lengths[r] for r in rows],
-                    lambda v, asked=asked: asked.append(int(v)) or int(v),
-                    dist.world_size(),
-                    aggregation=a.aggregation,
+                    a.loss_type, [lengths[r] for r in rows], ask, dist.world_size(), aggregation=a.aggregation
                 )
                 skip = set(zero_advantage_rows(row_zero, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
@@ -358,16 +359,16 @@ class PolicyUpdater:
         total = wanted.reduce()
         plan: list[list[PlannedMinibatch]] = [[] for _ in range(a.num_iterations)]
         for it, key, mb_rows, rows, work, micros, asked_count in local:
-            sums = iter([total[f"{key}/normaliser/{k}"] for k in range(asked_count)])
+            sums = iter([int(total[f"{key}/normaliser/{k}"]) for k in range(asked_count)])
+
+            def summed(value: int, sums: Iterator[int] = sums) -> int:
+                return next(sums)
+
             num_items, num_seq = loss_normalisers(
-                a.loss_type,
-                [lengths[r] for r in rows],
-                lambda v, sums=sums: next(sums),
-                dist.world_size(),
-                aggregation=a.aggregation,
+                a.loss_type, [lengths[r] for r in rows], summed, dist.world_size(), aggregation=a.aggregation
             )
             if self.sharded:
-                micros = micros + [[] for _ in range(total[f"{key}/micro_batches"] - len(micros))]
+                micros = micros + [[] for _ in range(int(total[f"{key}/micro_batches"]) - len(micros))]
             plan[it].append(
                 PlannedMinibatch(mb_rows, work, micros, num_items, num_seq, int(total[f"{key}/tokens"]))
             )
@@ -685,12 +686,12 @@ class PolicyUpdater:
                 )
         # Each optimizer step's loss over every process: one all-reduce after the update, not one per step.
         losses = dist.Reductions()
-        for k, (loss, *_) in enumerate(steps):
-            losses.sum(str(k), loss)
+        for k, (step_loss, *_) in enumerate(steps):
+            losses.sum(str(k), step_loss)
         summed = losses.reduce()
-        for k, (_, gn, frac, coef) in enumerate(steps):
+        for k, (_, norm, frac, coef) in enumerate(steps):
             meter.optimizer_step(
-                loss=summed[str(k)], grad_norm=gn, rows_computed_frac=frac, entropy_coef=coef
+                loss=summed[str(k)], grad_norm=norm, rows_computed_frac=frac, entropy_coef=coef
             )
         if dist.is_distributed():  # token-weighted means, extremes and the gap over every process's tokens
             meter.merge_processes(dist.all_gather_objects, dist.rank())
