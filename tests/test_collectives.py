@@ -17,12 +17,14 @@ def test_a_default_two_process_step_makes_at_most_five_collectives(tmp_path, tin
     """Counts the collectives on the wire that cohort's own code asks for (see collectives_case: an
     all_gather_object is two, FSDP's and DTensor's own are not counted) from the second step() of a run to
     the third: the step and the loop's bookkeeping after it (stop signals, health, callbacks), no checkpoint
-    or evaluation. The default config (dapo, beta 0, one minibatch, mu 1, replicated model) makes at most 5;
-    many micro-batches make as many as one (none inside the micro-batch loop)."""
+    or evaluation. The default config (loss grpo, beta 0, one minibatch, mu 1, replicated model) makes at most 5;
+    so do dapo (two global normalisers) and a sharded model; many micro-batches make as many as one (none
+    inside the micro-batch loop)."""
     cases = {
         "default": ["distributed.strategy=auto"],
         "micro_batches": ["distributed.strategy=auto", "micro_batch_tokens=8"],
         "fsdp": ["distributed.strategy=fsdp"],
+        "dapo": ["distributed.strategy=auto", "algo.loss_type=dapo"],
     }
     mp.spawn(
         collectives_case,
