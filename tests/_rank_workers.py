@@ -192,3 +192,140 @@ def full_disk_case(rank: int, world: int, store: str, out: str, model_dir: str) 
         code = main(["train", *_overrides(model_dir, str(Path(out) / "run"), ["steps=2", "save_every=1"])])
     torch.save((code, err.getvalue()), Path(out) / f"full-{rank}.pt")
     exit_without_teardown(0)
+
+
+COLLECTIVES = (
+    "allreduce",
+    "allreduce_coalesced",
+    "allgather",
+    "allgather_coalesced",
+    "all_gather_single",
+    "all_gather_single_coalesced",
+    "broadcast",
+    "barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_single_coalesced",
+    "gather",
+    "scatter",
+    "alltoall",
+    "all_to_all_single",
+    "send",
+    "recv",
+)
+"""The ProcessGroup methods that put a collective on the wire (torch.distributed's functions call them)."""
+
+
+def _caller_outside_c10d() -> str:
+    """Returns 'file:line function' of the first frame above torch.distributed's collective functions and this
+    module: the code that asked for the collective (cohort's own, or torch's FSDP / DTensor)."""
+    import sys
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.endswith(("distributed_c10d.py", "c10d_logger.py", "_rank_workers.py", "functools.py")):
+            return f"{name}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
+def collectives_case(
+    rank: int, world: int, store: str, out: str, model_dir: str, cases: dict[str, list[str]]
+) -> None:
+    """Trains 3 steps per case (train(): the loop's bookkeeping too) with every ProcessGroup collective wrapped,
+    and writes the collectives cohort's own code issued during the second step and its bookkeeping (from the
+    second step() to the third), each as its call site, and the most micro-batches an update planned:
+    OUT/<case>-<rank>.pt.
+
+    Counted: each collective on the wire whose first caller above torch.distributed's functions is in cohort's
+    source (an all_gather_object is its two all-gathers). Not counted: those FSDP and DTensor issue themselves
+    (gathering parameters, reducing gradients, the gradient norm)."""
+    import torch.distributed as tdist
+
+    from cohort.train import update
+    from cohort.trainer import GRPOTrainer
+
+    _join(rank, world, store)
+    plan = update.plan_micro_batches
+    most = [0]
+
+    def planned(*args, **kwargs):
+        micros = plan(*args, **kwargs)
+        most[0] = max(most[0], len(micros))
+        return micros
+
+    update.plan_micro_batches = planned  # type: ignore[assignment]
+    pg = tdist.ProcessGroup
+    originals = {name: vars(pg)[name] for name in COLLECTIVES if name in vars(pg)}
+    calls: list[tuple[int, str]] = []
+    steps = [0]
+
+    def counting(name, method):
+        def wrapper(self, *args, **kwargs):
+            calls.append((steps[0], f"{name} from {_caller_outside_c10d()}"))
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    for case, overrides in cases.items():
+        trainer = GRPOTrainer(_config(model_dir, f"{out}/{case}", ["steps=3", "save_every=0", *overrides]))
+        step = trainer.step
+
+        def counted_step(step=step):
+            steps[0] += 1
+            return step()
+
+        trainer.step = counted_step  # type: ignore[method-assign]
+        calls.clear()
+        steps[0] = most[0] = 0
+        for name, method in originals.items():
+            setattr(pg, name, counting(name, method))
+        try:
+            trainer.train()
+        finally:
+            for name, method in originals.items():
+                setattr(pg, name, method)
+        second = [site for s, site in calls if s == 2]
+        torch.save(
+            {
+                "cohort": [site for site in second if "/cohort/" in site],
+                "all": second,
+                "micro_batches": most[0],
+            },
+            Path(out) / f"{case}-{rank}.pt",
+        )
+    exit_without_teardown(0)
+
+
+def reductions_case(rank: int, world: int, store: str, out: str) -> None:
+    """Runs cohort.runtime.distributed's batched reductions on values that differ by process, next to the one-value
+    collectives they replace, and writes what each gave: OUT/reductions-<rank>.pt."""
+    import math
+
+    from cohort.runtime import distributed as dist
+
+    _join(rank, world, store)
+    floats = [math.pi * (rank + 1) / (k + 3) + math.e**k for k in range(5)] + [1 / 3 + rank * 1e-3]
+    seen: dict = {"alone": [dist.all_sum_float(v) for v in floats], "most": dist.all_max_int(7 * rank + 1)}
+    sums = dist.Reductions()
+    for k, v in enumerate(floats):
+        sums.sum(f"f{k}", v)
+    seen["sums"] = sums.reduce()
+    ints = dist.Reductions()  # whole-number sums with a maximum: one all-gather
+    ints.sum("tokens", 1000 + rank)
+    ints.max("micro", 7 * rank + 1)
+    seen["ints"] = ints.reduce()
+    mixed = dist.Reductions()  # float sums with a maximum: the sums stay an all-reduce
+    mixed.sum("loss", floats[-1])
+    mixed.max("flag", float(rank == 1))
+    seen["mixed"] = mixed.reduce()
+    # process 1 holds more rows than the capacity: every process gathers a second time
+    n = 5 if rank == 1 else 2
+    rows = torch.arange(n * 3, dtype=torch.float64).reshape(n, 3) + 100 * rank
+    seen["table"] = dist.all_gather_table(rows, [rank + 0.5, 2**40 + rank], capacity=3)
+    seen["objects"] = dist.all_gather_objects({"rank": rank, "pad": "x" * (10 if rank else 100)}, capacity=64)
+    seen["objects_small"] = dist.all_gather_objects(("r", rank), capacity=64)
+    torch.save(seen, Path(out) / f"reductions-{rank}.pt")
+    exit_without_teardown(0)

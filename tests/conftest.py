@@ -19,6 +19,7 @@ ONE_VERSION = {
     "tests/serve/test_serve_torchrun.py": "torch.distributed between processes; serve and zmq run in tests/serve",
     "tests/runtime/test_distributed.py::test_": "torch.distributed + checkpoints: one fsdp run stays (test_torchrun_two_processes)",
     "tests/runtime/test_distributed_exact.py": "exactness across processes: torch.distributed, the same torch in both runs",
+    "tests/runtime/test_collectives.py": "counts torch.distributed calls: the same torch in both runs",
 }
 """Tests marked `one_version` (their path starts with a key): what they prove does not change with the floors of
 .ci/oldest.txt (torch is 2.13.0 in both of CI's runs), so the oldest-versions run skips them and spends its time

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import TrainerState
 
+from cohort.algo import zero_std_group_mask
 from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import dataset_rows, trl_arguments, trl_view
 from cohort.config import TrainConfig
@@ -82,8 +83,9 @@ from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.health import HealthMonitor, collapsed_share, compute_precision
 from cohort.train.held_out import HeldOut
 from cohort.train.loop import run
-from cohort.train.metrics import rollout_tokens, sample_rows, step_metrics
+from cohort.train.metrics import sample_rows, step_metrics
 from cohort.train.prompt_order import PromptSampler
+from cohort.train.rows import StepRows, gather_rows
 from cohort.train.scorer import Scorer
 from cohort.train.state import StateRegistry
 from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
@@ -500,12 +502,16 @@ class GRPOTrainer:
         """Return the metrics of one training step (generation batch → μ updates)."""
         t0 = time.perf_counter()
         step = self.step_idx + 1
-        drawn, collapse = self._draw_groups(step)  # 1-3. prompts, G rollouts each, rewards [N, R]
-        adv = self._advantage(drawn)  # 4. advantages [N] and the loss filters
+        drawn, collapse, first_groups = self._draw_groups(step)  # 1-3. prompts, G rollouts, rewards [N, R]
+        # Every process's rows and counts in one collective: the advantages, placement and metrics read them.
+        signal = self.drawer.signal(drawn)
+        zero_std = zero_std_group_mask(signal, drawn.rollout.group_size) if dist.is_distributed() else None
+        rows = gather_rows(drawn, zero_std, collapse, first_groups, self.cfg.rollout.batch_size)
+        adv = self._advantage(drawn, signal, rows)  # 4. advantages [N] and the loss filters
         t_score = time.perf_counter()
         t_gen = t_score - drawn.seconds_score  # scoring may interleave with generation rounds
         self.health.check_batch(step, drawn.per_func, adv.advantages, adv.in_loss)
-        batch = self._policy_batch(drawn, adv)
+        batch = self._policy_batch(drawn, adv, rows)
         # 5. Policy update: from here on the step completes even when interrupted: a signal waits until the loop
         # has logged and saved the step (StopSignals.hold), since a step cut short after its update could be
         # neither rewound nor logged.
@@ -521,7 +527,7 @@ class GRPOTrainer:
         synced = self.reference is not None and self.reference.maybe_sync(step, stats.kl)
         it = self.cfg.iterative
         it_metrics = self._iterate() if self.iterative is not None and step % it.every == 0 else {}
-        metrics = self._step_metrics(drawn, adv, stats, collapse, synced, it_metrics)
+        metrics = self._step_metrics(drawn, adv, stats, rows, synced, it_metrics)
         if self.remote is not None:
             metrics.update(self.remote.metrics())
         metrics.update(
@@ -537,9 +543,10 @@ class GRPOTrainer:
         )
         return StepResult(metrics, samples)
 
-    def _draw_groups(self, step: int) -> tuple[Drawn, float | None]:
-        """Returns the step's groups (refilled under dynamic sampling) and the share of the first round's groups
-        collapsed onto one sub-par answer (None when that check is off), over every process."""
+    def _draw_groups(self, step: int) -> tuple[Drawn, float | None, int]:
+        """Returns the step's groups (refilled under dynamic sampling), the share of the first round's groups
+        collapsed onto one sub-par answer (None when that check is off) and the first round's groups, this
+        process's (gather_rows sums them over every process)."""
         want = self.cfg.prompts_per_step
         # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
         # Rollout workers sample instead: nothing is gathered, and a process that loses them stops them all.
@@ -549,29 +556,27 @@ class GRPOTrainer:
             groups = len(drawn.rollout.prompt_ids)
             if self.cfg.algo.dynamic_sampling:
                 drawn = self.drawer.refill(drawn, want, step)
-        if collapse is not None and dist.is_distributed():  # the share over every process's groups
-            collapse = dist.all_sum_float(collapse * groups) / max(dist.all_sum_int(groups), 1)
         self.reward_logs = drawn.logs
-        return drawn, collapse
+        return drawn, collapse, groups
 
-    def _advantage(self, drawn: Drawn) -> Advantaged:
+    def _advantage(self, drawn: Drawn, signal: torch.Tensor, rows: StepRows) -> Advantaged:
         """Returns the drawn batch's advantages and loss filters, over every process's rewards."""
         return advantage_batch(
             drawn.per_func,
             drawn.reward,
-            self.drawer.signal(drawn),
+            signal,
             drawn.rollout,
             self.cfg.algo,
             self.reward_weights,
             steps=drawn.steps,
             process_column=self.scorer.process_column,
-            gather=dist.all_gather_rows,
+            gather=rows.gather if dist.is_distributed() else dist.all_gather_rows,
+            lengths=rows.lengths,
         )
 
-    def _policy_batch(self, drawn: Drawn, adv: Advantaged) -> PolicyBatch:
+    def _policy_batch(self, drawn: Drawn, adv: Advantaged, rows: StepRows) -> PolicyBatch:
         """Returns the update's batch, placed in the global batch (minibatches are drawn from every process's)."""
         rollout = drawn.rollout
-        counts, _ = dist.all_gather_rows(torch.tensor([len(rollout.prompt_ids)]))
         return PolicyBatch(
             rollout.prompt_ids,
             rollout.completion_ids,
@@ -582,8 +587,8 @@ class GRPOTrainer:
             token_advantages=adv.token_advantages,
             topk_ids=rollout.topk_ids,
             topk_logprobs=rollout.topk_logprobs,
-            group_offset=int(counts[: dist.rank()].sum()),
-            total_groups=int(counts.sum()),
+            group_offset=sum(rows.groups[: dist.rank()]),
+            total_groups=sum(rows.groups),
             loss_masks=rollout.loss_masks,
             rewards=drawn.reward if self.cfg.algo.advantage == "optimal_token_baseline" else None,
         )
@@ -603,14 +608,13 @@ class GRPOTrainer:
         drawn: Drawn,
         adv: Advantaged,
         stats: UpdateStats,
-        collapse: float | None,
+        rows: StepRows,
         synced: bool,
         it_metrics: dict[str, float],
     ) -> dict[str, Any]:
         """Returns the step's metrics row over every process (the health checks observe it)."""
         rollout = drawn.rollout
-        self.num_tokens += dist.all_sum_int(rollout_tokens(rollout))
-        gather = dist.all_gather_rows if dist.is_distributed() else own_rows
+        self.num_tokens += rows.tokens
         metrics = step_metrics(
             self.step_idx,
             rollout,
@@ -620,11 +624,10 @@ class GRPOTrainer:
             stats,
             self.reward_names,
             self.num_tokens,
-            gather,
+            own_rows,
+            rows.columns,
         )
-        for k, v in drawn.metrics().items():  # over every process: the most rounds any took, summed counts
-            most = k in ("sampling/rounds", "serve/staleness")
-            metrics[k] = float(dist.all_max_int(int(v))) if most else dist.all_sum_float(v)
+        metrics.update(rows.drawn_metrics)  # over every process: the most rounds any took, summed counts
         if drawn.steps is not None:
             metrics.update(process_metrics(drawn.steps))
         if rollout.episodes is not None:
@@ -634,7 +637,7 @@ class GRPOTrainer:
             metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
         if self.curriculum is not None:
             metrics.update(self.curriculum.metrics(self.step_idx))
-        self.health.observe(self.step_idx, metrics, collapse)
+        self.health.observe(self.step_idx, metrics, rows.collapse)
         metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
         return metrics
 

@@ -2,6 +2,10 @@
 trainer's statistics need. The model itself is wrapped by FSDP (cohort.runtime.sharding), which reduces the
 gradients; each process computes its loss with the global batch's normalisers, so the summed gradient is
 the single-process one on the whole batch.
+
+Each collective is a host synchronisation, so a step batches what it reduces: `Reductions` collects named
+sums and maxima and reduces them in one call, `all_gather_table` gathers a step's rows with per-process
+numbers in one all-gather, `all_gather_objects` gathers picklable objects in one (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import atexit
 import contextlib
 import gc
 import os
+import pickle
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -283,3 +288,108 @@ def all_gather_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     tdist.all_gather(parts, padded)
     rows = torch.cat([p[:c] for p, c in zip(parts, counts)]).to(t.device)
     return rows, sum(counts[: rank()])
+
+
+class Reductions:
+    """Named sums and maxima of this process's ints and floats, reduced over every process together by `reduce`.
+
+    One collective for the lot (none on one process): sums alone in one float64 all-reduce, maxima alone in
+    one MAX all-reduce, both with only whole-number sums in one all-gather reduced here (exact in any order).
+    Each float is summed by the same all-reduce, in float64, as `all_sum_float` sums it alone (an all-reduce
+    of a vector is elementwise), so the results are those bits; ints come back as ints, exact below 2**53."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, int | float] = {}
+        self.maxima: dict[str, int | float] = {}
+
+    def sum(self, name: str, value: int | float) -> None:
+        """Adds `value` to be summed over every process under `name`."""
+        self.sums[name] = value
+
+    def max(self, name: str, value: int | float) -> None:
+        """Adds `value` whose largest over every process is wanted under `name`."""
+        self.maxima[name] = value
+
+    def reduce(self) -> dict[str, int | float]:
+        """Returns every name's sum or maximum over all processes (this process's values on one process)."""
+        out = {**self.sums, **self.maxima}
+        if not is_distributed() or not out:
+            return out
+        names = [*self.sums, *self.maxima]
+        values = [*self.sums.values(), *self.maxima.values()]
+        t = torch.tensor(values, dtype=torch.float64, device=device())
+        if not self.maxima:
+            tdist.all_reduce(t)
+            reduced = t.tolist()
+        elif not self.sums:
+            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+            reduced = t.tolist()
+        elif all(isinstance(v, int) for v in self.sums.values()):
+            parts = [torch.empty_like(t) for _ in range(world_size())]
+            tdist.all_gather(parts, t)
+            rows = torch.stack(parts).cpu()
+            s = len(self.sums)
+            reduced = [*rows[:, :s].sum(0).tolist(), *rows[:, s:].max(0).values.tolist()]
+        else:  # float sums with maxima: the sums keep their all-reduce (a local sum's order could differ)
+            s = len(self.sums)
+            tdist.all_reduce(t[:s])
+            tdist.all_reduce(t[s:], op=tdist.ReduceOp.MAX)
+            reduced = t.tolist()
+        return {n: int(r) if isinstance(v, int) else r for n, v, r in zip(names, values, reduced)}
+
+
+def all_gather_table(
+    rows: torch.Tensor, head: list[float], capacity: int
+) -> tuple[list[torch.Tensor], list[list[float]]]:
+    """Returns (every process's `rows` [n_p, C] in float64, every process's `head` numbers), in rank order.
+
+    One all-gather when each process has at most `capacity` rows, a second one (at the largest n_p) otherwise;
+    every process passes the same C, len(head) and capacity. Values travel as float64: floats and whole numbers
+    below 2**53 come back exact. On one process: ([rows], [head]) without a collective."""
+    if not is_distributed():
+        return [rows.double()], [[float(h) for h in head]]
+    where, width = device(), max(rows.shape[1], len(head) + 1)
+
+    def exchange(height: int) -> list[torch.Tensor]:
+        buf = torch.zeros(height + 1, width, dtype=torch.float64, device=where)
+        buf[0, 0] = rows.shape[0]
+        buf[0, 1 : 1 + len(head)] = torch.tensor(head, dtype=torch.float64)
+        n = min(rows.shape[0], height)
+        buf[1 : 1 + n, : rows.shape[1]] = rows[:n].to(where, torch.float64)
+        parts = [torch.empty_like(buf) for _ in range(world_size())]
+        tdist.all_gather(parts, buf)
+        return [p.cpu() for p in parts]
+
+    parts = exchange(capacity)
+    counts = [int(p[0, 0]) for p in parts]
+    if max(counts) > capacity:  # every process sees the same counts, so all of them gather again
+        parts = exchange(max(counts))
+    return (
+        [p[1 : 1 + c, : rows.shape[1]] for p, c in zip(parts, counts)],
+        [p[0, 1 : 1 + len(head)].tolist() for p in parts],
+    )
+
+
+def all_gather_objects(obj: object, capacity: int = 1 << 16) -> list:
+    """Returns every process's `obj` (picklable) in rank order ([obj] on one process), like `all_gather_object`
+    but in one all-gather when every pickle fits `capacity` bytes (torch's exchanges the sizes first)."""
+    if not is_distributed():
+        return [obj]
+    data = pickle.dumps(obj)
+    where = device()
+
+    def exchange(size: int) -> list[torch.Tensor]:
+        buf = torch.zeros(size + 8, dtype=torch.uint8, device=where)
+        buf[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8).to(where)
+        n = min(len(data), size)
+        if n:
+            buf[8 : 8 + n] = torch.frombuffer(bytearray(data[:n]), dtype=torch.uint8).to(where)
+        parts = [torch.empty_like(buf) for _ in range(world_size())]
+        tdist.all_gather(parts, buf)
+        return [p.cpu() for p in parts]
+
+    parts = exchange(capacity)
+    sizes = [int(p[:8].view(torch.int64)) for p in parts]
+    if max(sizes) > capacity:  # every process sees the same sizes, so all of them gather again
+        parts = exchange(max(sizes))
+    return [pickle.loads(p[8 : 8 + n].numpy().tobytes()) for p, n in zip(parts, sizes)]

@@ -39,14 +39,20 @@ class Advantaged:
 
 
 def estimate(
-    reward: torch.Tensor, rollout: RolloutBatch, algo: Any, gather: GatherRows = own_rows
+    reward: torch.Tensor,
+    rollout: RolloutBatch,
+    algo: Any,
+    gather: GatherRows = own_rows,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns this process's rows of the chosen estimator's advantages [N], computed over the rows `gather`
-    collects (every process's, so batch statistics do not depend on the process count)."""
-    lengths = rollout.loss_lengths.cpu().to(torch.float64)  # tokens the policy generated
+    collects (every process's, so batch statistics do not depend on the process count); `lengths`: every
+    process's loss lengths (float64) when already gathered."""
     rows, start = gather(reward)
-    if gather is not own_rows:
-        lengths, _ = gather(lengths)
+    if lengths is None:
+        lengths = rollout.loss_lengths.cpu().to(torch.float64)  # tokens the policy generated
+        if gather is not own_rows:
+            lengths, _ = gather(lengths)
     adv = estimate_advantages(
         algo.advantage,
         rows,
@@ -64,11 +70,12 @@ def outcome_advantages(
     algo: Any,
     weights: torch.Tensor,
     gather: GatherRows = own_rows,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns this process's rows of the advantages [N]; GDPO ("decoupled") normalises each reward before
-    combining them, every other mode estimates from the weighted sum `reward`."""
+    combining them, every other mode estimates from the weighted sum `reward` (`lengths`: see `estimate`)."""
     if algo.reward_mode != "decoupled":
-        return estimate(reward, rollout, algo, gather)
+        return estimate(reward, rollout, algo, gather, lengths)
     rows, start = gather(per_func)
     adv = combine_rewards(rows, weights, rollout.group_size, mode="decoupled", std=algo.std, eps=algo.adv_eps)
     return adv[start : start + reward.shape[0]]
@@ -82,6 +89,7 @@ def token_advantages(
     weights: torch.Tensor,
     column: int,
     gather: GatherRows = own_rows,
+    loss_lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Returns (per-row mean advantage [N], per-token advantages, one [T_i] tensor per row) of a batch with a
     process reward in column `column`: A_it = A_outcome_i + w_p * A_process_it, where A_outcome is the chosen
@@ -92,7 +100,7 @@ def token_advantages(
     others = [k for k in range(per_func.shape[1]) if k != column]
     if others:
         outcome = combine_rewards(per_func[:, others], weights[others], G, mode="sum")
-        adv_out = estimate(outcome, rollout, algo, gather)  # [N]
+        adv_out = estimate(outcome, rollout, algo, gather, loss_lengths)  # [N]
     else:
         adv_out = torch.zeros(len(lengths))
     step_rewards = [torch.tensor(s[0] if s else [], dtype=torch.float64) for s in steps]
@@ -121,15 +129,19 @@ def advantage_batch(
     steps: StepSpans | None = None,
     process_column: int | None = None,
     gather: GatherRows = own_rows,
+    lengths: torch.Tensor | None = None,
 ) -> Advantaged:
     """Returns the batch's advantages (per token with a process reward's `steps`) and its loss filters;
-    `signal` is the reward whose all-equal groups count as zero-std (Drawer.signal)."""
+    `signal` is the reward whose all-equal groups count as zero-std (Drawer.signal); `lengths`: every
+    process's loss lengths when already gathered (float64)."""
     token_adv = None
     if steps is not None:
         assert process_column is not None
-        adv, token_adv = token_advantages(per_func, steps, rollout, algo, weights, process_column, gather)
+        adv, token_adv = token_advantages(
+            per_func, steps, rollout, algo, weights, process_column, gather, lengths
+        )
     else:
-        adv = outcome_advantages(per_func, reward, rollout, algo, weights, gather)  # [N]
+        adv = outcome_advantages(per_func, reward, rollout, algo, weights, gather, lengths)  # [N]
     in_loss = torch.ones_like(adv, dtype=torch.bool)
     zero_std = zero_std_group_mask(signal, rollout.group_size)  # [N]
     if algo.filter_zero_std:

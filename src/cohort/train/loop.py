@@ -91,8 +91,14 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
                     trainer.callbacks.fire("on_step_end")
                     control = _act(trainer, logger, progress, save=main or sharded)
                     fired = trainer.health.take_pending()
-                    # every process aborts when one does (the save is collective)
-                    if cfg.health.abort and dist.all_max_int(int(bool(fired))):
+                    # Every process aborts when one does (the save is collective) and stops when one has a signal:
+                    # both agreed in one reduction.
+                    flags = dist.Reductions()
+                    if cfg.health.abort:
+                        flags.max("abort", int(bool(fired)))
+                    flags.max("stop", int(signals.pending is not None))
+                    agreed = flags.reduce()
+                    if agreed.get("abort"):
                         if (main or sharded) and trainer.saved_step != trainer.step_idx:
                             trainer.save()
                         what = (
@@ -104,7 +110,8 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
                             f"step {trainer.step_idx}: health.abort=true and {what}; checkpoint "
                             f"{trainer.run_dir / 'checkpoints'}/step-{trainer.step_idx} is saved"
                         )
-                if dist.all_max_int(int(signals.pending is not None)):
+                # one process reads its own flag here, after the block: a signal during it still counts
+                if agreed["stop"] if dist.is_distributed() else signals.pending is not None:
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         interrupted = True
@@ -168,8 +175,11 @@ def _act(
     if (
         trainer.callbacks.callbacks and dist.is_distributed()
     ):  # every process acts alike (saves are collective)
+        flags = dist.Reductions()
         for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
-            setattr(control, name, bool(dist.all_max_int(int(getattr(control, name)))))
+            flags.max(name, int(getattr(control, name)))
+        for name, value in flags.reduce().items():
+            setattr(control, name, bool(value))
     if control.should_log:
         control.should_log = False
         if trainer.callbacks.window.rows:

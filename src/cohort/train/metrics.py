@@ -64,20 +64,19 @@ def step_metrics(
     names: list[str],
     num_tokens: int,
     gather: GatherRows = own_rows,
+    columns: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Returns a step's metrics row: the rollout statistics over the rows `gather` collects (every process's
     completions), the update's statistics, the tokens seen so far and the fast paths the rollout took.
-    Lengths count the tokens the policy generated (a tool's output inserted into an episode is left out)."""
+    Lengths count the tokens the policy generated (a tool's output inserted into an episode is left out).
+    `columns`: every process's `metric_columns`, when already gathered (then nothing is gathered here)."""
     G = rollout.group_size
     lengths = rollout.loss_lengths.float()
     truncated = rollout.truncated.cpu()
-    if gather is not own_rows:  # the step's statistics are over every process's completions
-        columns = torch.cat(
-            [reward[:, None].double(), per_func.double(), lengths[:, None].double(),
-             truncated[:, None].double(), zero_std[:, None].double()],
-            dim=1,
-        )  # fmt: skip
-        columns, _ = gather(columns)
+    # the step's statistics are over every process's completions
+    if columns is None and gather is not own_rows:
+        columns, _ = gather(metric_columns(rollout, per_func, reward, zero_std))
+    if columns is not None:
         reward, per_func = columns[:, 0].float(), columns[:, 1 : 1 + per_func.shape[1]].float()
         lengths, truncated, zero_std = (columns[:, -3].float(), columns[:, -2].bool(), columns[:, -1].bool())
     m: dict[str, Any] = {"step": step}
@@ -86,6 +85,18 @@ def step_metrics(
     m.update(stats.metrics())
     m.update({f"fast/{k}": float(v) for k, v in rollout.paths.items()})
     return m
+
+
+def metric_columns(
+    rollout: RolloutBatch, per_func: torch.Tensor, reward: torch.Tensor, zero_std: torch.Tensor
+) -> torch.Tensor:
+    """Returns the [N, R + 4] float64 columns a step's statistics read per completion: reward, each function's
+    reward, length in the loss, truncated, in a zero-std group (all exact in float64)."""
+    return torch.cat(
+        [reward[:, None].double(), per_func.double(), rollout.loss_lengths.float()[:, None].double(),
+         rollout.truncated.cpu()[:, None].double(), zero_std[:, None].double()],
+        dim=1,
+    )  # fmt: skip
 
 
 def rollout_tokens(rollout: RolloutBatch) -> int:

@@ -91,6 +91,23 @@ class PolicyBatch:
         return [int(m.sum()) for m in self.loss_masks]
 
 
+@dataclass
+class PlannedMinibatch:
+    """One minibatch of an update, planned before its passes (PolicyUpdater._plan)."""
+
+    rows: list[int]
+    """Its rows on this process."""
+    work: list[int]
+    """Those in the loss that are computed (not skipped for a zero advantage)."""
+    micro_batches: list[list[int]]
+    """`work` in micro-batches, sharded: padded with empty ones to the busiest process's count."""
+    num_items: int
+    num_sequences: int
+    """The loss's normalisers over every process (loss_normalisers)."""
+    tokens: int
+    """Tokens in the loss over every process (the entropy bonus's mean)."""
+
+
 @contextlib.contextmanager
 def checkpointing_layers(model: torch.nn.Module) -> Iterator[None]:
     """Yields with the model's gradient-checkpointed layers in training mode, restoring them after.
@@ -316,6 +333,58 @@ class PolicyUpdater:
             return micros
         return micros + [[] for _ in range(dist.all_max_int(len(micros)) - len(micros))]
 
+    def _plan(
+        self,
+        batch: PolicyBatch,
+        generator: torch.Generator | None,
+        in_loss: list[bool],
+        row_zero: torch.Tensor,
+    ) -> list[list[PlannedMinibatch]]:
+        """Returns each iteration's minibatches, planned. Their sums over the processes and the busiest process's
+        micro-batch count (sharded: every process joins as many passes) are reduced in one collective before
+        the first pass, none inside the loops; the shuffle stream advances as the loops would advance it."""
+        a, lengths = self.algo, batch.loss_lengths
+        wanted, local = dist.Reductions(), []
+        for it in range(a.num_iterations):
+            for mb, mb_rows in enumerate(self._minibatches(batch, generator)):
+                rows = [r for r in mb_rows if in_loss[r]]
+                asked: list[int] = []  # the sums loss_normalisers asks for, in its order
+
+                def ask(value: int, asked: list[int] = asked) -> int:
+                    asked.append(int(value))
+                    return int(value)
+
+                loss_normalisers(
+                    a.loss_type, [lengths[r] for r in rows], ask, dist.world_size(), aggregation=a.aggregation
+                )
+                skip = set(zero_advantage_rows(row_zero, rows)) if self.skip_zero else set()
+                work = [r for r in rows if r not in skip]
+                micros = self._micro_batches(batch, work)
+                key = f"{it}/{mb}"
+                for k, v in enumerate(asked):
+                    wanted.sum(f"{key}/normaliser/{k}", v)
+                wanted.sum(f"{key}/tokens", sum(lengths[r] for r in rows))
+                if self.sharded:
+                    wanted.max(f"{key}/micro_batches", len(micros))
+                local.append((it, key, mb_rows, rows, work, micros, len(asked)))
+        total = wanted.reduce()
+        plan: list[list[PlannedMinibatch]] = [[] for _ in range(a.num_iterations)]
+        for it, key, mb_rows, rows, work, micros, asked_count in local:
+            sums = iter([int(total[f"{key}/normaliser/{k}"]) for k in range(asked_count)])
+
+            def summed(value: int, sums: Iterator[int] = sums) -> int:
+                return next(sums)
+
+            num_items, num_seq = loss_normalisers(
+                a.loss_type, [lengths[r] for r in rows], summed, dist.world_size(), aggregation=a.aggregation
+            )
+            if self.sharded:
+                micros = micros + [[] for _ in range(int(total[f"{key}/micro_batches"]) - len(micros))]
+            plan[it].append(
+                PlannedMinibatch(mb_rows, work, micros, num_items, num_seq, int(total[f"{key}/tokens"]))
+            )
+        return plan
+
     @contextlib.contextmanager
     def _frozen(self, model, batch: PolicyBatch, rows: Sequence[int]) -> Iterator[list[list[int]]]:
         """Yields the micro-batches of `rows` for forwards without gradients on `model`: on the whole model gathered
@@ -525,7 +594,6 @@ class PolicyUpdater:
         a = self.algo
         n = len(batch.completion_ids)
         in_loss = batch.in_loss.tolist()
-        lengths = batch.loss_lengths  # tokens in the loss: inserted ones count in no normaliser
         loss_rows = [r for r in range(n) if in_loss[r]]
         multi_step = a.num_iterations * a.num_minibatches > 1
         if self.sampler_anchor and batch.sampling_logprobs is None:
@@ -565,19 +633,15 @@ class PolicyUpdater:
             seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
             cov_gen = seeds.generator(seeds.clip_cov_draws(seed, dist.rank()))
         meter = UpdateMeter()
+        plan = self._plan(batch, generator, in_loss, row_zero)
+        # Each optimizer step's loss on this process (summed over the processes after the loops) and what the
+        # meter adds with it.
+        steps: list[tuple[float, float, float, float | None]] = []
 
-        for it in range(a.num_iterations):
-            for mb_index, mb_rows in enumerate(self._minibatches(batch, generator)):
-                rows = [r for r in mb_rows if in_loss[r]]
-                num_items, num_seq = loss_normalisers(
-                    a.loss_type,
-                    [lengths[r] for r in rows],
-                    dist.all_sum_int,
-                    dist.world_size(),
-                    aggregation=a.aggregation,
-                )
-                skip = set(zero_advantage_rows(row_zero, rows)) if self.skip_zero else set()
-                work = [r for r in rows if r not in skip]
+        for it, minibatches in enumerate(plan):
+            for mb_index, planned in enumerate(minibatches):
+                mb_rows, work, micros = planned.rows, planned.work, planned.micro_batches
+                num_items, num_seq, step_tokens = planned.num_items, planned.num_sequences, planned.tokens
                 self.optimizer.zero_grad(set_to_none=False)
                 total_loss = 0.0
                 # The entropy bonus is a mean over the optimizer step's loss tokens, every process's.
@@ -588,10 +652,8 @@ class PolicyUpdater:
                         target=a.entropy_target,
                         adaptive=a.adaptive_entropy,
                     )
-                    step_tokens = dist.all_sum_int(sum(lengths[r] for r in rows))
                     entropy_sum = entropy_count = 0.0
                 # Sharded: gradients are reduced inside each backward too; the extra passes idle (loss 0).
-                micros = self._lockstep(self._micro_batches(batch, work))
                 for micro in micros:
                     if not micro:
                         with self.autocast():
@@ -694,14 +756,25 @@ class PolicyUpdater:
                     self.scheduler.step()
                 if self.entropy_on:
                     self._adapt_entropy(entropy_sum, entropy_count)
-                meter.optimizer_step(
-                    loss=dist.all_sum_float(total_loss),
-                    grad_norm=float(gn),
-                    rows_computed_frac=len(work) / max(len(mb_rows), 1),
-                    entropy_coef=self.entropy_coef if self.entropy_on else None,
+                steps.append(
+                    (
+                        total_loss,
+                        float(gn),
+                        len(work) / max(len(mb_rows), 1),
+                        self.entropy_coef if self.entropy_on else None,
+                    )
                 )
+        # Each optimizer step's loss over every process: one all-reduce after the update, not one per step.
+        losses = dist.Reductions()
+        for k, (step_loss, *_) in enumerate(steps):
+            losses.sum(str(k), step_loss)
+        summed = losses.reduce()
+        for k, (_, norm, frac, coef) in enumerate(steps):
+            meter.optimizer_step(
+                loss=summed[str(k)], grad_norm=norm, rows_computed_frac=frac, entropy_coef=coef
+            )
         if dist.is_distributed():  # token-weighted means, extremes and the gap over every process's tokens
-            meter.merge_processes(dist.all_gather_object, dist.rank())
+            meter.merge_processes(dist.all_gather_objects, dist.rank())
         return meter.stats(
             lr=self.optimizer.param_groups[0]["lr"],
             skip_zero=self.skip_zero,
