@@ -79,7 +79,8 @@ VARIANTS: dict[str, list[str]] = {
     # mask drops a negative-advantage sequence whose mean log(pi_old / pi) per token exceeds the threshold:
     # the 4 minibatches drift far less than TRL's example 0.5, so 0.01 (the dropped share is on the page).
     # The bias-corrected KL sits next to the same beta without the correction: the difference is the
-    # correction alone.
+    # correction alone. otb swaps the group baseline for the Optimal Token Baseline (per-token advantages from
+    # pi_old and sum_v pi_old^2), with the demo's dapo loss left as it is.
     "luspo": ["algo.loss_type=luspo", "algo.importance=sequence"],
     "vespo": ["algo.loss_type=vespo", "algo.eps_high=null"],
     "dppo_tv": ["algo.loss_type=dppo_tv", "algo.eps_high=null"],
@@ -97,6 +98,7 @@ VARIANTS: dict[str, list[str]] = {
     "off-policy mask": ["algo.off_policy_mask_threshold=0.01"],
     "beta 0.04": ["algo.beta=0.04"],
     "beta 0.04 bias-corrected": ["algo.beta=0.04", "algo.use_bias_correction_kl=true"],
+    "otb": ["algo.advantage=optimal_token_baseline"],
 }
 NEW_2026 = [
     "luspo",
@@ -109,6 +111,7 @@ NEW_2026 = [
     "off-policy mask",
     "beta 0.04",
     "beta 0.04 bias-corrected",
+    "otb",
 ]
 # Named sets of variants, accepted by --variants in place of names (`--variants 2026`).
 GROUPS: dict[str, list[str]] = {
@@ -131,7 +134,14 @@ PANELS: dict[str, list[str]] = {
         "prime_rl",
         "dro",
     ],
-    "controls_2026": [BASELINE, "max_rl", "off-policy mask", "beta 0.04", "beta 0.04 bias-corrected"],
+    "controls_2026": [
+        BASELINE,
+        "max_rl",
+        "otb",
+        "off-policy mask",
+        "beta 0.04",
+        "beta 0.04 bias-corrected",
+    ],
 }
 PANEL_TITLES = {
     "losses": "policy losses",
