@@ -247,7 +247,8 @@ def plot(runs: list[dict], folder: Path, stem: str = "ablation", task: str = "de
         if any(set(drawn) < set(other) for other in drawn_by.values()):
             continue  # every line of it is in a larger panel already (a subset of the variants was run)
         fig, ax = plt.subplots(figsize=(8.6, 4.4))
-        others = iter(COLOURS)
+        # The report's 8 colours, then tab10's other two: a panel of 9 members gets no repeated colour.
+        others = iter([*COLOURS, "#bcbd22", "#7f7f7f"])
         for name in drawn:
             mine = [r for r in runs if r["variant"] == name and r.get("curve")]
             # The baseline is black and thicker in every panel, so each panel reads against the same line.
