@@ -52,3 +52,42 @@ def test_the_ablation_harness_writes_results_page_and_figures_and_resumes(tmp_pa
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("already finished, skipped") == 2, again.stdout
     assert (tmp_path / "docs" / "ablation.md").read_text().endswith("\nprose by hand\n")
+
+
+def test_the_code_task_runs_get_the_code_recipe_and_the_demo_keeps_its_own(tmp_path):
+    """--task code writes each run from examples/code_task.py's grpo_config plus COMMON and the variant;
+    the default task is the demo's, and the 2026 group holds otb."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.ablation.run import GROUPS, harness_command, parse_args, write_run_config
+    from cohort.config import load_config
+
+    assert "otb" in GROUPS["2026"]
+    args = parse_args(["--out", str(tmp_path), "--task", "code", "--steps", "6", "--eval-every", "3"])
+    args.variants, args.threads = ["otb"], 1
+    cfg = load_config(write_run_config(tmp_path, tmp_path / "warm", "otb", 1, args))
+    assert (cfg.data.task, cfg.rewards, cfg.rollout.max_completion_length) == ("code", ["code"], 40)
+    assert (cfg.rollout.group_size, cfg.rollout.batch_size, cfg.algo.loss_type) == (8, 64, "dapo")
+    assert (cfg.algo.num_minibatches, cfg.algo.advantage) == (4, "optimal_token_baseline")
+    assert (cfg.steps, cfg.eval_every, cfg.seed, cfg.optim.lr) == (6, 3, 1, 2e-4)
+    assert "--task code" in harness_command(args)
+    demo = parse_args(["--out", str(tmp_path / "demo"), "--variants", "grpo", "--threads", "1"])
+    assert demo.task == "demo" and "--task" not in harness_command(demo)
+    cfg = load_config(write_run_config(tmp_path / "demo", tmp_path / "warm", "grpo", 0, demo))
+    assert (cfg.data.task, cfg.algo.loss_type, cfg.algo.num_minibatches) == ("addition", "grpo", 4)
+
+
+def test_the_page_names_the_code_task(tmp_path):
+    """A results.json whose settings say task code gives a page about the code task (no runs yet)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.ablation.page import write_page
+
+    out = tmp_path / "out"
+    out.mkdir()
+    settings = {"task": "code", "steps": 6, "eval_every": 3, "seeds": [0], "variants": ["otb"]}
+    (out / "results.json").write_text(json.dumps({"settings": settings, "warm_start": {}, "runs": []}))
+    write_page(tmp_path / "page.md", out)
+    page = (tmp_path / "page.md").read_text()
+    assert page.startswith("# Ablation: the GRPO family on the code task")
+    assert "the code task's GRPO recipe" in page and "pass rate" in page and "DEMO_GRPO" not in page
+    assert "--task code" in page
+    assert "Not run (or not finished) yet: otb (seed 0)" in page

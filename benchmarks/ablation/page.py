@@ -9,7 +9,8 @@ over seeds and each seed's value, best accuracy, median s/step, the difference f
 whether it exceeds the seed noise) and one figure per family of variants (img/<page name>_<panel>.png next to the
 page): held-out accuracy against training wall time, the mean over seeds bold and each seed faint.
 
-Only numbers are generated. Text below the line `<!-- hand-written below -->` of an existing page is kept as
+The task (results.json's settings.task, from run.py's --task) names the recipe, the warm start and the
+held-out metric in the text and the figures. Only numbers are generated. Text below the line `<!-- hand-written below -->` of an existing page is kept as
 it is, so the prose written there survives a redraw.
 """
 
@@ -43,6 +44,40 @@ from benchmarks.ablation.run import (  # noqa: E402
 )
 
 MARKER = "<!-- hand-written below -->"
+# The words the page and its figures use for each task of run.py's --task (results.json's settings.task;
+# "demo" when a results.json from before --task does not say).
+TASK_TEXT: dict[str, dict[str, str]] = {
+    "demo": {
+        "title": "the demo task",
+        "figure": "Demo task",
+        "recipe": "the demo's GRPO recipe (`cohort.commands.demo.DEMO_GRPO`)",
+        "baseline": "(the demo's recipe)",
+        "note": "",
+        "warm": "",
+        "metric": "held-out greedy accuracy on the demo's held-out problems",
+        "axis": "held-out greedy accuracy (%)",
+    },
+    "code": {
+        "title": "the code task",
+        "figure": "Code task",
+        "recipe": (
+            "the code task's GRPO recipe (`grpo_config` in examples/code_task.py: dapo loss with eps 0.2 / 0.28, "
+            "β 0, G = 8, 64 completions a step of up to 40 tokens at temperature 1, lr 2e-4 after 10 warm-up "
+            "steps, the `code` reward run in the bubblewrap sandbox)"
+        ),
+        "baseline": "(the code task's recipe)",
+        "note": (
+            f"- Baseline: `{BASELINE}` is the harness's name for the recipe without overrides; on this page it is "
+            "the code task's recipe, whose loss is dapo too.\n"
+        ),
+        "warm": (
+            " (examples/code_task.py: the demo's tiny Qwen2 model, 0.59 M parameters, after SFT on the reference "
+            "programs of the 1,000 training problems until its greedy pass rate on 100 of them reached 30 %)"
+        ),
+        "metric": "held-out greedy pass rate (every test passed) on the code task's 100 held-out problems",
+        "axis": "held-out greedy pass rate (%)",
+    },
+}
 NOISE_RULE = (
     "a variant's difference from `{base}` counts as beyond the seed noise when |mean difference| > 2 x its "
     "standard error, sqrt(sd_a² / n_a + sd_b² / n_b), with sd the sample standard deviation of the final "
@@ -126,7 +161,8 @@ def load_results(out: Path) -> tuple[dict, dict, list[dict]]:
         warm.setdefault("model", str(out / "warm" / "sft-model"))
         from benchmarks.ablation.run import warm_start_command
 
-        warm.setdefault("command", shlex.join(["python", *warm_start_command(out)[1:]]))
+        task = settings.get("task", "demo")
+        warm.setdefault("command", shlex.join(["python", *warm_start_command(out, task)[1:]]))
     return settings, warm, runs
 
 
@@ -183,9 +219,10 @@ def mean_curve(runs: list[dict]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def plot(runs: list[dict], folder: Path, stem: str = "ablation") -> list[Path]:
+def plot(runs: list[dict], folder: Path, stem: str = "ablation", task: str = "demo") -> list[Path]:
     """Returns the PNG files written (folder/<stem>_<panel>.png): one panel per family, held-out accuracy
     against training wall time."""
+    words = TASK_TEXT[task]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,7 +247,8 @@ def plot(runs: list[dict], folder: Path, stem: str = "ablation") -> list[Path]:
         if any(set(drawn) < set(other) for other in drawn_by.values()):
             continue  # every line of it is in a larger panel already (a subset of the variants was run)
         fig, ax = plt.subplots(figsize=(8.6, 4.4))
-        others = iter(COLOURS)
+        # The report's 8 colours, then tab10's other two: a panel of 9 members gets no repeated colour.
+        others = iter([*COLOURS, "#bcbd22", "#7f7f7f"])
         for name in drawn:
             mine = [r for r in runs if r["variant"] == name and r.get("curve")]
             # The baseline is black and thicker in every panel, so each panel reads against the same line.
@@ -227,9 +265,9 @@ def plot(runs: list[dict], folder: Path, stem: str = "ablation") -> list[Path]:
             label = f"{name} (n={len(mine)})"
             ax.plot(xs, ys, color=colour, lw=2.4 if name == BASELINE else 1.7, marker="o", ms=3, label=label)
         ax.set_xlabel("training wall time (s): the sum of step times, evaluations excluded", fontsize=9)
-        ax.set_ylabel("held-out greedy accuracy (%)", fontsize=9)
+        ax.set_ylabel(words["axis"], fontsize=9)
         title = PANEL_TITLES.get(panel, "other variants")
-        ax.set_title(f"Demo task, {title}: mean over seeds (bold) and each seed (faint)", fontsize=10)
+        ax.set_title(f"{words['figure']}, {title}: mean over seeds (bold) and each seed (faint)", fontsize=10)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -259,7 +297,7 @@ def run_dates(runs: list[dict]) -> str:
     return first if first == last else f"{first} to {last}"
 
 
-def table(stats: dict[str, dict]) -> list[str]:
+def table(stats: dict[str, dict], task: str = "demo") -> list[str]:
     """Returns the Markdown lines of the results table, one row per variant with a finished run."""
     lines = [
         f"| variant | overrides | final accuracy (%), mean ± sd | per seed | best (%), mean / max | "
@@ -268,7 +306,7 @@ def table(stats: dict[str, dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in stats.items():
-        opts = ", ".join(f"`{o}`" for o in VARIANTS[name]) or "(the demo's recipe)"
+        opts = ", ".join(f"`{o}`" for o in VARIANTS[name]) or TASK_TEXT[task]["baseline"]
         spread = f"{pct(s['mean'])} ± {pct(s['sd'])}" if s["sd"] is not None else f"{pct(s['mean'])} (1 seed)"
         per_seed = ", ".join(f"s{seed}: {pct(f)}" for seed, f in zip(s["seeds"], s["finals"], strict=True))
         if name == BASELINE:
@@ -296,12 +334,14 @@ def table(stats: dict[str, dict]) -> list[str]:
 def write_page(page: Path, out: Path) -> list[Path]:
     """Returns the figure files after writing the page for the ablation folder `out` (the hand-written part kept)."""
     settings, warm, runs = load_results(out)
+    task = settings.get("task", "demo")
+    words = TASK_TEXT[task]
     done = [r for r in runs if "failed" not in r]
     failed = [r for r in runs if "failed" in r]
     stats = summarise(runs)
     # The figures are named after the page, so two pages in one folder (docs/ablation.md and
     # docs/ablation-2026.md) keep their own.
-    files = plot(done, page.parent / "img", page.stem)
+    files = plot(done, page.parent / "img", page.stem, task)
     machine = settings.get("machine") or machine_info()
     # results.json of the first version of run.py did not record the machine: this one's is the best guess.
     where = (
@@ -321,12 +361,13 @@ def write_page(page: Path, out: Path) -> list[Path]:
     else:
         agree = f"; the runs' own step-0 evaluations range {pct(starts[0])} to {pct(starts[-1])} %"
     command = settings.get("command") or (
-        f"python benchmarks/ablation/run.py --out {out} --steps {settings.get('steps')} "
+        f"python benchmarks/ablation/run.py --out {out}{' --task ' + task if task != 'demo' else ''} "
+        f"--steps {settings.get('steps')} "
         f"--eval-every {settings.get('eval_every')} --seeds {' '.join(map(str, settings.get('seeds', [])))}"
     )
     seeds = settings.get("seeds", [])
     lines = [
-        "# Ablation: the GRPO family on the demo task",
+        f"# Ablation: the GRPO family on {words['title']}",
         "",
         f"<!-- generated by benchmarks/ablation/page.py from {out}; the text under the hand-written marker at "
         "the end is kept on a redraw -->",
@@ -343,11 +384,13 @@ def write_page(page: Path, out: Path) -> list[Path]:
         "",
         "## Setting",
         "",
-        f"- Warm start: `{warm.get('model')}`, held-out greedy accuracy {pct(warm_acc)} %{agree}.",
-        f"- Each run: the demo's GRPO recipe (`cohort.commands.demo.DEMO_GRPO`) with "
+        f"- Warm start: `{warm.get('model')}`{words['warm']}, {words['metric'].split(' on ')[0]} "
+        f"{pct(warm_acc)} %{agree}.",
+        f"- Each run: {words['recipe']} with "
         f"{', '.join(f'`{c}`' for c in settings.get('common', COMMON))} and the variant's overrides, "
-        f"{settings.get('steps')} steps, held-out greedy accuracy on the demo's held-out problems every "
+        f"{settings.get('steps')} steps, {words['metric']} every "
         f"{settings.get('eval_every')} steps and at the end, seeds {', '.join(map(str, seeds))}.",
+        *([words["note"].rstrip("\n")] if words["note"] else []),
         f"- {where}: {machine['cpu']}, {machine['cores']} cores, {machine['os']}; "
         f"{settings.get('workers', 'n/a')} run(s) at a time, {settings.get('threads')} torch thread(s) each.",
         f"- Versions: torch {machine['torch']}, transformers {machine['transformers']}, cohort {machine['cohort']}, "
@@ -364,7 +407,7 @@ def write_page(page: Path, out: Path) -> list[Path]:
         "mask dropped (`off_policy_mask/dropped_frac`), each the mean over the run's steps. Entropy (nats per "
         "token, at the sampling temperature) and training reward: the mean over the last tenth of the steps.",
         "",
-        *table(stats),
+        *table(stats, task),
         "",
     ]
     missing = [

@@ -2,6 +2,8 @@
 
     python benchmarks/ablation/run.py --out runs/ablation                   # 24 variants x 3 seeds x 1000 steps
     python benchmarks/ablation/run.py --out runs/ablation2026 --variants 2026 --page docs/ablation-2026.md
+    python benchmarks/ablation/run.py --out runs/ablation-code --task code --variants 2026 \
+        --page docs/ablation-2026-code.md                                  # the same on the code task
     python benchmarks/ablation/run.py --out runs/ablation --variants cispo sapo --seeds 0 --steps 100
     python benchmarks/ablation/run.py --out runs/ablation --page-only       # redraw the page from the runs
     python benchmarks/ablation/page.py --out runs/ablation --page docs/ablation.md   # the same
@@ -14,6 +16,12 @@ minibatches (COMMON below: why) with only the listed overrides changed. Each var
 so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps. --variants takes names or
 the groups of GROUPS ("2026": the baseline, grpo, cispo, gspo and the members of issue 40).
 The seed changes sampling and shuffling, not the warm start.
+
+--task code does the same on the built-in code task (examples/code_task.py): the warm start is that script's
+SFT model (`python examples/code_task.py --steps 1 --seed 0 --out OUT/warm`: SFT on the reference programs
+until the greedy validation pass rate reaches 30 %, then one GRPO step), each run is its `grpo_config` recipe
+(dapo loss, G = 8, 64 completions of up to 40 tokens a step, lr 2e-4, the sandboxed `code` reward) with the
+same COMMON and variant overrides, and the held-out number is the pass rate on its 100 held-out problems.
 
 A run whose summary.json says it reached --steps is not run again, so the command can be re-issued after an
 interruption (a run cut short restarts, `resume=auto` without checkpoints); a run that fails is reported with
@@ -42,6 +50,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
+ROOT = Path(__file__).resolve().parents[2]
+CODE_SCRIPT = ROOT / "examples" / "code_task.py"
+CODE_LR = 2e-4  # examples/code_task.py's default --lr, the learning rate of its runs in docs/sandbox.md
+# The tasks --task accepts: the demo's addition (cohort.demo.DEMO_GRPO, its warm start from `cohort demo`)
+# and the built-in code task (examples/code_task.py: its SFT warm start and its grpo_config recipe).
+TASKS = ("demo", "code")
+# The baseline keeps its name on both tasks (the run folders are named after it): on the code task it is the
+# code task's own recipe, whose loss is dapo too.
 BASELINE = "dapo (the demo)"
 # The demo trains once per batch (one optimizer step), where every ratio is exactly 1 and the losses that
 # differ only off-policy coincide (cispo and sapo give dapo's and grpo's gradient there). Four minibatches
@@ -79,7 +95,8 @@ VARIANTS: dict[str, list[str]] = {
     # mask drops a negative-advantage sequence whose mean log(pi_old / pi) per token exceeds the threshold:
     # the 4 minibatches drift far less than TRL's example 0.5, so 0.01 (the dropped share is on the page).
     # The bias-corrected KL sits next to the same beta without the correction: the difference is the
-    # correction alone.
+    # correction alone. otb swaps the group baseline for the Optimal Token Baseline (per-token advantages from
+    # pi_old and sum_v pi_old^2), with the demo's dapo loss left as it is.
     "luspo": ["algo.loss_type=luspo", "algo.importance=sequence"],
     "vespo": ["algo.loss_type=vespo", "algo.eps_high=null"],
     "dppo_tv": ["algo.loss_type=dppo_tv", "algo.eps_high=null"],
@@ -97,6 +114,7 @@ VARIANTS: dict[str, list[str]] = {
     "off-policy mask": ["algo.off_policy_mask_threshold=0.01"],
     "beta 0.04": ["algo.beta=0.04"],
     "beta 0.04 bias-corrected": ["algo.beta=0.04", "algo.use_bias_correction_kl=true"],
+    "otb": ["algo.advantage=optimal_token_baseline"],
 }
 NEW_2026 = [
     "luspo",
@@ -109,6 +127,7 @@ NEW_2026 = [
     "off-policy mask",
     "beta 0.04",
     "beta 0.04 bias-corrected",
+    "otb",
 ]
 # Named sets of variants, accepted by --variants in place of names (`--variants 2026`).
 GROUPS: dict[str, list[str]] = {
@@ -131,7 +150,14 @@ PANELS: dict[str, list[str]] = {
         "prime_rl",
         "dro",
     ],
-    "controls_2026": [BASELINE, "max_rl", "off-policy mask", "beta 0.04", "beta 0.04 bias-corrected"],
+    "controls_2026": [
+        BASELINE,
+        "max_rl",
+        "otb",
+        "off-policy mask",
+        "beta 0.04",
+        "beta 0.04 bias-corrected",
+    ],
 }
 PANEL_TITLES = {
     "losses": "policy losses",
@@ -148,6 +174,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out", default="runs/ablation", help="folder of the warm start, the runs and results.json"
     )
+    p.add_argument(
+        "--task",
+        choices=list(TASKS),
+        default="demo",
+        help="demo: the demo's addition task and recipe; code: examples/code_task.py's warm start and recipe",
+    )
     p.add_argument("--steps", type=int, default=1000, help="GRPO steps per run")
     p.add_argument("--eval-every", type=int, default=250, help="held-out evaluation every this many steps")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -159,7 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"variant names or groups {list(GROUPS)} (quote the names with spaces; a comma-separated list also works)",
     )
     p.add_argument(
-        "--warm-start", default=None, help="model folder to start from (default: build the demo's)"
+        "--warm-start", default=None, help="model folder to start from (default: build the task's)"
     )
     p.add_argument("--workers", type=int, default=1, help="trainings run side by side")
     p.add_argument(
@@ -191,20 +223,44 @@ def run_dir(out: Path, name: str, seed: int) -> Path:
     return out / "runs" / f"{slug(name)}-s{seed}"
 
 
-def warm_start_command(out: Path) -> list[str]:
-    """Returns the command that builds the demo's warm start under out/warm."""
-    # `cohort demo` needs at least one GRPO step; its SFT model is saved before that step, as sft-model.
+def warm_start_command(out: Path, task: str = "demo") -> list[str]:
+    """Returns the command that builds the task's warm start under out/warm."""
+    # Both need at least one GRPO step; the SFT model is saved before that step, as sft-model, and the
+    # step-0 evaluation of that step is the warm start's held-out accuracy (summary.json's accuracy_before).
+    if task == "code":
+        script = str(CODE_SCRIPT.relative_to(ROOT))
+        return [sys.executable, script, "--steps", "1", "--seed", "0", "--out", str(out / "warm")]
     return [sys.executable, "-m", "cohort", "demo", "--steps", "1", "--seed", "0", "--out", str(out / "warm")]
 
 
-def warm_start(out: Path) -> Path:
-    """Returns the demo's SFT warm start under out/warm, building it with `cohort demo --steps 1` if needed."""
+def warm_start(out: Path, task: str = "demo") -> Path:
+    """Returns the task's SFT warm start under out/warm, building it (warm_start_command) if needed."""
     model = out / "warm" / "sft-model"
     if not (model / "config.json").is_file():
-        cmd = [*warm_start_command(out), "--no-progress"]
+        cmd = warm_start_command(out, task) + (["--no-progress"] if task == "demo" else [])
         print("building the warm start:", shlex.join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        # The code task's script is named relative to the repository root.
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT if task == "code" else None)
     return model
+
+
+def code_recipe():
+    """Returns examples/code_task.py as a module: its grpo_config is the code task's GRPO recipe."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cohort_example_code_task", CODE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def base_config(task: str, run: Path, model: Path, steps: int, seed: int):
+    """Returns the task's GRPO recipe for one run, before COMMON, the variant and the harness's settings."""
+    if task == "code":
+        return code_recipe().grpo_config(run, model, steps=steps, seed=seed, lr=CODE_LR)
+    from cohort.demo import demo_config
+
+    return demo_config(run, model, steps=steps, seed=seed)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -229,7 +285,7 @@ def write_run_config(out: Path, model: Path, name: str, seed: int, args: argpars
     from cohort.config import load_config, save_config
 
     run = run_dir(out, name, seed)
-    base = demo_config(run, model, steps=args.steps, seed=seed)
+    base = base_config(args.task, run, model, args.steps, seed)
     # save_every=0 keeps only the final checkpoint; resume=auto lets a re-issued command restart a run that
     # was cut short (its logs are moved aside) instead of cohort refusing a folder that holds logs.
     settings = [
@@ -317,7 +373,10 @@ def collect(run: Path, name: str, seed: int) -> dict:
 
 def harness_command(args: argparse.Namespace) -> str:
     """Returns the run.py command line that reproduces these settings (without --page-only)."""
-    cmd = ["python", "benchmarks/ablation/run.py", "--out", str(args.out), "--steps", str(args.steps)]
+    cmd = ["python", "benchmarks/ablation/run.py", "--out", str(args.out)]
+    if args.task != "demo":
+        cmd += ["--task", args.task]
+    cmd += ["--steps", str(args.steps)]
     cmd += ["--eval-every", str(args.eval_every), "--seeds", *map(str, args.seeds)]
     if args.variants != list(VARIANTS):
         cmd += ["--variants", *args.variants]
@@ -333,6 +392,7 @@ def write_results(out: Path, args: argparse.Namespace, warm: dict, results: list
 
     settings = {
         "command": harness_command(args),
+        "task": args.task,
         "steps": args.steps,
         "eval_every": args.eval_every,
         "seeds": args.seeds,
@@ -356,13 +416,13 @@ def warm_start_info(out: Path, args: argparse.Namespace) -> tuple[Path, dict]:
         if not (model / "config.json").is_file():
             raise SystemExit(f"--warm-start {model}: no config.json there (pass a saved model folder)")
         return model, {"model": str(model), "command": None, "accuracy": None}
-    model = warm_start(out)
+    model = warm_start(out, args.task)
     summary = out / "warm" / "summary.json"
     # The trainer's step-0 evaluation of the demo run is the held-out greedy accuracy of the SFT model.
     acc = json.loads(summary.read_text()).get("accuracy_before") if summary.is_file() else None
     return model, {
         "model": str(model),
-        "command": shlex.join(["python", *warm_start_command(out)[1:]]),
+        "command": shlex.join(["python", *warm_start_command(out, args.task)[1:]]),
         "accuracy": acc,
     }
 
