@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 ROOT = Path(__file__).resolve().parents[2]
 CODE_SCRIPT = ROOT / "examples" / "code_task.py"
 CODE_LR = 2e-4  # examples/code_task.py's default --lr, the learning rate of its runs in docs/sandbox.md
-# The tasks --task accepts: the demo's addition (cohort.demo.DEMO_GRPO, its warm start from `cohort demo`)
+# The tasks --task accepts: the demo's addition (cohort.commands.demo.DEMO_GRPO, its warm start from `cohort demo`)
 # and the built-in code task (examples/code_task.py: its SFT warm start and its grpo_config recipe).
 TASKS = ("demo", "code")
 # The baseline keeps its name on both tasks (the run folders are named after it): on the code task it is the
@@ -258,7 +258,7 @@ def base_config(task: str, run: Path, model: Path, steps: int, seed: int):
     """Returns the task's GRPO recipe for one run, before COMMON, the variant and the harness's settings."""
     if task == "code":
         return code_recipe().grpo_config(run, model, steps=steps, seed=seed, lr=CODE_LR)
-    from cohort.demo import demo_config
+    from cohort.commands.demo import demo_config
 
     return demo_config(run, model, steps=steps, seed=seed)
 
@@ -281,7 +281,6 @@ def finished_steps(run: Path) -> int | None:
 
 def write_run_config(out: Path, model: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
     """Returns the path of the run's YAML config, written from the demo recipe plus the variant's overrides."""
-    from cohort.commands.demo import demo_config
     from cohort.config import load_config, save_config
 
     run = run_dir(out, name, seed)
