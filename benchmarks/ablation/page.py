@@ -6,8 +6,10 @@ Reads every finished run under OUT/runs (the run directories are the source of t
 adds the harness's settings, the warm start and the failed runs), and writes the page: the commands, the
 machine and versions, the warm start's held-out accuracy, one table row per variant (final accuracy mean ± sd
 over seeds and each seed's value, best accuracy, median s/step, the difference from the demo's recipe and
-whether it exceeds the seed noise) and one figure per family of variants (img/<page name>_<panel>.png next to the
-page): held-out accuracy against training wall time, the mean over seeds bold and each seed faint.
+whether it exceeds the seed noise) and two figures per family of variants (img/<page name>_<panel>.png next to the
+page): held-out accuracy against training wall time, the mean over seeds bold and each seed faint; and
+(img/<page name>_<panel>_reward.png) the training reward logged at each step (metrics.jsonl's `reward`), the mean
+over seeds as a trailing moving average (REWARD_WINDOW steps for the task), in the same colours.
 
 The task (results.json's settings.task, from run.py's --task) names the recipe, the warm start and the
 held-out metric in the text and the figures. Only numbers are generated. Text below the line `<!-- hand-written below -->` of an existing page is kept as
@@ -78,6 +80,9 @@ TASK_TEXT: dict[str, dict[str, str]] = {
         "axis": "held-out greedy pass rate (%)",
     },
 }
+# The trailing moving average of the reward figures, in steps: about 30 points of smoothing on the demo's
+# 300-step runs, 16 on the code task's 80 (its steps are slower and fewer).
+REWARD_WINDOW: dict[str, int] = {"demo": 10, "code": 5}
 NOISE_RULE = (
     "a variant's difference from `{base}` counts as beyond the seed noise when |mean difference| > 2 x its "
     "standard error, sqrt(sd_a² / n_a + sd_b² / n_b), with sd the sample standard deviation of the final "
@@ -219,9 +224,68 @@ def mean_curve(runs: list[dict]) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def reward_rows(run: dict) -> dict[int, float]:
+    """Returns a run's logged training reward per step (metrics.jsonl's `reward`; the last row of a step wins)."""
+    path = Path(run.get("run_dir", "")) / "metrics.jsonl"
+    if "run_dir" not in run or not path.is_file():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {
+        r["step"]: float(r["reward"])
+        for r in rows
+        if "step" in r and isinstance(r.get("reward"), int | float)
+    }
+
+
+def mean_reward_curve(runs: list[dict], window: int) -> tuple[list[int], list[float]]:
+    """Returns (steps, reward) for runs: the mean over runs at the steps every run logged, then the trailing
+    moving average over `window` steps (fewer at the start, where fewer steps exist)."""
+    series = [reward_rows(r) for r in runs]
+    series = [s for s in series if s]
+    if not series:
+        return [], []
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    means = [statistics.mean(s[step] for s in series) for step in steps]
+    smooth = [statistics.mean(means[max(0, i + 1 - window) : i + 1]) for i in range(len(means))]
+    return steps, smooth
+
+
+def plot_rewards(
+    runs: list[dict], colours: dict[str, str | None], path: Path, title: str, window: int
+) -> Path | None:
+    """Returns path after drawing the training reward against step of the variants in colours (in that order,
+    in those colours), or None when no run logged a reward."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.6, 4.4))
+    drawn = 0
+    for name, colour in colours.items():
+        mine = [r for r in runs if r["variant"] == name]
+        steps, reward = mean_reward_curve(mine, window)
+        if not steps:
+            continue
+        drawn += 1
+        ax.plot(
+            steps, reward, color=colour, lw=2.4 if name == BASELINE else 1.4, label=f"{name} (n={len(mine)})"
+        )
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("step", fontsize=9)
+    ax.set_ylabel(f"training reward, moving average over {window} steps", fontsize=9)
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(runs: list[dict], folder: Path, stem: str = "ablation", task: str = "demo") -> list[Path]:
-    """Returns the PNG files written (folder/<stem>_<panel>.png): one panel per family, held-out accuracy
-    against training wall time."""
+    """Returns the PNG files written: per family, folder/<stem>_<panel>.png (held-out accuracy against training
+    wall time) followed by folder/<stem>_<panel>_reward.png (training reward against step, same colours)."""
     words = TASK_TEXT[task]
     import matplotlib
 
@@ -249,10 +313,11 @@ def plot(runs: list[dict], folder: Path, stem: str = "ablation", task: str = "de
         fig, ax = plt.subplots(figsize=(8.6, 4.4))
         # The report's 8 colours, then tab10's other two: a panel of 9 members gets no repeated colour.
         others = iter([*COLOURS, "#bcbd22", "#7f7f7f"])
+        # The baseline is black and thicker in every panel, so each panel reads against the same line.
+        colours = {name: "black" if name == BASELINE else next(others, None) for name in drawn}
         for name in drawn:
             mine = [r for r in runs if r["variant"] == name and r.get("curve")]
-            # The baseline is black and thicker in every panel, so each panel reads against the same line.
-            colour = "black" if name == BASELINE else next(others, None)
+            colour = colours[name]
             for r in mine:
                 ax.plot(
                     [p["seconds"] for p in r["curve"]],
@@ -276,6 +341,11 @@ def plot(runs: list[dict], folder: Path, stem: str = "ablation", task: str = "de
         fig.savefig(path, dpi=110)
         plt.close(fig)
         files.append(path)
+        window = REWARD_WINDOW.get(task, 10)
+        reward_title = f"{words['figure']}, {title}: training reward\n(mean over seeds, moving average over {window} steps)"
+        reward = plot_rewards(runs, colours, folder / f"{stem}_{panel}_reward.png", reward_title, window)
+        if reward is not None:
+            files.append(reward)
     return files
 
 
@@ -406,6 +476,10 @@ def write_page(page: Path, out: Path) -> list[Path]:
         "ratio clip, or the tokens dppo's trust-region mask drops) and, where it is on, the share the off-policy "
         "mask dropped (`off_policy_mask/dropped_frac`), each the mean over the run's steps. Entropy (nats per "
         "token, at the sampling temperature) and training reward: the mean over the last tenth of the steps.",
+        "",
+        "Figures: per family, held-out accuracy against training wall time, then the training reward (the mean "
+        "`reward` of each step's completions, from metrics.jsonl) against step, the mean over seeds as a "
+        f"trailing moving average over {REWARD_WINDOW.get(task, 10)} steps, in the same colours.",
         "",
         *table(stats, task),
         "",

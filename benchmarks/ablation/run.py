@@ -90,7 +90,8 @@ VARIANTS: dict[str, list[str]] = {
     # importance) with the demo's clip epsilons 0.2 / 0.28; vespo is its preset (token-level: it weighs whole
     # sequences itself and refuses importance=sequence); dppo_tv / dppo_kl are the losses alone with their
     # default masks (0.15 TV, 0.05 KL) at the pi_old anchor and the demo's dapo aggregation (the dppo preset
-    # also switches to dr_grpo's); prime_rl is its preset (binary-TV 0.2 / 0.2 at the sampler anchor + kl_tau
+    # also switches to dr_grpo's); dppo_tv top-8 is dppo_tv with its TV over the sampler's 8 most likely
+    # tokens plus a rest bucket (algo.dppo_topk) in place of the binary one; prime_rl is its preset (binary-TV 0.2 / 0.2 at the sampler anchor + kl_tau
     # 1e-3, dapo aggregation); dro needs kl_tau > 0 (prime-rl's 1e-3); max_rl is its preset. The off-policy
     # mask drops a negative-advantage sequence whose mean log(pi_old / pi) per token exceeds the threshold:
     # the 4 minibatches drift far less than TRL's example 0.5, so 0.01 (the dropped share is on the page).
@@ -101,6 +102,7 @@ VARIANTS: dict[str, list[str]] = {
     "vespo": ["algo.loss_type=vespo", "algo.eps_high=null"],
     "dppo_tv": ["algo.loss_type=dppo_tv", "algo.eps_high=null"],
     "dppo_kl": ["algo.loss_type=dppo_kl", "algo.eps_high=null"],
+    "dppo_tv top-8": ["algo.loss_type=dppo_tv", "algo.eps_high=null", "algo.dppo_topk=8"],
     "prime_rl": [
         "algo.loss_type=dppo_tv",
         "algo.loss_kwargs={mask_low: 0.2, mask_high: 0.2, max_ratio: null}",
@@ -121,6 +123,7 @@ NEW_2026 = [
     "vespo",
     "dppo_tv",
     "dppo_kl",
+    "dppo_tv top-8",
     "prime_rl",
     "dro",
     "max_rl",
@@ -147,6 +150,7 @@ PANELS: dict[str, list[str]] = {
         "vespo",
         "dppo_tv",
         "dppo_kl",
+        "dppo_tv top-8",
         "prime_rl",
         "dro",
     ],
