@@ -61,7 +61,7 @@ import torch  # noqa: E402
 from benchmarks import bench_models, bench_tasks  # noqa: E402
 from benchmarks.common import MODEL_SHAPES, busy_seconds, others_cpu_share, own_cpu_seconds  # noqa: E402
 from cohort.config import AlgoConfig, EpisodeConfig  # noqa: E402
-from cohort.episodes import loop as episode_loop  # noqa: E402
+from cohort.episodes import multiturn as episode_loop  # noqa: E402
 from cohort.episodes.environments import EnvStep, TextEnvironment  # noqa: E402
 from cohort.episodes.multiturn import EpisodeGeneration, prompt_messages  # noqa: E402
 from cohort.episodes.parsers import parser_for  # noqa: E402

@@ -30,6 +30,7 @@ import torch
 from cohort.algo import zero_std_group_mask
 from cohort.config import TrainConfig, from_dict, to_dict
 from cohort.errors import ConfigError
+from cohort.runtime.plugins import check_user_objective
 from cohort.train.advantage_step import outcome_advantages
 from cohort.train.scorer import as_text
 from cohort.train.update import PolicyBatch
@@ -65,6 +66,7 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
     rep.say("config")
     try:
         cfg.validate(reward_funcs=reward_funcs)
+        check_user_objective(cfg)  # the rehearsal runs the user's loss and estimator anyway
     except ConfigError as e:
         rep.block(str(e))
         return rep
