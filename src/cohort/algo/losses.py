@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -666,7 +667,6 @@ def policy_loss(
     use_bias_correction_kl: bool = False,
     sampler_weights: torch.Tensor | None = None,
     divergence: torch.Tensor | None = None,
-    options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
 
@@ -696,9 +696,8 @@ def policy_loss(
     dropped), ratio/mean, kl (masked mean of the kl_kind estimate, bias-corrected when asked) when ref_logp is
     given, kl_tau/penalty_mean (the masked mean of (log pi/pi_old)^2) when kl_tau > 0, and the loss's own
     (vespo/phi_seq_mean).
-    options: the settings (loss_type, aggregation, loss_kwargs, eps_low, eps_high, delta, beta,
-    max_completion_length, importance, kl_kind, kl_tau, use_bias_correction_kl) as check_loss_options returned them, checked once for a whole
-    update instead of on every call; leave those keywords out when passing it.
+    The settings (loss_type through use_bias_correction_kl, LossOptions' fields) are checked on the first call
+    that gives them and remembered (_settings_checked), so the micro-batches of an update check them once.
     """
     check_tensor("logp", logp)
     check_tensor("advantages", advantages)
@@ -719,28 +718,20 @@ def policy_loss(
             f"advantages has shape {tuple(advantages.shape)}; it must be [N]={n} (one per completion) or "
             f"[N, T]={tuple(shape)} (per token) to match logp."
         )
-    settings: dict[str, Any] = dict(
-        loss_type=loss_type,
-        aggregation=aggregation,
-        loss_kwargs=loss_kwargs,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        delta=delta,
-        beta=beta,
-        max_completion_length=max_completion_length,
-        importance=importance,
-        kl_kind=kl_kind,
-        kl_tau=kl_tau,
-        use_bias_correction_kl=use_bias_correction_kl,
+    o = _settings_checked(
+        loss_type,
+        aggregation,
+        loss_kwargs,
+        eps_low,
+        eps_high,
+        delta,
+        beta,
+        max_completion_length,
+        importance,
+        kl_kind,
+        kl_tau,
+        use_bias_correction_kl,
     )
-    if options is None:
-        options = _checked_options(**settings)
-    elif settings != _SETTING_DEFAULTS:
-        given = [k for k, v in settings.items() if v != _SETTING_DEFAULTS[k]]
-        raise TypeError(
-            f"policy_loss got options and the settings {given} as keywords; pass them to check_loss_options only"
-        )
-    o = options
     loss_type, agg, kwargs = o.loss_type, o.aggregation, o.loss_kwargs
     importance, kl_kind, max_completion_length = o.importance, o.kl_kind, o.max_completion_length
     eps_low, eps_high, delta, beta = o.eps_low, o.eps_high, o.delta, o.beta
@@ -901,6 +892,93 @@ def policy_loss(
     return loss, metrics
 
 
+_CHECKED_SETTINGS: dict[tuple, LossOptions] = {}
+"""The LossOptions of the settings policy_loss has seen, by _settings_key: an update calls it once per
+micro-batch with the same settings, which are then checked once."""
+_CHECKED_SETTINGS_MAX = 32
+"""More distinct settings than this and the memo starts over (an update uses one; tests use a few dozen)."""
+
+
+def _value_key(value: object) -> tuple:
+    """Returns the memo's key for one setting: its type and value, and for a float the sign of zero too."""
+    # True == 1 and -0.0 == 0.0, yet the checks and the loss may tell them apart: the key does too.
+    if type(value) is float:
+        return (float, value, math.copysign(1.0, value))
+    return (type(value), value)
+
+
+def _settings_key(loss_type: str, loss_kwargs: Mapping[str, object] | None, values: tuple) -> tuple:
+    """Returns the memo's key for a policy_loss call's settings (a TypeError or other error when they cannot be one)."""
+    # The registered loss is part of the key: a loss registered again under the same name is checked again.
+    spec = POLICY_LOSSES.get(loss_type)
+    if loss_kwargs is None:
+        extra: tuple | None = None
+    else:
+        extra = (type(loss_kwargs), *((k, _value_key(v)) for k, v in loss_kwargs.items()))
+    key = (spec, extra, *map(_value_key, values))
+    hash(key)
+    return key
+
+
+def _settings_checked(
+    loss_type: str,
+    aggregation: str | None,
+    loss_kwargs: Mapping[str, object] | None,
+    eps_low: float,
+    eps_high: float | None,
+    delta: float | None,
+    beta: float,
+    max_completion_length: int | None,
+    importance: str,
+    kl_kind: str,
+    kl_tau: float,
+    use_bias_correction_kl: bool,
+) -> LossOptions:
+    """Returns the LossOptions of policy_loss's settings: checked by _checked_options the first time, then
+    remembered, so that the micro-batches of an update pay for one dictionary look-up instead of the checks."""
+    values = (
+        loss_type,
+        aggregation,
+        eps_low,
+        eps_high,
+        delta,
+        beta,
+        max_completion_length,
+        importance,
+        kl_kind,
+        kl_tau,
+        use_bias_correction_kl,
+    )
+    key: tuple | None
+    known: LossOptions | None
+    try:
+        key = _settings_key(loss_type, loss_kwargs, values)
+        known = _CHECKED_SETTINGS.get(key)
+    except Exception:  # an unhashable or odd setting: checked on every call, with the checks' own errors
+        key = known = None
+    if known is not None:
+        return known
+    options = _checked_options(
+        loss_type=loss_type,
+        aggregation=aggregation,
+        loss_kwargs=loss_kwargs,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        delta=delta,
+        beta=beta,
+        max_completion_length=max_completion_length,
+        importance=importance,
+        kl_kind=kl_kind,
+        kl_tau=kl_tau,
+        use_bias_correction_kl=use_bias_correction_kl,
+    )
+    if key is not None:  # settings that fail their checks raise above and are never remembered
+        if len(_CHECKED_SETTINGS) >= _CHECKED_SETTINGS_MAX:
+            _CHECKED_SETTINGS.clear()  # atomic, unlike evicting one entry while another thread adds one
+        _CHECKED_SETTINGS[key] = options
+    return options
+
+
 _SETTING_DEFAULTS: dict[str, Any] = {
     name: p.default
     for name, p in inspect.signature(policy_loss).parameters.items()
@@ -913,8 +991,9 @@ them: check_loss_options's defaults too."""
 def check_loss_options(**settings: Any) -> LossOptions:
     """Returns the checked LossOptions of policy_loss's settings keywords (its defaults for those not given).
 
-    Check once, then pass the record to every policy_loss call of an update as `options=`: the same checks
-    and error messages as a policy_loss call given the keywords, run once instead of per micro-batch."""
+    A pre-check, e.g. when a trainer is built, before any tensor exists: the same checks and error messages
+    as a policy_loss call given the keywords (which checks each distinct settings once, see _settings_checked).
+    """
     unknown = sorted(set(settings) - set(_SETTING_DEFAULTS))
     if unknown:
         raise TypeError(

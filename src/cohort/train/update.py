@@ -241,8 +241,9 @@ class PolicyUpdater:
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
-        # The objective's settings, checked once here and shared by every policy_loss call (update, evaluate_loss).
-        self._loss_options = check_loss_options(
+        # The objective's settings, the same keywords for every policy_loss call (update, evaluate_loss), which
+        # checks them once; checked here too, so that a bad one fails before any work.
+        self._loss_settings: dict[str, Any] = dict(
             loss_type=algo.loss_type,
             aggregation=algo.aggregation,
             loss_kwargs=algo.loss_kwargs,
@@ -256,7 +257,7 @@ class PolicyUpdater:
             kl_tau=algo.kl_tau,
             use_bias_correction_kl=algo.use_bias_correction_kl,
         )
-        spec = POLICY_LOSSES.get(self._loss_options.loss_type)
+        spec = POLICY_LOSSES.get(check_loss_options(**self._loss_settings).loss_type)
         self.folds_sampler_weights = spec is not None and spec.folds_sampler_weights
         self.entropy_coef = float(algo.entropy_coef)
         self.last_entropy: float | None = None
@@ -715,8 +716,8 @@ class PolicyUpdater:
                         ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                         num_items=num_items,
                         num_sequences=num_seq,
-                        options=self._loss_options,
                         divergence=divergence,
+                        **self._loss_settings,
                     )
                     if divergence is not None:  # a mean over the loss tokens, weighted by them in the meter
                         kept_div = torch.where(mask, divergence, 0)
@@ -816,7 +817,7 @@ class PolicyUpdater:
                 ref_logp=self._stack(ref, micro, width) if ref is not None else None,
                 num_items=num_items,
                 num_sequences=num_seq,
-                options=self._loss_options,
+                **self._loss_settings,
             )
             if self.entropy_on and apply_coef != 0:
                 loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)
