@@ -99,6 +99,9 @@ def test_the_same_settings_are_checked_once_and_a_changed_one_again(checks):
         with pytest.raises(TypeError, match="use_bias_correction_kl must be True or False"):
             policy_loss(Z, None, A, M, use_bias_correction_kl=1)
     assert len(checks) == 6
+    policy_loss(Z, None, A, M, kl_tau=0.0)
+    policy_loss(Z, None, A, M, kl_tau=-0.0)  # equal, but a loss could tell the zeros apart
+    assert len(checks) == 8
 
 
 def test_unhashable_settings_are_checked_on_every_call(checks):

@@ -719,18 +719,20 @@ def policy_loss(
             f"[N, T]={tuple(shape)} (per token) to match logp."
         )
     o = _settings_checked(
-        loss_type,
-        aggregation,
         loss_kwargs,
-        eps_low,
-        eps_high,
-        delta,
-        beta,
-        max_completion_length,
-        importance,
-        kl_kind,
-        kl_tau,
-        use_bias_correction_kl,
+        (
+            loss_type,
+            aggregation,
+            eps_low,
+            eps_high,
+            delta,
+            beta,
+            max_completion_length,
+            importance,
+            kl_kind,
+            kl_tau,
+            use_bias_correction_kl,
+        ),
     )
     loss_type, agg, kwargs = o.loss_type, o.aggregation, o.loss_kwargs
     importance, kl_kind, max_completion_length = o.importance, o.kl_kind, o.max_completion_length
@@ -892,90 +894,60 @@ def policy_loss(
     return loss, metrics
 
 
-_CHECKED_SETTINGS: dict[tuple, LossOptions] = {}
-"""The LossOptions of the settings policy_loss has seen, by _settings_key: an update calls it once per
+_CHECKED_SETTINGS: dict[tuple, tuple[PolicyLoss | None, LossOptions]] = {}
+"""The LossOptions of the settings policy_loss has seen, by _settings_key, with the registered loss they were
+checked against (held so that its id, part of the key, stays its own): an update calls policy_loss once per
 micro-batch with the same settings, which are then checked once."""
 _CHECKED_SETTINGS_MAX = 32
 """More distinct settings than this and the memo starts over (an update uses one; tests use a few dozen)."""
 
 
-def _value_key(value: object) -> tuple:
-    """Returns the memo's key for one setting: its type and value, and for a float the sign of zero too."""
-    # True == 1 and -0.0 == 0.0, yet the checks and the loss may tell them apart: the key does too.
-    if type(value) is float:
-        return (float, value, math.copysign(1.0, value))
-    return (type(value), value)
+_KEYED_SETTINGS = (
+    "loss_type",
+    "aggregation",
+    "eps_low",
+    "eps_high",
+    "delta",
+    "beta",
+    "max_completion_length",
+    "importance",
+    "kl_kind",
+    "kl_tau",
+    "use_bias_correction_kl",
+)
+"""The settings policy_loss passes to _settings_checked as one tuple, in this order (loss_kwargs apart)."""
 
 
-def _settings_key(loss_type: str, loss_kwargs: Mapping[str, object] | None, values: tuple) -> tuple:
-    """Returns the memo's key for a policy_loss call's settings (a TypeError or other error when they cannot be one)."""
-    # The registered loss is part of the key: a loss registered again under the same name is checked again.
-    spec = POLICY_LOSSES.get(loss_type)
-    if loss_kwargs is None:
-        extra: tuple | None = None
-    else:
-        extra = (type(loss_kwargs), *((k, _value_key(v)) for k, v in loss_kwargs.items()))
-    key = (spec, extra, *map(_value_key, values))
-    hash(key)
-    return key
-
-
-def _settings_checked(
-    loss_type: str,
-    aggregation: str | None,
-    loss_kwargs: Mapping[str, object] | None,
-    eps_low: float,
-    eps_high: float | None,
-    delta: float | None,
-    beta: float,
-    max_completion_length: int | None,
-    importance: str,
-    kl_kind: str,
-    kl_tau: float,
-    use_bias_correction_kl: bool,
-) -> LossOptions:
-    """Returns the LossOptions of policy_loss's settings: checked by _checked_options the first time, then
-    remembered, so that the micro-batches of an update pay for one dictionary look-up instead of the checks."""
-    values = (
-        loss_type,
-        aggregation,
-        eps_low,
-        eps_high,
-        delta,
-        beta,
-        max_completion_length,
-        importance,
-        kl_kind,
-        kl_tau,
-        use_bias_correction_kl,
-    )
+def _settings_checked(loss_kwargs: Mapping[str, object] | None, values: tuple) -> LossOptions:
+    """Returns the LossOptions of policy_loss's settings (`values` in _KEYED_SETTINGS's order): checked by
+    _checked_options the first time, then remembered, so that the micro-batches of an update pay for one
+    dictionary look-up instead of the checks."""
     key: tuple | None
-    known: LossOptions | None
+    known: tuple[PolicyLoss | None, LossOptions] | None
     try:
-        key = _settings_key(loss_type, loss_kwargs, values)
+        spec = POLICY_LOSSES.get(values[0])
+        # Types and signs are part of the key: True == 1 and -0.0 == 0.0, yet use_bias_correction_kl=1 is
+        # refused and a loss may tell the zeros apart. So is the registered loss (by id: a dataclass's hash costs
+        # more than the rest of the key), so that a loss registered again is checked again.
+        key = (
+            id(spec),
+            values,
+            tuple(map(type, values)),
+            *[math.copysign(1, v) for v in values if isinstance(v, float)],
+        )
+        if loss_kwargs:  # an empty one (None, {}) is checked as {}: the same key
+            items = tuple(loss_kwargs.items())
+            key += (items, *[(type(v), math.copysign(1, v) if isinstance(v, float) else 0) for _, v in items])
         known = _CHECKED_SETTINGS.get(key)
     except Exception:  # an unhashable or odd setting: checked on every call, with the checks' own errors
         key = known = None
     if known is not None:
-        return known
-    options = _checked_options(
-        loss_type=loss_type,
-        aggregation=aggregation,
-        loss_kwargs=loss_kwargs,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        delta=delta,
-        beta=beta,
-        max_completion_length=max_completion_length,
-        importance=importance,
-        kl_kind=kl_kind,
-        kl_tau=kl_tau,
-        use_bias_correction_kl=use_bias_correction_kl,
-    )
+        return known[1]
+    options = _checked_options(loss_kwargs=loss_kwargs, **dict(zip(_KEYED_SETTINGS, values)))
     if key is not None:  # settings that fail their checks raise above and are never remembered
         if len(_CHECKED_SETTINGS) >= _CHECKED_SETTINGS_MAX:
             _CHECKED_SETTINGS.clear()  # atomic, unlike evicting one entry while another thread adds one
-        _CHECKED_SETTINGS[key] = options
+        _CHECKED_SETTINGS[key] = (spec, options)
     return options
 
 
