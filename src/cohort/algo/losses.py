@@ -874,21 +874,25 @@ def policy_loss(
     with torch.no_grad():
         # Metrics in at least float32: bf16 cannot even count past 256 exactly.
         ratio_d = torch.exp(log_ratio.detach()).to(torch.promote_types(logp.dtype, torch.float32))  # [N, T]
-        none = torch.zeros_like(mask)
+        count = mask.sum().clamp(min=1)  # masked_mean's denominator, counted once for every metric
+
+        def mean(values: torch.Tensor) -> torch.Tensor:
+            return torch.where(mask, values.to(ratio_d.dtype), 0).sum() / count
+
+        if terms.clipped_low is None or terms.clipped_high is None:
+            none = torch.zeros_like(mask)
         is_low = (none if terms.clipped_low is None else terms.clipped_low.bool()) & mask  # [N, T]
         is_high = (none if terms.clipped_high is None else terms.clipped_high.bool()) & mask  # [N, T]
         metrics = {
-            "clip_ratio/low_mean": masked_mean(is_low.to(ratio_d.dtype), mask),
-            "clip_ratio/high_mean": masked_mean(is_high.to(ratio_d.dtype), mask),
-            "clip_ratio/region_mean": masked_mean((is_low | is_high).to(ratio_d.dtype), mask),
-            "ratio/mean": masked_mean(ratio_d, mask),
+            "clip_ratio/low_mean": mean(is_low),
+            "clip_ratio/high_mean": mean(is_high),
+            "clip_ratio/region_mean": mean(is_low | is_high),
+            "ratio/mean": mean(ratio_d),
         }
         if kl is not None:
-            metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
+            metrics["kl"] = mean(kl.detach())
         if kl_tau > 0:
-            metrics["kl_tau/penalty_mean"] = masked_mean(
-                token_log_ratio.detach().square().to(ratio_d.dtype), mask
-            )
+            metrics["kl_tau/penalty_mean"] = mean(token_log_ratio.detach().square())
         for key, value in (terms.metrics or {}).items():
             metrics[key] = value.detach()
     return loss, metrics
