@@ -44,7 +44,6 @@ def test_contract_signatures():
         "use_bias_correction_kl": False,
         "sampler_weights": None,
         "divergence": None,
-        "options": None,
     }
     sig = inspect.signature(algo.group_advantages)
     assert {k: p.default for k, p in sig.parameters.items() if k in ("scale", "std", "eps")} == {

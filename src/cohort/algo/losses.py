@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -666,7 +667,6 @@ def policy_loss(
     use_bias_correction_kl: bool = False,
     sampler_weights: torch.Tensor | None = None,
     divergence: torch.Tensor | None = None,
-    options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Return (loss, metrics): the aggregated policy loss (scalar) and detached tensor metrics.
 
@@ -696,9 +696,8 @@ def policy_loss(
     dropped), ratio/mean, kl (masked mean of the kl_kind estimate, bias-corrected when asked) when ref_logp is
     given, kl_tau/penalty_mean (the masked mean of (log pi/pi_old)^2) when kl_tau > 0, and the loss's own
     (vespo/phi_seq_mean).
-    options: the settings (loss_type, aggregation, loss_kwargs, eps_low, eps_high, delta, beta,
-    max_completion_length, importance, kl_kind, kl_tau, use_bias_correction_kl) as check_loss_options returned them, checked once for a whole
-    update instead of on every call; leave those keywords out when passing it.
+    The settings (loss_type through use_bias_correction_kl, LossOptions' fields) are checked on the first call
+    that gives them and remembered (_settings_checked), so the micro-batches of an update check them once.
     """
     check_tensor("logp", logp)
     check_tensor("advantages", advantages)
@@ -719,28 +718,22 @@ def policy_loss(
             f"advantages has shape {tuple(advantages.shape)}; it must be [N]={n} (one per completion) or "
             f"[N, T]={tuple(shape)} (per token) to match logp."
         )
-    settings: dict[str, Any] = dict(
-        loss_type=loss_type,
-        aggregation=aggregation,
-        loss_kwargs=loss_kwargs,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        delta=delta,
-        beta=beta,
-        max_completion_length=max_completion_length,
-        importance=importance,
-        kl_kind=kl_kind,
-        kl_tau=kl_tau,
-        use_bias_correction_kl=use_bias_correction_kl,
+    o = _settings_checked(
+        loss_kwargs,
+        (
+            loss_type,
+            aggregation,
+            eps_low,
+            eps_high,
+            delta,
+            beta,
+            max_completion_length,
+            importance,
+            kl_kind,
+            kl_tau,
+            use_bias_correction_kl,
+        ),
     )
-    if options is None:
-        options = _checked_options(**settings)
-    elif settings != _SETTING_DEFAULTS:
-        given = [k for k, v in settings.items() if v != _SETTING_DEFAULTS[k]]
-        raise TypeError(
-            f"policy_loss got options and the settings {given} as keywords; pass them to check_loss_options only"
-        )
-    o = options
     loss_type, agg, kwargs = o.loss_type, o.aggregation, o.loss_kwargs
     importance, kl_kind, max_completion_length = o.importance, o.kl_kind, o.max_completion_length
     eps_low, eps_high, delta, beta = o.eps_low, o.eps_high, o.delta, o.beta
@@ -881,24 +874,85 @@ def policy_loss(
     with torch.no_grad():
         # Metrics in at least float32: bf16 cannot even count past 256 exactly.
         ratio_d = torch.exp(log_ratio.detach()).to(torch.promote_types(logp.dtype, torch.float32))  # [N, T]
-        none = torch.zeros_like(mask)
+        count = mask.sum().clamp(min=1)  # masked_mean's denominator, counted once for every metric
+
+        def mean(values: torch.Tensor) -> torch.Tensor:
+            return torch.where(mask, values.to(ratio_d.dtype), 0).sum() / count
+
+        if terms.clipped_low is None or terms.clipped_high is None:
+            none = torch.zeros_like(mask)
         is_low = (none if terms.clipped_low is None else terms.clipped_low.bool()) & mask  # [N, T]
         is_high = (none if terms.clipped_high is None else terms.clipped_high.bool()) & mask  # [N, T]
         metrics = {
-            "clip_ratio/low_mean": masked_mean(is_low.to(ratio_d.dtype), mask),
-            "clip_ratio/high_mean": masked_mean(is_high.to(ratio_d.dtype), mask),
-            "clip_ratio/region_mean": masked_mean((is_low | is_high).to(ratio_d.dtype), mask),
-            "ratio/mean": masked_mean(ratio_d, mask),
+            "clip_ratio/low_mean": mean(is_low),
+            "clip_ratio/high_mean": mean(is_high),
+            "clip_ratio/region_mean": mean(is_low | is_high),
+            "ratio/mean": mean(ratio_d),
         }
         if kl is not None:
-            metrics["kl"] = masked_mean(kl.detach().to(ratio_d.dtype), mask)
+            metrics["kl"] = mean(kl.detach())
         if kl_tau > 0:
-            metrics["kl_tau/penalty_mean"] = masked_mean(
-                token_log_ratio.detach().square().to(ratio_d.dtype), mask
-            )
+            metrics["kl_tau/penalty_mean"] = mean(token_log_ratio.detach().square())
         for key, value in (terms.metrics or {}).items():
             metrics[key] = value.detach()
     return loss, metrics
+
+
+_CHECKED_SETTINGS: dict[tuple, tuple[PolicyLoss | None, LossOptions]] = {}
+"""The LossOptions of the settings policy_loss has seen, by _settings_key, with the registered loss they were
+checked against (held so that its id, part of the key, stays its own): an update calls policy_loss once per
+micro-batch with the same settings, which are then checked once."""
+_CHECKED_SETTINGS_MAX = 32
+"""More distinct settings than this and the memo starts over (an update uses one; tests use a few dozen)."""
+
+
+_KEYED_SETTINGS = (
+    "loss_type",
+    "aggregation",
+    "eps_low",
+    "eps_high",
+    "delta",
+    "beta",
+    "max_completion_length",
+    "importance",
+    "kl_kind",
+    "kl_tau",
+    "use_bias_correction_kl",
+)
+"""The settings policy_loss passes to _settings_checked as one tuple, in this order (loss_kwargs apart)."""
+
+
+def _settings_checked(loss_kwargs: Mapping[str, object] | None, values: tuple) -> LossOptions:
+    """Returns the LossOptions of policy_loss's settings (`values` in _KEYED_SETTINGS's order): checked by
+    _checked_options the first time, then remembered, so that the micro-batches of an update pay for one
+    dictionary look-up instead of the checks."""
+    key: tuple | None
+    known: tuple[PolicyLoss | None, LossOptions] | None
+    try:
+        spec = POLICY_LOSSES.get(values[0])
+        # Types and signs are part of the key: True == 1 and -0.0 == 0.0, yet use_bias_correction_kl=1 is
+        # refused and a loss may tell the zeros apart. So is the registered loss (by id: a dataclass's hash costs
+        # more than the rest of the key), so that a loss registered again is checked again.
+        key = (
+            id(spec),
+            values,
+            tuple(map(type, values)),
+            *[math.copysign(1, v) for v in values if isinstance(v, float)],
+        )
+        if loss_kwargs:  # an empty one (None, {}) is checked as {}: the same key
+            items = tuple(loss_kwargs.items())
+            key += (items, *[(type(v), math.copysign(1, v) if isinstance(v, float) else 0) for _, v in items])
+        known = _CHECKED_SETTINGS.get(key)
+    except Exception:  # an unhashable or odd setting: checked on every call, with the checks' own errors
+        key = known = None
+    if known is not None:
+        return known[1]
+    options = _checked_options(loss_kwargs=loss_kwargs, **dict(zip(_KEYED_SETTINGS, values)))
+    if key is not None:  # settings that fail their checks raise above and are never remembered
+        if len(_CHECKED_SETTINGS) >= _CHECKED_SETTINGS_MAX:
+            _CHECKED_SETTINGS.clear()  # atomic, unlike evicting one entry while another thread adds one
+        _CHECKED_SETTINGS[key] = (spec, options)
+    return options
 
 
 _SETTING_DEFAULTS: dict[str, Any] = {
@@ -913,8 +967,9 @@ them: check_loss_options's defaults too."""
 def check_loss_options(**settings: Any) -> LossOptions:
     """Returns the checked LossOptions of policy_loss's settings keywords (its defaults for those not given).
 
-    Check once, then pass the record to every policy_loss call of an update as `options=`: the same checks
-    and error messages as a policy_loss call given the keywords, run once instead of per micro-batch."""
+    A pre-check, e.g. when a trainer is built, before any tensor exists: the same checks and error messages
+    as a policy_loss call given the keywords (which checks each distinct settings once, see _settings_checked).
+    """
     unknown = sorted(set(settings) - set(_SETTING_DEFAULTS))
     if unknown:
         raise TypeError(

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from cohort.algo import (
     LOSS_TYPES,
@@ -106,6 +107,62 @@ class PlannedMinibatch:
     """The loss's normalisers over every process (loss_normalisers)."""
     tokens: int
     """Tokens in the loss over every process (the entropy bonus's mean)."""
+
+
+def pad_rows(
+    values: Sequence[torch.Tensor] | Mapping[int, torch.Tensor], n: int, dtype: torch.dtype | None = None
+) -> torch.Tensor | None:
+    """Returns rows 0..n-1 of `values` zero-padded to the longest, [n, T_max] (or [n, T_max, K]), in `dtype` (the
+    first row's when None) on the first row's device; a row a mapping lacks is all zeros; None when there is none."""
+    rows = list(values.values()) if isinstance(values, Mapping) else list(values)
+    if not rows:
+        return None
+    first = rows[0]
+    if isinstance(values, Mapping):
+        empty = first.new_zeros((0, *first.shape[1:]))
+        rows = [values.get(r, empty) for r in range(n)]
+    if dtype is not None:
+        rows = [v.to(dtype) for v in rows]
+    return pad_sequence(rows, batch_first=True)
+
+
+@dataclass
+class TokenTable:
+    """An update's per-token inputs, each padded once to [N, T_max] (row r of the batch at index r), so that a
+    micro-batch takes its rows by index (TokenTable.take) instead of stacking them from per-row tensors.
+
+    Each entry costs N x T_max values (float32: 4 MiB for 1024 rows of 1024 tokens; top-K entries K times
+    that), next to which one micro-batch's activations are large; the tables on the model's device are
+    π_old's and π_ref's, whose per-row tensors are the same values already held there."""
+
+    sampled: torch.Tensor | None = None
+    """The sampler's log-probs (PolicyBatch.sampling_logprobs)."""
+    inserted: torch.Tensor | None = None
+    """bool: the policy's own tokens (PolicyBatch.loss_masks; None: every token is the policy's)."""
+    token_adv: torch.Tensor | None = None
+    """Per-token advantages (process rewards or the Optimal Token Baseline), in their widest dtype."""
+    old: torch.Tensor | None = None
+    """log π_old, when a pass computed it."""
+    ref: torch.Tensor | None = None
+    """log π_ref, when beta > 0."""
+    sampled_topk: torch.Tensor | None = None
+    """[N, T_max, K] the sampler's top-K log-probs (DPPO's anchor under trust_region_anchor=sampler)."""
+    old_topk: torch.Tensor | None = None
+    """[N, T_max, K] π_old's log-probs at those ids (DPPO's anchor after a π_old pass)."""
+
+    @staticmethod
+    def take(
+        values: torch.Tensor,
+        rows: Sequence[int],
+        width: int,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """Returns the table's `rows` cut to `width` tokens, [n, width] (or [n, width, K]), on `device`."""
+        # One gather and at most one copy to the device per micro-batch; the padding is the zeros the per-row
+        # stacking wrote, so the micro-batch is the same tensor bit for bit.
+        index = torch.tensor(rows, dtype=torch.long, device=values.device)
+        return values[index, :width].to(device, dtype)
 
 
 @contextlib.contextmanager
@@ -241,8 +298,9 @@ class PolicyUpdater:
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
         self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
-        # The objective's settings, checked once here and shared by every policy_loss call (update, evaluate_loss).
-        self._loss_options = check_loss_options(
+        # The objective's settings, the same keywords for every policy_loss call (update, evaluate_loss), which
+        # checks them once; checked here too, so that a bad one fails before any work.
+        self._loss_settings: dict[str, Any] = dict(
             loss_type=algo.loss_type,
             aggregation=algo.aggregation,
             loss_kwargs=algo.loss_kwargs,
@@ -256,7 +314,7 @@ class PolicyUpdater:
             kl_tau=algo.kl_tau,
             use_bias_correction_kl=algo.use_bias_correction_kl,
         )
-        spec = POLICY_LOSSES.get(self._loss_options.loss_type)
+        spec = POLICY_LOSSES.get(check_loss_options(**self._loss_settings).loss_type)
         self.folds_sampler_weights = spec is not None and spec.folds_sampler_weights
         self.entropy_coef = float(algo.entropy_coef)
         self.last_entropy: float | None = None
@@ -314,12 +372,13 @@ class PolicyUpdater:
             meter.path(lp.path, lp.chunked_head)
         return lp
 
-    def _loss_mask(self, lp, batch: PolicyBatch, rows: list[int]) -> torch.Tensor:
-        """Returns the micro-batch's [n, T] tokens in the loss: the completions' tokens less those inserted."""
-        if batch.loss_masks is None:
+    @staticmethod
+    def _loss_mask(lp, inserted: torch.Tensor | None, rows: list[int]) -> torch.Tensor:
+        """Returns the micro-batch's [n, T] tokens in the loss: the completions' tokens less those inserted
+        (`inserted`: the update's table of PolicyBatch.loss_masks, None when there are none)."""
+        if inserted is None:
             return lp.mask
-        inserted = {r: batch.loss_masks[r].to(lp.mask.device) for r in rows}
-        return lp.mask & self._stack(inserted, rows, lp.mask.shape[1])
+        return lp.mask & TokenTable.take(inserted, rows, lp.mask.shape[1], lp.mask.device)
 
     def _micro_batches(self, batch: PolicyBatch, rows: Sequence[int]) -> list[list[int]]:
         return plan_micro_batches(
@@ -453,11 +512,12 @@ class PolicyUpdater:
         old: dict[int, torch.Tensor] = {}
         square: dict[int, torch.Tensor] = {}
         keep: dict[int, torch.Tensor] = {}
+        inserted = pad_rows(batch.loss_masks, n) if batch.loss_masks is not None else None
         passes = self._frozen_passes(
             self.model, batch, rows, with_sum_pi_squared=True, with_topk=topk_out is not None
         )
         for micro, lp in passes:
-            mask = self._loss_mask(lp, batch, micro)
+            mask = self._loss_mask(lp, inserted, micro)
             squares = cast(torch.Tensor, lp.sum_pi_squared)
             for i, r in enumerate(micro):
                 length = len(batch.completion_ids[r])
@@ -512,27 +572,50 @@ class PolicyUpdater:
                 f"with SamplingParams(logprobs_topk={self.topk})"
             )
 
-    def _topk_divergence(
-        self,
-        lp,
-        batch: PolicyBatch,
-        micro: list[int],
-        old_topk: dict[int, torch.Tensor] | None,
-        width: int,
-    ) -> torch.Tensor:
+    def _topk_divergence(self, lp, table: TokenTable, micro: list[int], width: int) -> torch.Tensor:
         """Returns the micro-batch's [n, T] detached top-K divergence of the policy from its anchor (TV for
         dppo_tv, KL for dppo_kl): the sampler's top-K log-probs (trust_region_anchor=sampler), pi_old's at the same
         ids (old, with a pi_old pass), else the current policy's own (pi_old = the policy: divergence 0)."""
         policy = cast(torch.Tensor, lp.topk_logp).detach()  # [n, T, K]
         if self.sampler_anchor:
-            assert batch.topk_logprobs is not None  # _check_topk
-            anchor = self._stack({r: batch.topk_logprobs[r].to(policy.device) for r in micro}, micro, width)
-        elif old_topk is not None:
-            anchor = self._stack(old_topk, micro, width)
+            assert table.sampled_topk is not None  # _check_topk
+            anchor = TokenTable.take(table.sampled_topk, micro, width, policy.device)
+        elif table.old_topk is not None:
+            anchor = TokenTable.take(table.old_topk, micro, width, policy.device)
         else:
             anchor = policy
         kl, tv = topk_divergence_from_logprobs(policy, anchor)  # [n, T] each
         return (kl if self.algo.loss_type == "dppo_kl" else tv).detach()
+
+    def _token_table(
+        self,
+        batch: PolicyBatch,
+        token_adv: Sequence[torch.Tensor] | None,
+        old: dict[int, torch.Tensor] | None,
+        ref: dict[int, torch.Tensor] | None,
+        old_topk: dict[int, torch.Tensor] | None,
+    ) -> TokenTable:
+        """Returns the update's TokenTable: every per-token input its micro-batches read, padded once."""
+        n = len(batch.completion_ids)
+        widest = None
+        if token_adv:
+            # Each row was cast straight to the log-probs' dtype: a table in the widest dtype casts exactly so.
+            widest = token_adv[0].dtype
+            for t in token_adv:
+                widest = torch.promote_types(widest, t.dtype)
+        return TokenTable(
+            sampled=pad_rows(batch.sampling_logprobs, n) if batch.sampling_logprobs is not None else None,
+            inserted=pad_rows(batch.loss_masks, n) if batch.loss_masks is not None else None,
+            token_adv=pad_rows(token_adv, n, widest) if token_adv is not None else None,
+            old=pad_rows(old, n) if old is not None else None,
+            ref=pad_rows(ref, n) if ref is not None else None,
+            sampled_topk=(
+                pad_rows(batch.topk_logprobs, n)
+                if self.topk > 0 and self.sampler_anchor and batch.topk_logprobs is not None
+                else None
+            ),
+            old_topk=pad_rows(old_topk, n) if old_topk is not None else None,
+        )
 
     @staticmethod
     def _stack(values: dict[int, torch.Tensor], rows: list[int], width: int) -> torch.Tensor:
@@ -613,6 +696,7 @@ class PolicyUpdater:
             # Its pi_old pass gives the per-token advantages, and pi_old itself where the update needs it.
             otb_old, token_adv = self._otb_pass(batch, topk_out=old_topk)
             old = {r: otb_old[r] for r in loss_rows} if need_old else None
+            del otb_old  # its rows are padded into the token table below, where the update reads them
         else:
             old = self.frozen_logprobs(self.model, batch, loss_rows, topk_out=old_topk) if need_old else None
         ref = None
@@ -620,12 +704,15 @@ class PolicyUpdater:
             with self.reference() as ref_model:
                 ref = self.frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
+        table = self._token_table(batch, token_adv, old, ref, old_topk)
+        del old, ref, old_topk  # the table holds them now
         # A row can be skipped when every one of its tokens has advantage 0.
-        row_zero = (
-            adv
-            if token_adv is None
-            else torch.tensor([float(t.abs().max()) if t.numel() else 0.0 for t in token_adv])
-        )
+        if table.token_adv is None:
+            row_zero = adv
+        elif table.token_adv.shape[1] == 0:
+            row_zero = torch.zeros(n)
+        else:  # the padding's zeros never raise a row's largest |advantage|
+            row_zero = table.token_adv.abs().amax(-1).to("cpu", torch.get_default_dtype())
         # Clip-Cov's random draws: a stream per process, seeded from the shared one, so the shared stream
         # (the minibatch permutations) advances the same on every process.
         cov_gen = None
@@ -665,39 +752,37 @@ class PolicyUpdater:
                     lp = self._logprobs(
                         self.model, batch, micro, meter, with_entropy=with_entropy, with_topk=self.topk > 0
                     )
-                    mask = self._loss_mask(lp, batch, micro)
-                    width = lp.logp.shape[1]
-                    old_mb = self._stack(old, micro, width) if old is not None else None
+                    mask = self._loss_mask(lp, table.inserted, micro)
+                    width, device = lp.logp.shape[1], lp.logp.device
+                    old_mb = (
+                        TokenTable.take(table.old, micro, width, device) if table.old is not None else None
+                    )
                     # Only before the first optimizer step does the policy still equal the sampler's: the gap is
                     # measured there; the sampler's log-probs are stacked only where something reads them.
                     gap_here = it == 0 and mb_index == 0
                     sampled_mb = None
-                    if batch.sampling_logprobs is not None and (
+                    if table.sampled is not None and (
                         gap_here
                         or self.controls.sampler_correction != "none"
                         or self.controls.off_policy_mask_threshold is not None
                         or self.sampler_anchor
                     ):
-                        sampled = {r: batch.sampling_logprobs[r].to(lp.logp.device) for r in micro}
-                        sampled_mb = self._stack(sampled, micro, width)
+                        sampled_mb = TokenTable.take(table.sampled, micro, width, device)
                     if self.sampler_anchor:
                         old_mb = sampled_mb
                     if gap_here and sampled_mb is not None:
                         meter.sampler_gap(lp.logp, sampled_mb, mask)
-                    if token_adv is None:
-                        adv_mb = adv[micro].to(lp.logp.device)
+                    if table.token_adv is None:
+                        adv_mb = adv[micro].to(device)
                     else:
-                        tok = {r: token_adv[r].to(lp.logp.device, lp.logp.dtype) for r in micro}
-                        adv_mb = self._stack(tok, micro, width)
+                        adv_mb = TokenTable.take(table.token_adv, micro, width, device, lp.logp.dtype)
                     # Most runs have no control: the micro-batch loop then skips them entirely.
                     ctl = (
                         self._token_controls(lp, mask, old_mb, sampled_mb, adv_mb, cov_gen)
                         if self.controls.active
                         else None
                     )
-                    divergence = (
-                        self._topk_divergence(lp, batch, micro, old_topk, width) if self.topk > 0 else None
-                    )
+                    divergence = self._topk_divergence(lp, table, micro, width) if self.topk > 0 else None
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
                     sampler_weights = None
                     if ctl and self.folds_sampler_weights:
@@ -712,11 +797,13 @@ class PolicyUpdater:
                         sampler_weights=sampler_weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
-                        ref_logp=self._stack(ref, micro, width) if ref is not None else None,
+                        ref_logp=TokenTable.take(table.ref, micro, width, device)
+                        if table.ref is not None
+                        else None,
                         num_items=num_items,
                         num_sequences=num_seq,
-                        options=self._loss_options,
                         divergence=divergence,
+                        **self._loss_settings,
                     )
                     if divergence is not None:  # a mean over the loss tokens, weighted by them in the meter
                         kept_div = torch.where(mask, divergence, 0)
@@ -795,17 +882,19 @@ class PolicyUpdater:
         num_items, num_seq = loss_normalisers(
             a.loss_type, [lengths[r] for r in rows], int, 1, aggregation=a.aggregation
         )
+        n = len(batch.completion_ids)
         ref = None
         if a.beta > 0 and self.reference is not None:
             with self.reference() as ref_model:
-                ref = self.frozen_logprobs(ref_model, batch, rows)
+                ref = pad_rows(self.frozen_logprobs(ref_model, batch, rows), n)
+        inserted = pad_rows(batch.loss_masks, n) if batch.loss_masks is not None else None
         apply_coef = applied_entropy_coef(
             self.entropy_coef, self.last_entropy, target=a.entropy_target, adaptive=a.adaptive_entropy
         )
         tokens = max(sum(lengths[r] for r in rows), 1)
         total, means = 0.0, WeightedMeans()
         for micro, lp in self._frozen_passes(self.model, batch, rows, with_entropy=True):
-            mask = self._loss_mask(lp, batch, micro)
+            mask = self._loss_mask(lp, inserted, micro)
             entropy = cast(torch.Tensor, lp.entropy)
             width = lp.logp.shape[1]
             loss, metrics = policy_loss(
@@ -813,10 +902,10 @@ class PolicyUpdater:
                 None,
                 batch.advantages[micro].to(lp.logp.device),
                 mask,
-                ref_logp=self._stack(ref, micro, width) if ref is not None else None,
+                ref_logp=TokenTable.take(ref, micro, width, lp.logp.device) if ref is not None else None,
                 num_items=num_items,
                 num_sequences=num_seq,
-                options=self._loss_options,
+                **self._loss_settings,
             )
             if self.entropy_on and apply_coef != 0:
                 loss = loss + entropy_bonus(entropy, mask, apply_coef, tokens)
