@@ -60,14 +60,14 @@ def _module_level_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.Imp
                 yield from _module_level_imports(block)
 
 
-def _all_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Yields every import in a module, inside functions too, except under `if TYPE_CHECKING:`."""
+def _all_imports(tree: ast.AST, *, type_checking: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Yields every import in a module, inside functions too, and under `if TYPE_CHECKING:` with `type_checking`."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -102,14 +102,18 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, m
     return out
 
 
-def import_graph(*, deferred: bool = False) -> dict[str, set[str]]:
-    """Returns {module: the cohort modules it imports} (with `deferred`, imports inside functions too)."""
+def import_graph(*, deferred: bool = False, type_checking: bool = False) -> dict[str, set[str]]:
+    """Returns {module: the cohort modules it imports} (with `deferred`, imports inside functions too; with
+    `type_checking`, those and the imports under `if TYPE_CHECKING:`)."""
     sources = _sources()
     modules = set(sources)
     graph: dict[str, set[str]] = {}
     for module, path in sources.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        nodes = _all_imports(tree) if deferred else _module_level_imports(tree.body)
+        if deferred or type_checking:
+            nodes = _all_imports(tree, type_checking=type_checking)
+        else:
+            nodes = _module_level_imports(tree.body)
         edges: set[str] = set()
         for node in nodes:
             edges |= _targets(node, module, path.name == "__init__.py", modules)
@@ -323,3 +327,22 @@ def test_deferred_imports_close_no_cycle():
     """cli runs `cohort pipeline` through cohort.commands.pipeline; the pipeline parses its stages with
     cohort.commands.arguments' parser and runs them through the `run` the CLI hands it, never importing the CLI."""
     assert cycles(import_graph(deferred=True)) == []
+
+
+def test_type_only_imports_close_no_cycle():
+    """An import for annotations alone still ties two modules into one unit: the trainer imports the loop, and
+    the loop takes the run of parts, not the trainer."""
+    graph = import_graph(type_checking=True)
+    assert "cohort.models" in graph and CONFIG in graph["cohort.models"]  # under `if TYPE_CHECKING:` only
+    assert cycles(graph) == []
+
+
+def test_the_trainer_constructor_only_wires_the_run():
+    """GRPOTrainer.__init__ translates its arguments, validates, builds the run of parts and resumes it; the
+    building is cohort.train.run's."""
+    import inspect
+
+    from cohort.trainer import GRPOTrainer
+
+    lines, _ = inspect.getsourcelines(GRPOTrainer.__init__)
+    assert len(lines) <= 80

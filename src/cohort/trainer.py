@@ -1,106 +1,133 @@
 """The GRPO training loop: generate → score → advantage → filter → update → log → checkpoint.
 
 Each step is a few lines calling the module that owns it; read :meth:`GRPOTrainer.step` top to bottom.
-Everything that can be checked without a model (config, reward functions, dataset columns) is checked
-in the constructor before the model is loaded.
+The constructor translates its arguments (TRL's forms: `cohort.compat.drop_in.trainer_inputs`), validates
+the config and builds the run of parts (`cohort.train.run.build_run`), where everything that can be checked
+without a model (config, reward functions, dataset columns) is checked before the model is loaded. The
+trainer's attributes are the run's parts; the loop (`cohort.train.loop`) takes the run and the step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import time
-import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 from transformers import TrainerState
 
 from cohort.algo import zero_std_group_mask
 from cohort.compat.callbacks import Callbacks
-from cohort.compat.drop_in import dataset_rows, trl_arguments, trl_view
+from cohort.compat.drop_in import trainer_inputs
 from cohort.config import TrainConfig
-from cohort.config.validation import check_episode_sampling
 from cohort.episodes.multiturn import episode_metrics
-from cohort.episodes.spec import build_episode_spec
-from cohort.errors import (
-    ConfigError,
-    NonFiniteError,
-    RunExistsError,
-    TrainingError,
-)
-from cohort.models import DTYPES, check_model_source
-from cohort.rewards import (
-    score,
-)
+from cohort.episodes.spec import EpisodeSpec
+from cohort.errors import ConfigError, NonFiniteError, TrainingError
+from cohort.rewards import RewardLogs, score
 from cohort.rewards.process_rewards import process_metrics
 from cohort.runtime import distributed as dist
 from cohort.runtime import seeds
-from cohort.runtime.checkpoint_files import (
-    rng_state,
-    set_aside_newer,
-    set_rng_state,
-)
-from cohort.runtime.plugins import check_user_objective
+from cohort.runtime.checkpoint_files import set_aside_newer
 from cohort.runtime.rundir import RunLock, StopSignals
-from cohort.runtime.sharding import (
-    gathered,
-    resolve_strategy,
-)
+from cohort.runtime.sharding import gathered
+from cohort.train import loop
 from cohort.train.advantage_step import Advantaged, advantage_batch, own_rows
-from cohort.train.build import (
-    build_ahead,
-    build_curriculum,
-    build_engine,
-    build_episodes,
-    build_iterative,
-    build_optimizer,
-    build_policy,
-    build_remote,
-    build_rewards,
-    build_rows,
-    check_context,
-    drop_long_prompts,
-    encode_rows,
-    load_prompt_rows,
-    resolve_device,
-    sampling_params,
-    set_threads,
-)
-from cohort.train.checkpoints import (
-    RunCheckpoints,
-    find_checkpoints,
-    save_final_model,
-    trl_resume_target,
-)
+from cohort.train.ahead import AheadQueue
+from cohort.train.checkpoints import RunCheckpoints, find_checkpoints, save_final_model, trl_resume_target
+from cohort.train.curriculum import Curriculum
 from cohort.train.draw import Drawer, Drawn
-from cohort.train.generation import GenerationSource, LocalGeneration
-from cohort.train.health import HealthMonitor, collapsed_share, compute_precision
+from cohort.train.generation import GenerationSource
+from cohort.train.health import HealthMonitor, collapsed_share
 from cohort.train.held_out import HeldOut
-from cohort.train.loop import run
 from cohort.train.metrics import sample_rows, step_metrics
 from cohort.train.prompt_order import PromptSampler
 from cohort.train.rows import StepRows, gather_rows
+from cohort.train.run import Run, StepResult, autocast_context, build_run, run_precision
 from cohort.train.scorer import Scorer
 from cohort.train.state import StateRegistry
 from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
 
+__all__ = ["GRPOTrainer", "StepResult"]
 
-@dataclass
-class StepResult:
-    """What one training step produced."""
 
-    metrics: dict[str, Any]
-    samples: list[dict[str, Any]] = field(default_factory=list)
+T = TypeVar("T")
+
+
+class _Part(Generic[T]):
+    """A trainer attribute that is a part of its run: read and written through `trainer.run`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, trainer: None, owner: type) -> _Part[T]: ...
+
+    @overload
+    def __get__(self, trainer: GRPOTrainer, owner: type | None = None) -> T: ...
+
+    def __get__(self, trainer: GRPOTrainer | None, owner: type | None = None) -> T | _Part[T]:
+        if trainer is None:  # read on the class: the descriptor itself, as a property is
+            return self
+        return getattr(trainer.run, self.name)
+
+    def __set__(self, trainer: GRPOTrainer, value: T) -> None:
+        setattr(trainer.run, self.name, value)
 
 
 class GRPOTrainer:
     """Trains a causal LM with the GRPO family on prompts scored by reward functions."""
+
+    run: Run
+    # The run's parts under the names users, callbacks and tests know them by.
+    cfg: _Part[TrainConfig] = _Part()
+    updates_per_step: _Part[int] = _Part()
+    state: _Part[TrainerState] = _Part()
+    callbacks: _Part[Callbacks] = _Part()
+    strategy: _Part[str] = _Part()
+    run_dir: _Part[Path] = _Part()
+    episode_spec: _Part[EpisodeSpec | None] = _Part()
+    reward_funcs: _Part[list[Any]] = _Part()
+    reward_names: _Part[list[str]] = _Part()
+    reward_weights: _Part[torch.Tensor] = _Part()
+    train_rows: _Part[list[dict]] = _Part()
+    eval_rows: _Part[list[dict]] = _Part()
+    iterative: _Part[Any] = _Part()
+    labeler: _Part[Any] = _Part()
+    device: _Part[torch.device] = _Part()
+    model: _Part[torch.nn.Module] = _Part()
+    tokenizer: _Part[Any] = _Part()
+    reference: _Part[Any] = _Part()
+    loaded: _Part[Any] = _Part()
+    train_prompt_ids: _Part[list[list[int]]] = _Part()
+    eval_prompt_ids: _Part[list[list[int]]] = _Part()
+    dropped_prompts: _Part[int] = _Part()
+    engine: _Part[Any] = _Part()
+    sampler_copy: _Part[Any] = _Part()
+    generator: _Part[torch.Generator] = _Part()
+    shuffle_generator: _Part[torch.Generator] = _Part()
+    optimizer: _Part[torch.optim.Optimizer] = _Part()
+    scheduler: _Part[Any] = _Part()
+    updater: _Part[PolicyUpdater] = _Part()
+    sampler: _Part[PromptSampler] = _Part()
+    curriculum: _Part[Curriculum | None] = _Part()
+    scorer: _Part[Scorer] = _Part()
+    remote: _Part[Any] = _Part()
+    episodes: _Part[Any] = _Part()
+    ahead: _Part[AheadQueue | None] = _Part()
+    source: _Part[GenerationSource] = _Part()
+    drawer: _Part[Drawer] = _Part()
+    held_out: _Part[HeldOut] = _Part()
+    health: _Part[HealthMonitor] = _Part()
+    parts: _Part[StateRegistry] = _Part()
+    checkpoints: _Part[RunCheckpoints] = _Part()
+    stop_signals: _Part[StopSignals | None] = _Part()
+    reward_logs: _Part[RewardLogs | None] = _Part()
+    step_idx: _Part[int] = _Part()
+    saved_step: _Part[int | None] = _Part()
+    num_tokens: _Part[int] = _Part()
 
     def __init__(
         self,
@@ -131,253 +158,39 @@ class GRPOTrainer:
         Both forms take TRL's agent keywords: `tools=[fn, async_fn, ...]` and `environment_factory=Cls` (or a dict
         of factories routed by the dataset's `environment` column); the config's `episodes.*` says the same.
         """
-        if not isinstance(config, TrainConfig) and config is not None:
-            if model is not None:
-                raise ConfigError("pass the model once: as the first argument or as model=, not both")
-            model, config = config, None  # TRL's positional order starts with the model
-        if reward_funcs is not None and (callable(reward_funcs) or isinstance(reward_funcs, str)):
-            reward_funcs = [reward_funcs]  # one function or name, as TRL accepts
-        if optimizers not in (None, (None, None)):
-            raise ConfigError(
-                "optimizers= is not implemented by cohort: it builds AdamW and the schedule from the config "
-                "(optim.* / GRPOConfig's learning_rate, lr_scheduler_type, warmup_steps, weight_decay, adam_*)"
-            )
-        self.trl_form = config is None
-        if config is None:
-            config, train_rows, eval_rows, model, tokenizer = trl_arguments(
-                model,
-                args,
-                train_dataset,
-                eval_dataset,
-                processing_class,
-                peft_config,
-                train_rows,
-                eval_rows,
-                tokenizer,
-                owns_data=environment_factory is not None and callable(environment_factory),
-                routed=isinstance(environment_factory, Mapping),
-            )
-        elif args is not None or train_dataset is not None or peft_config is not None:
-            raise ConfigError(
-                "args=, train_dataset= and peft_config= belong to TRL's form GRPOTrainer(model=..., args=GRPOConfig(...)); "
-                "with a cohort TrainConfig pass train_rows= and set model.lora.* in the config"
-            )
-        assert isinstance(config, TrainConfig)
-        train_rows = dataset_rows(train_rows, limit=None)  # a datasets.Dataset works in cohort's form too
-        eval_rows = dataset_rows(eval_rows, what="eval_rows")
-        if isinstance(model, (str, os.PathLike)):
-            config.model.name_or_path, model = str(model), None
+        given = trainer_inputs(
+            config,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            optimizers,
+            peft_config,
+            train_rows=train_rows,
+            eval_rows=eval_rows,
+            model=model,
+            tokenizer=tokenizer,
+            environment_factory=environment_factory,
+        )
+        self.trl_form = given.trl_form
         self.reward_processing_classes = reward_processing_classes
-        env_owns_data = environment_factory is not None or bool(config.episodes.environment)
-        self.cfg = cfg = config.validate(
-            need_model=model is None,
-            need_data=train_rows is None and not env_owns_data,
-            reward_funcs=reward_funcs,
+        env_owns_data = environment_factory is not None or bool(given.config.episodes.environment)
+        cfg = given.config.validate(
+            need_model=given.model is None,
+            need_data=given.train_rows is None and not env_owns_data,
+            reward_funcs=given.reward_funcs,
             environment_rewards=environment_factory is not None,
         )
-        dist.init_from_env(cfg.distributed.backend)
-        # TRL's state counts optimizer steps: each of cohort's steps (a generation batch) makes this many.
-        self.updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
-        self.state = TrainerState(
-            max_steps=cfg.steps * self.updates_per_step,
-            logging_steps=cfg.logging_steps * self.updates_per_step,
-            eval_steps=cfg.eval_every * self.updates_per_step,
-            save_steps=cfg.save_every * self.updates_per_step,
-            train_batch_size=cfg.rollout.batch_size // cfg.algo.num_minibatches,
-            is_local_process_zero=dist.local_rank() == 0,
-            is_world_process_zero=dist.is_main(),
-        )
-        self.callbacks = Callbacks(callbacks, args=args if self.trl_form else trl_view(cfg), state=self.state)
-        self.strategy = resolve_strategy(cfg.distributed.strategy, dist.world_size())
-        # 0. What can refuse the run without user code, before any is imported (a refused run runs none of
-        # it): the model's folder, the data files, the run directory.
-        if model is None:
-            check_model_source(cfg.model.name_or_path)
-        if train_rows is None and (cfg.data.task or cfg.data.path):
-            train_rows, loaded_eval = load_prompt_rows(cfg)
-            eval_rows = loaded_eval if eval_rows is None else eval_rows
-        self.run_dir = Path(cfg.out_dir)
-        # TRL's form asks to resume later, in train(resume_from_checkpoint=...): the refusal waits for it.
-        self._existing_run: RunExistsError | None = None
-        try:  # the checkpoints to resume from (newest first), checked against cfg
-            self._candidates = find_checkpoints(cfg, self.run_dir, trl_form=self.trl_form)
-        except RunExistsError as e:
-            if not self.trl_form:
-                raise
-            self._candidates, self._existing_run = [], e
-        # 1. Everything checkable without a model: a loss or estimator given as user code, tools and
-        # environments, rewards, data, iterative GRPO's reward model.
-        check_user_objective(cfg)
-        self.episode_spec = build_episode_spec(
-            cfg.episodes, tools=tools, environment_factory=environment_factory
-        )
-        # tools= / environment_factory= make episodes the config does not name: checked here, as the config's are
-        if self.episode_spec is not None:
-            check_episode_sampling(cfg)
-        rewards = build_rewards(
+        self.run = build_run(
             cfg,
-            reward_funcs,
-            reward_processing_classes,
-            owned=self.episode_spec.reward_functions() if self.episode_spec else [],
-            trl_form=self.trl_form,
-        )
-        self.reward_funcs, self.reward_names, self.reward_weights = (
-            rewards.funcs,
-            rewards.names,
-            rewards.weights,
-        )
-        self.train_rows, self.eval_rows = build_rows(cfg, rewards, train_rows, eval_rows, self.episode_spec)
-        self.iterative, self.labeler = build_iterative(cfg, rewards, self.train_rows)
-        # 2. Model, tokenizer, reference.
-        seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
-        set_threads(cfg)
-        self.device = resolve_device(cfg.model.device)
-        self.model, self.tokenizer, self.reference, self.loaded = build_policy(
-            cfg, model, tokenizer, self.device, self.strategy
-        )
-        # 3. Prompts as token ids, once.
-        self.train_prompt_ids = encode_rows(cfg, self.tokenizer, self.train_rows, self.episode_spec)
-        self.eval_prompt_ids = encode_rows(cfg, self.tokenizer, self.eval_rows, self.episode_spec)
-        self.train_rows, self.train_prompt_ids, self.dropped_prompts = drop_long_prompts(
-            self.train_rows, self.train_prompt_ids, cfg.data.max_prompt_length
-        )
-        check_context(
-            self.model, cfg.rollout.max_completion_length, self.train_prompt_ids, self.eval_prompt_ids
-        )
-        if len(self.train_rows) < cfg.prompts_per_step:
-            warnings.warn(
-                f"the training data has {len(self.train_rows)} prompts, fewer than the {cfg.prompts_per_step} a step "
-                f"samples (rollout.batch_size / rollout.group_size): each step repeats prompts as separate groups; "
-                "add rows or lower rollout.batch_size",
-                stacklevel=2,
-            )
-        # 4. Engine, optimizer, updater, the step's parts.
-        self.engine, self.sampler_copy = build_engine(cfg, self.model, self.tokenizer)
-        # Sampling draws on the model's device (the engine requires it); minibatch shuffling on the CPU.
-        self.generator = seeds.generator(seeds.sampling(cfg.seed, dist.rank()), self.device)
-        # The same on every process: minibatches are drawn from the global batch (cohort.train.update).
-        self.shuffle_generator = seeds.generator(seeds.minibatch_shuffle(cfg.seed))
-        self.optimizer, self.scheduler = build_optimizer(cfg, self.model)
-        self.updater = PolicyUpdater(
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            cfg.algo,
-            temperature=cfg.rollout.logprob_temperature(),
-            max_completion_length=cfg.rollout.max_completion_length,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            max_grad_norm=cfg.optim.max_grad_norm,
-            reference=self.reference,
+            given,
+            args=args,
+            callbacks=callbacks,
+            reward_processing_classes=reward_processing_classes,
+            tools=tools,
+            environment_factory=environment_factory,
             autocast=self.autocast,
-            fast=cfg.fast,
-            # with rollout workers no process gathers the whole model, for pi_old and the reference neither
-            gather_frozen=cfg.rollout.workers is None,
-        )
-        self.sampler = PromptSampler(len(self.train_rows), seeds.prompt_order(cfg.seed, dist.rank()))
-        self.curriculum = build_curriculum(cfg, len(self.train_rows))
-        params = sampling_params(cfg)
-        self.scorer = Scorer(
-            self.reward_funcs,
-            self.reward_names,
-            self.reward_weights,
-            self.tokenizer,
-            prompt_column=cfg.data.prompt_column,
-            step_separator=cfg.process.step_separator,
-            loss_type=cfg.algo.loss_type,
-            sequence_advantages=rewards.sequence_advantages,
-        )
-        # Rollout workers (rollout.workers): greeted, checked and sent the weights here, before training starts.
-        self.remote = build_remote(cfg, self.model, self.tokenizer, self.engine)
-        try:  # with workers, the episodes' turns are sampled by them (the agent loop stays here)
-            self.episodes = build_episodes(
-                cfg,
-                self.episode_spec,
-                self.model,
-                self.tokenizer,
-                self.engine,
-                self.sampler_copy,
-                self.autocast,
-                remote=self.remote,
-            )
-        except BaseException:
-            if self.remote is not None:  # the workers this trainer started end with it
-                self.remote.close()
-            raise
-        self.ahead = build_ahead(cfg, self.remote)  # rollout.max_staleness > 0: batches requested ahead
-        self.source: GenerationSource = (
-            self.episodes
-            or self.remote
-            or LocalGeneration(
-                self.engine, self.model, sampler_copy=self.sampler_copy, autocast=self.autocast
-            )
-        )
-        self.drawer = Drawer(
-            self.source,
-            self.scorer,
-            self.sampler,
-            rows=self.train_rows,
-            prompt_ids=self.train_prompt_ids,
-            group_size=cfg.rollout.group_size,
-            params=params,
-            generator=self.generator,
-            curriculum=self.curriculum,
-            decoupled=cfg.algo.reward_mode == "decoupled",
-            max_rounds=cfg.algo.max_sampling_rounds,
-            live_state=self._live_state,
-            warn_once=self._warn_once,
-            ahead=self.ahead,
-        )
-        self.held_out = HeldOut(
-            self.eval_rows,
-            self.eval_prompt_ids,
-            model=self.model,
-            engine=self.engine,
-            scorer=self.scorer,
-            updater=self.updater,
-            cfg=cfg,
-            params=dataclasses.replace(params, logprobs_topk=0),  # no update reads a held-out top-K
-            device=self.device,
-            autocast=self.autocast,
-            trainer_state=self.state,
-            episodes=build_episodes(
-                cfg,
-                self.episode_spec,
-                self.model,
-                self.tokenizer,
-                self.engine,
-                None,
-                self.autocast,
-                fresh=True,
-                remote=self.remote,
-            ),
-            remote=self.remote,
-        )
-        self.step_idx = 0
-        self.num_tokens = 0
-        self._warned: set[str] = set()
-        self.health = HealthMonitor(
-            cfg.health,
-            beta=cfg.algo.beta,
-            num_iterations=cfg.algo.num_iterations,
-            precision=self.compute_precision(),
-            sampler_corrected=cfg.algo.sampler_correction != "none",
-        )
-        self.stop_signals: StopSignals | None = None
-        self.saved_step: int | None = None
-        self.parts = self._register_parts()
-        self.checkpoints = RunCheckpoints(
-            self.run_dir,
-            cfg,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            reference=self.reference,
-            parts=self.parts,
-            sharded=self.strategy != "none",
-            device=self.device,
-            restart_streams=self._restart_streams,
         )
         self._resume()
         self.callbacks.objects = {
@@ -396,16 +209,11 @@ class GRPOTrainer:
     def compute_precision(self) -> torch.dtype:
         """Returns the least precise dtype the sampler's and the trainer's forward passes compute in (weights,
         autocast, the sampling copy or the workers' dtype), which sets logprob_gap's default threshold."""
-        weights = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
-        autocast = torch.bfloat16 if self.device.type == "cuda" and self.cfg.model.bf16_autocast else None
-        sampler = DTYPES.get(str(self.cfg.rollout.sampler_dtype).lower())
-        return compute_precision(weights, autocast, sampler if isinstance(sampler, torch.dtype) else None)
+        return run_precision(self.cfg, self.model, self.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Returns the autocast context every forward pass runs under (bf16 on CUDA unless switched off)."""
-        if self.device.type == "cuda" and self.cfg.model.bf16_autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast_context(self.cfg, self.device)
 
     @property
     def ref_model(self) -> torch.nn.Module | None:
@@ -414,9 +222,9 @@ class GRPOTrainer:
 
     def _resume(self) -> None:
         """Loads the state of the newest checkpoint found that loads (none: the run starts at step 0)."""
-        if not self._candidates:
+        if not self.run.candidates:
             return
-        self.step_idx = self.saved_step = self.checkpoints.load(self._candidates)
+        self.step_idx = self.saved_step = self.checkpoints.load(self.run.candidates)
         if self.remote is not None:  # the workers hold the weights of step 0
             self.remote.push_weights(full=True)
         self.sync_state()
@@ -433,69 +241,6 @@ class GRPOTrainer:
                 "continue it)",
                 flush=True,
             )
-
-    def _restart_streams(self, seed: int) -> None:
-        self.generator.manual_seed(seed)
-        self.sampler.restart(seed)
-
-    def _register_parts(self) -> StateRegistry:
-        """Returns the registry of this run's stateful parts (checkpointed, resumed, rewound by name)."""
-        parts = StateRegistry()
-        # Each process's own streams: its sampling generator (with the global RNGs), prompt order, curriculum.
-        parts.register(
-            "rng",
-            read=lambda: rng_state(self.generator),
-            restore=lambda s: set_rng_state(s, self.generator),
-            per_process=True,
-            rewinds=True,
-        )
-        parts.register(
-            "sampler",
-            read=lambda: self.sampler.state_dict(),
-            restore=lambda s: self.sampler.load_state_dict(s),
-            per_process=True,
-            rewinds=True,
-        )
-        if self.curriculum is not None:
-            parts.register("curriculum", self.curriculum, per_process=True, rewinds=True)
-        parts.register(
-            "shuffle_rng",
-            read=self.shuffle_generator.get_state,
-            restore=self.shuffle_generator.set_state,
-            rewinds=True,
-        )
-        parts.register(
-            "num_tokens",
-            read=lambda: self.num_tokens,
-            restore=lambda n: setattr(self, "num_tokens", n),
-            rewinds=True,
-        )
-        parts.register("health", self.health)
-        # log_history, the best metric, stateful callbacks and the open log window
-        parts.register("trainer_state", self.callbacks)
-        if self.updater.entropy_on:  # the adaptive coefficient and the entropy it last measured
-            parts.register(
-                "entropy", read=self.updater.entropy_state, restore=self.updater.load_entropy_state
-            )
-        if self.iterative is not None:  # the retrained reward model, its optimizer and the replay buffer
-            parts.register("iterative", self.iterative, file="iterative.pt")
-        if self.episodes is not None:  # episode counters and the pooled environments' own state
-            parts.register("episodes", self.episodes, per_process=True, rewinds=True)
-        if self.ahead is not None:  # the batches requested ahead: saved whole, rewound by reference
-            parts.register(
-                "ahead",
-                self.ahead,
-                per_process=True,
-                rewinds=True,
-                mark=self.ahead.snapshot,
-                back=self.ahead.rewind,
-            )
-        return parts
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(f"step {self.step_idx + 1}: {message}", stacklevel=3)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepResult:
@@ -638,7 +383,7 @@ class GRPOTrainer:
         if self.curriculum is not None:
             metrics.update(self.curriculum.metrics(self.step_idx))
         self.health.observe(self.step_idx, metrics, rows.collapse)
-        metrics.update(self.reward_logs.metric_means())  # rewards/<func>/<name> from log_metric
+        metrics.update(drawn.logs.metric_means())  # rewards/<func>/<name> from log_metric
         return metrics
 
     def _iterate(self) -> dict[str, float]:
@@ -682,13 +427,11 @@ class GRPOTrainer:
     def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
         """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
         with `sampled` TRL's eval_* metrics of group_size sampled completions per held-out prompt."""
-        return self.held_out.evaluate(self.step_idx, k=k, sampled=sampled)
+        return self.run.evaluate(k=k, sampled=sampled)
 
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""
-        folder = self.checkpoints.save(self.step_idx)
-        self.saved_step = self.step_idx
-        return folder
+        return self.run.save()
 
     def save_final(self, folder: str | Path | None = None) -> Path:
         """Return the folder holding the final model and tokenizer (save_pretrained format)."""
@@ -721,32 +464,25 @@ class GRPOTrainer:
             )
         if resume_from_checkpoint not in (None, False):
             self._resume_from(resume_from_checkpoint)
-        elif self._existing_run is not None:
-            raise self._existing_run
+        elif self.run.existing_run is not None:
+            raise self.run.existing_run
         main = dist.is_main()
         lock = RunLock(self.run_dir).acquire() if main else None
         try:
-            return run(self, main)
+            return loop.run(self.run, self.step, main)
         finally:
             if lock is not None:
                 lock.release()
 
     def _resume_from(self, where: bool | str | os.PathLike) -> None:
         """Loads the checkpoint TRL's train(resume_from_checkpoint=...) names (True: out_dir's newest)."""
-        if self._candidates:  # the config's resume already loaded one
+        if self.run.candidates:  # the config's resume already loaded one
             return
         self.cfg.resume = trl_resume_target(where, self.run_dir)
-        self._existing_run = None
-        self._candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self.trl_form)
+        self.run.existing_run = None
+        self.run.candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self.trl_form)
         self._resume()
-
-    def _live_state(self) -> TrainerState:
-        """Returns TRL's trainer state brought to this step (reward functions read it, as in TRL)."""
-        self.sync_state()
-        return self.state
 
     def sync_state(self) -> None:
         """Brings TRL's state to this step: optimizer steps, epoch, tokens seen."""
-        self.state.global_step = self.step_idx * self.updates_per_step
-        self.state.epoch = self.sampler.epoch + self.sampler.pos / max(1, self.sampler.n)
-        self.state.num_input_tokens_seen = self.num_tokens
+        self.run.clock.sync()

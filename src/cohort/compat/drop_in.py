@@ -14,7 +14,8 @@ import difflib
 import functools
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cohort.compat.fields import TRL_FIELDS as TRL_FIELDS  # re-exported: the table lives in a leaf module
@@ -529,3 +530,73 @@ def trl_view(cfg: TrainConfig) -> GRPOConfig:
     if cfg.algo.num_minibatches > 1:
         fields["steps_per_generation"] = cfg.algo.num_minibatches
     return GRPOConfig(output_dir=cfg.out_dir, **fields)
+
+
+@dataclass
+class TrainerInputs:
+    """GRPOTrainer's arguments in cohort's terms, whichever form they came in."""
+
+    config: TrainConfig
+    reward_funcs: list[Any] | None
+    train_rows: list[dict[str, Any]] | None
+    eval_rows: list[dict[str, Any]] | None
+    model: Any  # a model object, or None: the config names the model to load
+    tokenizer: Any
+    trl_form: bool  # built as TRL's GRPOTrainer(model=..., args=...): callbacks get `args`, resume waits for train()
+
+
+def trainer_inputs(
+    config: Any,
+    reward_funcs: Any,
+    args: Any,
+    train_dataset: Any,
+    eval_dataset: Any,
+    processing_class: Any,
+    optimizers: Any,
+    peft_config: Any,
+    *,
+    train_rows: Any,
+    eval_rows: Any,
+    model: Any,
+    tokenizer: Any,
+    environment_factory: Any,
+) -> TrainerInputs:
+    """Returns GRPOTrainer's arguments translated: TRL's keyword forms (a positional model, one reward function,
+    args=, train_dataset=, peft_config=) onto the config, datasets as rows, a model path into the config."""
+    if not isinstance(config, TrainConfig) and config is not None:
+        if model is not None:
+            raise ConfigError("pass the model once: as the first argument or as model=, not both")
+        model, config = config, None  # TRL's positional order starts with the model
+    if reward_funcs is not None and (callable(reward_funcs) or isinstance(reward_funcs, str)):
+        reward_funcs = [reward_funcs]  # one function or name, as TRL accepts
+    if optimizers not in (None, (None, None)):
+        raise ConfigError(
+            "optimizers= is not implemented by cohort: it builds AdamW and the schedule from the config "
+            "(optim.* / GRPOConfig's learning_rate, lr_scheduler_type, warmup_steps, weight_decay, adam_*)"
+        )
+    trl_form = config is None
+    if config is None:
+        config, train_rows, eval_rows, model, tokenizer = trl_arguments(
+            model,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            peft_config,
+            train_rows,
+            eval_rows,
+            tokenizer,
+            owns_data=environment_factory is not None and callable(environment_factory),
+            routed=isinstance(environment_factory, Mapping),
+        )
+    elif args is not None or train_dataset is not None or peft_config is not None:
+        raise ConfigError(
+            "args=, train_dataset= and peft_config= belong to TRL's form GRPOTrainer(model=..., args=GRPOConfig(...)); "
+            "with a cohort TrainConfig pass train_rows= and set model.lora.* in the config"
+        )
+    assert isinstance(config, TrainConfig)
+    train_rows = dataset_rows(train_rows, limit=None)  # a datasets.Dataset works in cohort's form too
+    eval_rows = dataset_rows(eval_rows, what="eval_rows")
+    if isinstance(model, (str, os.PathLike)):
+        config.model.name_or_path, model = str(model), None
+    return TrainerInputs(config, reward_funcs, train_rows, eval_rows, model, tokenizer, trl_form)

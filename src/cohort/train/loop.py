@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from transformers import TrainerControl
 
@@ -15,37 +16,34 @@ from cohort.runtime import distributed as dist
 from cohort.runtime.rundir import StopSignals, logged_eval, trim_logs
 from cohort.train.health import HealthAbort
 from cohort.train.metrics import final_metrics
-
-if TYPE_CHECKING:
-    from cohort.trainer import GRPOTrainer
+from cohort.train.run import Run, StepResult
 
 
-def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
-    cfg = trainer.cfg
-    sharded = trainer.strategy != "none"  # every process writes its shard of a checkpoint
+def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
+    """Returns the run's summary after stepping `job` with `step` until done (see GRPOTrainer.train)."""
+    cfg = job.cfg
+    sharded = job.strategy != "none"  # every process writes its shard of a checkpoint
     logger = None
     if main:
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        if trainer.step_idx > 0:
-            removed = trim_logs(trainer.run_dir, trainer.step_idx)  # rows of the attempt after the checkpoint
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        if job.step_idx > 0:
+            removed = trim_logs(job.run_dir, job.step_idx)  # rows of the attempt after the checkpoint
             if any(removed.values()):
-                print(
-                    f"resume at step {trainer.step_idx}: removed rows logged after it {removed}", flush=True
-                )
-        save_config(cfg, trainer.run_dir / "config.yaml")
+                print(f"resume at step {job.step_idx}: removed rows logged after it {removed}", flush=True)
+        save_config(cfg, job.run_dir / "config.yaml")
         logger = MetricsLogger(
-            trainer.run_dir,
+            job.run_dir,
             tensorboard=cfg.tensorboard,
             wandb=cfg.wandb,
             wandb_project=cfg.wandb_project,
             config=to_dict(cfg),
         )
     progress = Progress(
-        cfg.steps, start=trainer.step_idx, enabled=cfg.progress and main, logging_steps=cfg.logging_steps
+        cfg.steps, start=job.step_idx, enabled=cfg.progress and main, logging_steps=cfg.logging_steps
     )
     health_log = logger.log_health if logger is not None else None
-    trainer.health.log = (lambda finding: health_log(finding.row())) if health_log is not None else None
-    summary: dict[str, Any] = {"start_step": trainer.step_idx}
+    job.health.log = (lambda finding: health_log(finding.row())) if health_log is not None else None
+    summary: dict[str, Any] = {"start_step": job.step_idx}
     last_metrics: dict[str, Any] | None = None
     t_start = time.perf_counter()
     interrupted = False
@@ -55,42 +53,42 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
     losses: list[float] = []  # this attempt's step losses: TRL's train_loss
     try:
         with signals:
-            trainer.stop_signals = signals
-            trainer.sync_state()
-            control = trainer.callbacks.fire("on_train_begin")
-            if cfg.eval_at_ends and trainer.step_idx == 0 and trainer.eval_rows:
-                before = _evaluate_and_log(trainer, logger, progress)
+            job.stop_signals = signals
+            job.clock.sync()
+            control = job.callbacks.fire("on_train_begin")
+            if cfg.eval_at_ends and job.step_idx == 0 and job.eval_rows:
+                before = _evaluate_and_log(job, logger, progress)
                 summary["accuracy_before"] = before.get("accuracy")
-            while trainer.step_idx < cfg.steps and not control.should_training_stop:
-                snap = trainer.parts.snapshot()
-                trainer.callbacks.fire("on_step_begin")
+            while job.step_idx < cfg.steps and not control.should_training_stop:
+                snap = job.parts.snapshot()
+                job.callbacks.fire("on_step_begin")
                 try:
-                    result = trainer.step()
+                    result = step()
                 except KeyboardInterrupt:
                     if not signals.torn:
-                        trainer.parts.rewind(snap)  # interrupted while preparing: back to the step's start
+                        job.parts.rewind(snap)  # interrupted while preparing: back to the step's start
                     raise
                 with signals.committing():
-                    trainer.sync_state()
+                    job.clock.sync()
                     if logger:
                         logger.log(result.metrics)
-                        logger.log_samples(trainer.step_idx, result.samples)
-                    progress.update(trainer.step_idx, result.metrics)
+                        logger.log_samples(job.step_idx, result.samples)
+                    progress.update(job.step_idx, result.metrics)
                     last_metrics = result.metrics
                     losses.append(float(result.metrics["loss"]))
-                    trainer.callbacks.window.add(result.metrics)
-                    step, control = trainer.step_idx, trainer.callbacks.control
-                    control.should_log |= step % cfg.logging_steps == 0
+                    job.callbacks.window.add(result.metrics)
+                    at, control = job.step_idx, job.callbacks.control
+                    control.should_log |= at % cfg.logging_steps == 0
                     # The last step's evaluation is the closing one when eval_at_ends runs it (not twice).
                     control.should_evaluate |= (
                         bool(cfg.eval_every)
-                        and step % cfg.eval_every == 0
-                        and (step < cfg.steps or not cfg.eval_at_ends)
+                        and at % cfg.eval_every == 0
+                        and (at < cfg.steps or not cfg.eval_at_ends)
                     )
-                    control.should_save |= bool(cfg.save_every) and step % cfg.save_every == 0
-                    trainer.callbacks.fire("on_step_end")
-                    control = _act(trainer, logger, progress, save=main or sharded)
-                    fired = trainer.health.take_pending()
+                    control.should_save |= bool(cfg.save_every) and at % cfg.save_every == 0
+                    job.callbacks.fire("on_step_end")
+                    control = _act(job, logger, progress, save=main or sharded)
+                    fired = job.health.take_pending()
                     # Every process aborts when one does (the save is collective) and stops when one has a signal:
                     # both agreed in one reduction.
                     flags = dist.Reductions()
@@ -99,16 +97,16 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
                     flags.max("stop", int(signals.pending is not None))
                     agreed = flags.reduce()
                     if agreed.get("abort"):
-                        if (main or sharded) and trainer.saved_step != trainer.step_idx:
-                            trainer.save()
+                        if (main or sharded) and job.saved_step != job.step_idx:
+                            job.save()
                         what = (
                             f"the check {fired[0].check!r} fired ({fired[0].message})"
                             if fired
                             else "a health check fired on another process"
                         )
                         raise HealthAbort(
-                            f"step {trainer.step_idx}: health.abort=true and {what}; checkpoint "
-                            f"{trainer.run_dir / 'checkpoints'}/step-{trainer.step_idx} is saved"
+                            f"step {job.step_idx}: health.abort=true and {what}; checkpoint "
+                            f"{job.run_dir / 'checkpoints'}/step-{job.step_idx} is saved"
                         )
                 # one process reads its own flag here, after the block: a signal during it still counts
                 if agreed["stop"] if dist.is_distributed() else signals.pending is not None:
@@ -116,65 +114,59 @@ def run(trainer: GRPOTrainer, main: bool) -> dict[str, Any]:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        trainer.stop_signals = None
+        job.stop_signals = None
         progress.close()
     # The final save, evaluation and report: a signal now waits for them (a second one is obeyed).
     with signals, signals.committing():
-        if trainer.strategy == "replicate":
-            dist.assert_in_sync(trainer.model)
-        if (main or sharded) and not signals.torn and trainer.saved_step != trainer.step_idx:
-            summary["checkpoint"] = str(trainer.save())
-        elif trainer.saved_step == trainer.step_idx:  # every process: each one's message names it
-            summary["checkpoint"] = str(trainer.run_dir / "checkpoints" / f"step-{trainer.step_idx}")
+        if job.strategy == "replicate":
+            dist.assert_in_sync(job.model)
+        if (main or sharded) and not signals.torn and job.saved_step != job.step_idx:
+            summary["checkpoint"] = str(job.save())
+        elif job.saved_step == job.step_idx:  # every process: each one's message names it
+            summary["checkpoint"] = str(job.run_dir / "checkpoints" / f"step-{job.step_idx}")
         # A run resumed after its last step (killed before it could finish) may have logged this already.
-        finished_before = summary["start_step"] == trainer.step_idx and logged_eval(
-            trainer.run_dir, trainer.step_idx
-        )
-        if not interrupted and cfg.eval_at_ends and trainer.eval_rows and not finished_before:
-            after = _evaluate_and_log(trainer, logger, progress)
+        finished_before = summary["start_step"] == job.step_idx and logged_eval(job.run_dir, job.step_idx)
+        if not interrupted and cfg.eval_at_ends and job.eval_rows and not finished_before:
+            after = _evaluate_and_log(job, logger, progress)
             summary["accuracy_after"] = after.get("accuracy")
         seconds = time.perf_counter() - t_start
         summary.update(
             {
-                "steps": trainer.step_idx,
+                "steps": job.step_idx,
                 "total_steps": cfg.steps,
                 "seconds_train": seconds,
                 "interrupted": interrupted,
             }
         )
-        if trainer.step_idx > summary["start_step"]:
-            summary["seconds_per_step"] = seconds / (trainer.step_idx - summary["start_step"])
+        if job.step_idx > summary["start_step"]:
+            summary["seconds_per_step"] = seconds / (job.step_idx - summary["start_step"])
         if main:
             # This attempt's last step; a run resumed after its last step has the one metrics.jsonl holds.
-            last = last_metrics or next(iter(read_jsonl(trainer.run_dir / "metrics.jsonl")[-1:]), None)
+            last = last_metrics or next(iter(read_jsonl(job.run_dir / "metrics.jsonl")[-1:]), None)
             if last is not None:
                 summary["final_metrics"] = final_metrics(last)
-            write_summary(trainer.run_dir, summary)
+            write_summary(job.run_dir, summary)
         if logger:
             logger.close()
-            write_report(trainer.run_dir)
+            write_report(job.run_dir)
         if not interrupted:
-            _log_summary(trainer, summary, losses, seconds)
-            trainer.callbacks.fire("on_train_end")
+            _log_summary(job, summary, losses, seconds)
+            job.callbacks.fire("on_train_end")
     if interrupted:
         where = (
             f"checkpoint saved in {summary.get('checkpoint')}"
             if not signals.torn
             else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
         )
-        raise KeyboardInterrupt(f"training interrupted at step {trainer.step_idx}; {where}")
+        raise KeyboardInterrupt(f"training interrupted at step {job.step_idx}; {where}")
     return summary
 
 
-def _act(
-    trainer: GRPOTrainer, logger: MetricsLogger | None, progress: Progress, save: bool
-) -> TrainerControl:
+def _act(job: Run, logger: MetricsLogger | None, progress: Progress, save: bool) -> TrainerControl:
     """Logs, evaluates and saves as the control says (the loop's schedule and the callbacks), firing
     on_log / on_evaluate / on_save; returns the control."""
-    control = trainer.callbacks.control
-    if (
-        trainer.callbacks.callbacks and dist.is_distributed()
-    ):  # every process acts alike (saves are collective)
+    control = job.callbacks.control
+    if job.callbacks.callbacks and dist.is_distributed():  # every process acts alike (saves are collective)
         flags = dist.Reductions()
         for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
             flags.max(name, int(getattr(control, name)))
@@ -182,49 +174,45 @@ def _act(
             setattr(control, name, bool(value))
     if control.should_log:
         control.should_log = False
-        if trainer.callbacks.window.rows:
-            trainer.callbacks.log(trainer.callbacks.window.flush(trainer.optimizer.param_groups[0]["lr"]))
+        if job.callbacks.window.rows:
+            job.callbacks.log(job.callbacks.window.flush(job.optimizer.param_groups[0]["lr"]))
     if control.should_evaluate:
         control.should_evaluate = False
-        if trainer.eval_rows:
-            _evaluate_and_log(trainer, logger, progress)
+        if job.eval_rows:
+            _evaluate_and_log(job, logger, progress)
     if control.should_save:
         control.should_save = False
         if save:
-            trainer.save()
-        control = trainer.callbacks.fire("on_save")
+            job.save()
+        control = job.callbacks.fire("on_save")
     return control
 
 
-def _evaluate_and_log(
-    trainer: GRPOTrainer, logger: MetricsLogger | None, progress: Progress
-) -> dict[str, float]:
+def _evaluate_and_log(job: Run, logger: MetricsLogger | None, progress: Progress) -> dict[str, float]:
     """Returns an evaluation, logged to evals.jsonl, the progress line and log_history (TRL's eval_* names),
     after on_evaluate."""
-    ev = trainer.evaluate(sampled=trainer.trl_form)
+    ev = job.evaluate(sampled=job.trl_form)
     if logger:
-        logger.log_eval(trainer.step_idx, ev)
-    progress.evaluated(trainer.step_idx, ev)
+        logger.log_eval(job.step_idx, ev)
+    progress.evaluated(job.step_idx, ev)
     row = {(k if k.startswith("eval_") else f"eval_{k}"): v for k, v in ev.items()}
-    trainer.callbacks.log(row)
-    trainer.callbacks.fire("on_evaluate", metrics=row)
-    trainer.callbacks.track_best(row)
+    job.callbacks.log(row)
+    job.callbacks.fire("on_evaluate", metrics=row)
+    job.callbacks.track_best(row)
     return ev
 
 
-def _log_summary(trainer: GRPOTrainer, summary: dict[str, Any], losses: list[float], seconds: float) -> None:
+def _log_summary(job: Run, summary: dict[str, Any], losses: list[float], seconds: float) -> None:
     """Appends TRL's closing row to log_history: train_runtime, train_samples_per_second,
     train_steps_per_second and train_loss, over this attempt's optimizer steps."""
-    updates = (trainer.step_idx - summary["start_step"]) * trainer.updates_per_step
-    completions = trainer.cfg.rollout.batch_size * dist.world_size() // trainer.cfg.algo.num_minibatches
+    updates = (job.step_idx - summary["start_step"]) * job.updates_per_step
+    completions = job.cfg.rollout.batch_size * dist.world_size() // job.cfg.algo.num_minibatches
     seconds = max(seconds, 1e-9)
     # Metrics of steps since the last logged row close the run's log, as TRL's log() merges what it holds.
     pending = (
-        trainer.callbacks.window.flush(trainer.optimizer.param_groups[0]["lr"])
-        if trainer.callbacks.window.rows
-        else {}
+        job.callbacks.window.flush(job.optimizer.param_groups[0]["lr"]) if job.callbacks.window.rows else {}
     )
-    trainer.callbacks.log(
+    job.callbacks.log(
         {
             **pending,
             "train_runtime": seconds,
