@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from _rank_workers import step_case, together_case, unreachable_case
 from _serve_helpers import run_config, serving
 from safetensors.torch import load_file
-from test_distributed import PARITY, _small_run
+from runtime.test_distributed import PARITY, _small_run
 
 from cohort.config import ConfigError
 from cohort.runtime import distributed as dist
