@@ -22,8 +22,8 @@ import torch
 import torch.multiprocessing as mp
 from _rank_workers import step_case, together_case, unreachable_case
 from _serve_helpers import run_config, serving
-from safetensors.torch import load_file
 from runtime.test_distributed import PARITY, _small_run
+from safetensors.torch import load_file
 
 from cohort.config import ConfigError
 from cohort.runtime import distributed as dist
