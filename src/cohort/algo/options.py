@@ -9,10 +9,9 @@ rule is written once. Importing it loads only `cohort.errors` and `cohort.choice
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -448,15 +447,3 @@ def _check_entropy_regularisation(a: Any) -> None:
         raise ConfigError(
             f"algo.entropy_target={a.entropy_target} must be >= 0 (a mean per-token entropy in nats)"
         )
-
-
-def check_signature(name: str, fn: Callable, *args: Any, expected: str, **kwargs: Any) -> None:
-    """Raises ConfigError naming `expected` when fn(*args, **kwargs) cannot be bound to fn's signature."""
-    try:
-        inspect.signature(fn).bind(*args, **kwargs)
-    except TypeError as exc:
-        raise ConfigError(
-            f"{name} cannot be called with {dict(kwargs)!r}: {exc}. Expected signature: {expected}"
-        ) from None
-    except ValueError:  # builtins without an introspectable signature: checked when called
-        return
