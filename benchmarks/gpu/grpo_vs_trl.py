@@ -134,6 +134,8 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
                 "mean_length": m.get("completions/mean_length"),
                 "loss": m.get("loss"),
                 "fast": {k.removeprefix("fast/"): v for k, v in m.items() if k.startswith("fast/")},
+                # Every stage's seconds, for the whole-step profile (issue 39.3).
+                "times": {k.removeprefix("time/"): v for k, v in m.items() if k.startswith("time/")},
             }
         )
         rec["peak_cuda_mib"] = peak_cuda_mib(spec["device"])
