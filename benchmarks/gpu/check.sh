@@ -111,19 +111,35 @@ run_step() {  # run_step NAME LIMIT_S COMMAND...: runs COMMAND under the step's 
 }
 
 # A. The test suite (each outcome logged as it comes by benchmarks/gpu/pytest_record.py: kept if cut short).
+# PYTEST_FIRST: test paths collected (and so started) first, e.g. the ones a previous run saw fail.
 export GPU_CHECK_TESTLOG=$PARTS/tests.jsonl
-run_step pytest "$TESTS_S" \
-  python3 -m pytest -q -p no:cacheprovider -p benchmarks.gpu.pytest_record "${PYTEST_ARGS[@]}"
+step_pytest() {
+  # shellcheck disable=SC2086
+  run_step pytest "$TESTS_S" \
+    python3 -m pytest -q -p no:cacheprovider -p benchmarks.gpu.pytest_record ${PYTEST_FIRST:-} "${PYTEST_ARGS[@]}"
+}
 
 # B. Decode: ms per decode step, eager vs captured vs transformers' static and eager generate.
-run_step decode "$DECODE_S" bash -c \
-  'exec python3 benchmarks/gpu/decode.py "$@" --budget-s $((LIMIT - 25)) --out "'"$PARTS"'/decode.json"' _ \
-  "${BENCH_FLAGS[@]}" ${DECODE_FLAGS:-}
+step_decode() {
+  run_step decode "$DECODE_S" bash -c \
+    'exec python3 benchmarks/gpu/decode.py "$@" --budget-s $((LIMIT - 25)) --out "'"$PARTS"'/decode.json"' _ \
+    "${BENCH_FLAGS[@]}" ${DECODE_FLAGS:-}
+}
 
 # C. cohort vs TRL on a GRPO step, both precisions, each framework in its own process.
-run_step grpo "$GRPO_S" bash -c \
-  'exec python3 benchmarks/gpu/grpo_vs_trl.py "$@" --budget-s $((LIMIT - 10)) --out "'"$PARTS"'/grpo.json"' _ \
-  "${BENCH_FLAGS[@]}" --workdir /tmp/gpu-check/grpo ${GRPO_FLAGS:-}
+step_grpo() {
+  run_step grpo "$GRPO_S" bash -c \
+    'exec python3 benchmarks/gpu/grpo_vs_trl.py "$@" --budget-s $((LIMIT - 10)) --out "'"$PARTS"'/grpo.json"' _ \
+    "${BENCH_FLAGS[@]}" --workdir /tmp/gpu-check/grpo ${GRPO_FLAGS:-}
+}
+
+# ORDER: the steps to run, in order (default all three, the suite first).
+for step in ${ORDER:-pytest decode grpo}; do
+  case $step in
+    pytest | decode | grpo) "step_$step" ;;
+    *) echo "ORDER names an unknown step '$step' (pytest, decode, grpo)" >&2 ;;
+  esac
+done
 
 python3 benchmarks/gpu/report.py "$PARTS" "$OUT"
 echo "total $((SECONDS - START)) s; results in $OUT/gpu-check.json and $OUT/gpu-check.md"

@@ -91,7 +91,8 @@ class Run:
         summarise(self)
         if "error" in rec:
             print(
-                f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} FAILED: {rec['error']}",
+                f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} FAILED: {rec['error']}"
+                + (f" probe: {json.dumps(rec['probe'])}" if "probe" in rec else ""),
                 flush=True,
             )
         elif "skipped" in rec:
@@ -350,10 +351,40 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
             except Exception as e:  # noqa: BLE001 - one engine failing leaves the others' figures
                 rec["error"] = f"{type(e).__name__}: {e}"[:2000]
                 rec["traceback"] = traceback.format_exc()[-3000:]
+                if engine == "captured":
+                    rec["probe"] = probe_detail(model, torch.device(args.device))
             run.add(rec)
     del model
     if cuda:
         torch.cuda.empty_cache()
+
+
+def probe_detail(model, device) -> dict:
+    """Returns the graph_decode probe's figures on `model` (each decoding's log-prob gap to a plain forward over its
+    own tokens, the chosen tokens' distance from that forward's best, the logits' rounding allowance): why a
+    probe refused the captured step."""
+    import torch
+
+    from cohort.rollout import builtin
+    from cohort.rollout.base import SamplingParams
+    from cohort.rollout.graph import static_decode
+
+    try:
+        vocab, prompts = builtin._probe_prompts(model)
+        params = SamplingParams(max_completion_length=6, greedy=True)
+        kw = {"eos_token_ids": [vocab], "pad_token_id": 0, "shared": True, "check_every": 2}
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            captured = static_decode(model, prompts, 2, params, None, device, capture=True, **kw)
+            uncaptured = static_decode(model, prompts, 2, params, None, device, capture=False, **kw)
+            eager = builtin.BuiltinEngine(eos_token_ids=[vocab], pad_token_id=0)._decode(
+                model, prompts, 2, params, None, device, shared=False
+            )
+            return {
+                name: builtin._forward_gaps(model, prompts, 2, 0, out)
+                for name, out in (("captured", captured), ("uncaptured", uncaptured), ("eager", eager))
+            }
+    except Exception as e:  # noqa: BLE001 - a diagnosis, not a measurement
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def summarise(run: Run) -> None:

@@ -287,6 +287,9 @@ def summarise_worker(rec: dict, warmup: int) -> dict:
         out["note"] = "no measured step finished: the warm-up step's time"
     if steps and "fast" in steps[-1]:
         out["fast"] = steps[-1]["fast"]
+    timed = [s["times"] for s in measured if s.get("times")]
+    if timed:  # the median seconds of each stage over the measured steps: where a step's time goes
+        out["stage_s"] = {k: statistics.median(t.get(k, 0.0) for t in timed) for k in sorted(timed[-1])}
     for k in ("error", "timed_out", "trl"):
         if k in rec:
             out[k] = rec[k]

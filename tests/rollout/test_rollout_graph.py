@@ -47,7 +47,9 @@ def _equal_rollouts(a, b, atol=1e-10):
     tok_a, len_a, end_a, lp_a = a
     tok_b, len_b, end_b, lp_b = b
     assert torch.equal(len_a, len_b) and torch.equal(end_a, end_b)
-    live = torch.arange(tok_a.shape[1])[None] < len_a[:, None]  # [N, T] tokens each row holds
+    live = (
+        torch.arange(tok_a.shape[1], device=len_a.device)[None] < len_a[:, None]
+    )  # [N, T] tokens each row holds
     assert torch.equal(tok_a[live], tok_b[live])
     assert float((lp_a - lp_b).abs()[live].max()) <= atol
 
@@ -299,9 +301,11 @@ def test_on_a_gpu_the_engine_takes_the_captured_step_with_lora():
 def test_on_a_gpu_a_forward_that_syncs_with_the_host_is_refused_by_the_probe():
     device = torch.device("cuda")
     model = tiny_model(seed=4).to(device)
-    model.model.layers[0].register_forward_hook(
-        lambda m, i, o: bool(o[0].sum() > 0) and None
-    )  # .item() inside
+
+    def reads_a_value(module, inputs, output):
+        float(output[0].sum())  # a host sync inside the forward: no CUDA graph can capture it
+
+    model.model.layers[0].register_forward_hook(reads_a_value)
     engine = make_test_engine("builtin", fast=FastConfig(graph_decode="auto", graph_decode_min_tokens=0))
     params = SamplingParams(max_completion_length=12, greedy=True)
     with pytest.warns(UserWarning, match="fast path 'graph_decode' off"), torch.no_grad():

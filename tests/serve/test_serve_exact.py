@@ -90,3 +90,23 @@ def test_lora_pushes_only_the_adapter_and_stays_exact(tiny_model_dir, tmp_path):
         assert not differ, {k: (ra[k], rb[k]) for k in differ}
     wa, wb = plain.model.state_dict(), remote.model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_worker_samples_under_the_autocast_the_trainer_names(tiny_model_dir):
+    # On a GPU the trainer samples in-process under bf16 autocast; a worker told so in the hello does the same, so
+    # its log-probs are in-process sampling's (without, they sat 1e-3 apart on an H200 and the exact run differed).
+    from cohort.models import load_model, load_tokenizer
+    from cohort.serve.backend import BuiltinBackend
+
+    model, tokenizer = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    cpu = BuiltinBackend(model, tokenizer, torch.device("cpu"))
+    cpu.hello({"engine": "builtin", "autocast": "bfloat16"})
+    assert cpu.autocast is None  # the trainer autocasts on CUDA only: a CPU worker samples as it does
+    with pytest.raises(ValueError, match="no torch dtype"):
+        cpu.hello({"engine": "builtin", "autocast": "float77"})
+    if torch.cuda.is_available():
+        gpu = BuiltinBackend(model.to("cuda"), tokenizer, torch.device("cuda"))
+        gpu.hello({"engine": "builtin", "autocast": "bfloat16"})
+        assert gpu.autocast is torch.bfloat16
+        gpu.hello({"engine": "builtin", "autocast": None})
+        assert gpu.autocast is None

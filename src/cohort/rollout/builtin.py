@@ -340,7 +340,8 @@ class BuiltinEngine(RolloutEngine):
         def plain():
             return eager._decode(model, prompts, 2, params, None, device, shared=False)
 
-        if not probes.probe(model, "graph_decode", captured, plain, agree=_same_decoding):
+        agree = _decodes_like_forward(model, prompts, 2, self.pad_token_id)
+        if not probes.probe(model, "graph_decode", captured, plain, agree=agree):
             return probes.failure(
                 model, "graph_decode", "the captured decode step does not reproduce the eager decoding"
             )
@@ -375,7 +376,8 @@ class BuiltinEngine(RolloutEngine):
         def run(shared: bool):
             return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
 
-        if not probes.probe(model, "shared_prefix", run(True), run(False), agree=_same_decoding):
+        agree = _decodes_like_forward(model, prompts, 2, self.pad_token_id)
+        if not probes.probe(model, "shared_prefix", run(True), run(False), agree=agree):
             return probes.failure(
                 model, "shared_prefix", "shared-prefix decoding does not reproduce its tokens and log-probs"
             )
@@ -400,14 +402,61 @@ def _probe_prompts(model: torch.nn.Module) -> tuple[int, list[list[int]]]:
     return vocab, [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
 
 
-def _same_decoding(a, b, tol: float) -> bool:
-    """Returns whether two greedy decodings agree: log-probs within tol up to the first differing token.
+def _forward_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    group_size: int,
+    pad_token_id: int,
+    tokens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ([N, T, V] float32, the raw logits): the next-token log-probs one plain forward over each
+    left-padded prompt and its decoded tokens [N, T] gives at every completion position (the teacher-forced
+    reference of a decoding), and the logits they came from."""
+    ids, attn = left_pad(prompt_ids, pad_token_id, tokens.device)  # [B, P]
+    ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)  # [N, P]
+    full = torch.cat([ids, tokens], 1)  # [N, P + T]
+    mask = torch.cat([attn, torch.ones_like(tokens)], 1)  # [N, P + T]
+    out = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    P, T = ids.shape[1], tokens.shape[1]
+    return torch.log_softmax(out.logits[:, P - 1 : P - 1 + T].float(), dim=-1), out.logits  # [N, T, V]
 
-    At half precision rounding may pick different tokens at some step; step 0 comes from the prefill, so
-    at least one decode step must agree."""
-    agree = (a[0] == b[0]).all(0).long().cumprod(0)  # [T] 1 while every row agrees
-    steps = int(agree.sum())
-    return steps >= 2 and bool(torch.allclose(a[3][:, :steps], b[3][:, :steps], rtol=0, atol=tol))
+
+def _forward_gaps(model, prompt_ids, group_size, pad_token_id, decoded) -> tuple[float, float, float]:
+    """Returns (the largest |log-prob - reference|, the largest reference log-prob below the best token's, the
+    logits' rounding allowance: their dtype's eps times their largest magnitude) over a greedy decoding's
+    tokens; infinite gaps when a row ended or holds a token outside the vocabulary."""
+    tokens, lengths, ended, logps = decoded
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    inside = bool(((0 <= tokens) & (tokens < vocab)).all())
+    if bool(ended.any()) or bool((lengths != tokens.shape[1]).any()) or not inside:
+        return math.inf, math.inf, 0.0
+    ref, logits = _forward_logprobs(model, prompt_ids, group_size, pad_token_id, tokens)  # [N, T, V]
+    chosen = ref.gather(-1, tokens[..., None]).squeeze(-1)  # [N, T]
+    rounding = torch.finfo(logits.dtype).eps * float(logits.detach().abs().max())
+    return float((logps.float() - chosen).abs().max()), float((ref.amax(-1) - chosen).max()), rounding
+
+
+def _decodes_like_forward(
+    model: torch.nn.Module, prompt_ids: list[list[int]], group_size: int, pad_token_id: int
+) -> Callable[[tuple, tuple, float], bool]:
+    """Returns agree(fast, plain, tol) for probes.probe: whether a fast greedy decoding is as true to the model
+    as the plain one, each judged against a plain forward over its own tokens (teacher forcing).
+
+    Two greedy decodings cannot be compared token by token at half precision: rounding flips near-ties (a
+    randomly initialised model's logits are all near-ties), after which the rows decode different text. Each
+    decoding's recorded log-probs are instead compared with what one plain forward over the same prompt and
+    tokens gives, and each chosen token must be within rounding of that forward's best. The allowance is the
+    precision's tolerance (or twice the plain decoding's own gap, where rounding alone makes that larger) plus
+    what rounding the logits to their dtype can move a log-prob by (real bf16 models' logits reach tens, where
+    one bf16 step is 0.125); a wrong cache position, mask or weight moves a trained model's log-probs by more."""
+
+    def agree(fast: tuple, plain: tuple, tol: float) -> bool:
+        gap_fast, pick_fast, rounding = _forward_gaps(model, prompt_ids, group_size, pad_token_id, fast)
+        gap_plain, pick_plain, _ = _forward_gaps(model, prompt_ids, group_size, pad_token_id, plain)
+        bound = max(tol, 2 * gap_plain) + rounding
+        return gap_fast <= bound and pick_fast <= max(2 * bound, 2 * pick_plain)
+
+    return agree
 
 
 def _copies_avoided(model: torch.nn.Module, n_prompts: int, group_size: int, prompt_width: int) -> int:

@@ -112,6 +112,7 @@ class BuiltinBackend(Backend):
     ) -> None:
         self.model, self.tokenizer, self.device, self.threads = model, tokenizer, device, threads
         self.engine: RolloutEngine | None = None
+        self.autocast: torch.dtype | None = None
 
     def hello(self, header: dict[str, Any]) -> None:
         """Returns None after wrapping the model with the trainer's LoRA settings (once) and building its engine;
@@ -130,6 +131,15 @@ class BuiltinBackend(Backend):
         fast = header.get("fast")
         options = {"fast": FastConfig(**fast)} if name == "builtin" and fast else {}
         self.engine = make_engine(name, eos_token_ids=eos, pad_token_id=pad, **options)
+        autocast = header.get("autocast")
+        if autocast is not None and not isinstance(getattr(torch, str(autocast), None), torch.dtype):
+            raise ValueError(
+                f"the trainer asked to sample under autocast to {autocast!r}, which is no torch dtype"
+            )
+        # Autocast only where the trainer's own passes take it (CUDA): a CPU worker samples as the trainer does.
+        self.autocast = (
+            getattr(torch, autocast) if autocast is not None and self.device.type == "cuda" else None
+        )
 
     def identity(self) -> dict[str, Any]:
         """Returns the model's identity, the engine built on hello, the device type, the transports a push may
@@ -174,7 +184,10 @@ class BuiltinBackend(Backend):
             generator.manual_seed(int(seed))
         elif state is not None:
             generator.set_state(state)
-        batch = self.engine.generate(self.model, prompt_ids, group_size, params, generator)
+        with torch.autocast(
+            self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
+        ):
+            batch = self.engine.generate(self.model, prompt_ids, group_size, params, generator)
         return batch, generator.get_state() if state is not None else None
 
     def describe(self) -> str:

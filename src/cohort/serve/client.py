@@ -680,6 +680,7 @@ def connect_workers(
     lora: dict[str, Any] | None,
     timeout: float,
     connect_timeout: float,
+    autocast: str | None = None,
     bucket_bytes: int,
     pushes_in_flight: int = 0,
     transport: str = "auto",
@@ -691,7 +692,8 @@ def connect_workers(
     error one process hits is raised on all (cohort.serve.ranks).
 
     `engine_name`: the engine the workers must sample with (rollout.engine; None: `engine`'s name). With vllm,
-    `engine` is only the trainer's own (held-out evaluation samples in the trainer)."""
+    `engine` is only the trainer's own (held-out evaluation samples in the trainer). `autocast`: the dtype name
+    the trainer's forward passes autocast to on CUDA (None: none); a builtin worker on CUDA samples under it."""
     name = engine_name or engine.name
     zmq = zmq_module()
     local = None
@@ -742,6 +744,9 @@ def connect_workers(
             "engine": name,
             "fast": asdict(engine.fast) if name == "builtin" and hasattr(engine, "fast") else None,
             "lora": lora,
+            # The precision the trainer's own sampling computes in: a worker on a GPU samples under the same
+            # autocast, so its log-probs are the ones in-process sampling would give.
+            "autocast": autocast,
         }
         failed = None
         try:

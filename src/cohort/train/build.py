@@ -281,6 +281,7 @@ def build_remote(
     if r.workers is None:
         return None
     lora = cfg.model.lora
+    device = resolve_device(cfg.model.device)
     return connect_workers(
         r.workers,
         model,
@@ -290,7 +291,7 @@ def build_remote(
         model_path=cfg.model.name_or_path,
         dtype=str(r.sampler_dtype or cfg.model.dtype),
         # The trainer's resolved device ("auto" means the GPU it trains on), never the word "auto" itself.
-        device=str(resolve_device(cfg.model.device)),
+        device=str(device),
         attn_implementation=cfg.model.attn_implementation or "sdpa",
         lora={k: getattr(lora, k) for k in ("enabled", "r", "alpha", "dropout", "target_modules")}
         if lora.enabled
@@ -300,6 +301,7 @@ def build_remote(
         bucket_bytes=max(1, int(r.push_bucket_mib * 2**20)),
         pushes_in_flight=r.max_staleness,
         transport=r.weight_transport,
+        autocast="bfloat16" if device.type == "cuda" and cfg.model.bf16_autocast else None,
     )
 
 
