@@ -110,17 +110,25 @@ class PlannedMinibatch:
 
 
 def pad_rows(
-    values: Sequence[torch.Tensor] | Mapping[int, torch.Tensor], n: int, dtype: torch.dtype | None = None
+    values: Sequence[torch.Tensor] | Mapping[int, torch.Tensor],
+    n: int | Sequence[int],
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor | None:
-    """Returns rows 0..n-1 of `values` zero-padded to the longest, [n, T_max] (or [n, T_max, K]), in `dtype` (the
-    first row's when None) on the first row's device; a row a mapping lacks is all zeros; None when there is none."""
-    rows = list(values.values()) if isinstance(values, Mapping) else list(values)
-    if not rows:
+    """Returns rows 0..n-1 of `values` (or the rows `n` lists, in its order) zero-padded to the longest,
+    [n, T_max] (or [n, T_max, K]), in `dtype` (the first row's when None) on the first row's device; a row a
+    mapping lacks is all zeros; None when there is none."""
+    present = list(values.values()) if isinstance(values, Mapping) else list(values)
+    if not present:
         return None
-    first = rows[0]
+    first = present[0]
+    wanted = range(n) if isinstance(n, int) else n
     if isinstance(values, Mapping):
         empty = first.new_zeros((0, *first.shape[1:]))
-        rows = [values.get(r, empty) for r in range(n)]
+        rows = [values.get(r, empty) for r in wanted]
+    else:
+        rows = present if isinstance(n, int) and n == len(present) else [present[r] for r in wanted]
+    if not rows:
+        return first.new_zeros((0, 0, *first.shape[1:]), dtype=dtype)
     if dtype is not None:
         rows = [v.to(dtype) for v in rows]
     return pad_sequence(rows, batch_first=True)
@@ -128,8 +136,9 @@ def pad_rows(
 
 @dataclass
 class TokenTable:
-    """An update's per-token inputs, each padded once to [N, T_max] (row r of the batch at index r), so that a
-    micro-batch takes its rows by index (TokenTable.take) instead of stacking them from per-row tensors.
+    """An update's per-token inputs, each padded once to [N, T_max] over the N rows the update computes (`index`
+    maps a batch row to its table row; zero-advantage rows it skips are left out), so that a micro-batch takes its
+    rows by index (TokenTable.take) instead of stacking them from per-row tensors.
 
     Each entry costs N x T_max values (float32: 4 MiB for 1024 rows of 1024 tokens; top-K entries K times
     that), next to which one micro-batch's activations are large; the tables on the model's device are
@@ -149,6 +158,12 @@ class TokenTable:
     """[N, T_max, K] the sampler's top-K log-probs (DPPO's anchor under trust_region_anchor=sampler)."""
     old_topk: torch.Tensor | None = None
     """[N, T_max, K] π_old's log-probs at those ids (DPPO's anchor after a π_old pass)."""
+    index: dict[int, int] | None = None
+    """Batch row -> table row, when the table holds only the rows the update computes (None: row r at r)."""
+
+    def at(self, rows: Sequence[int]) -> list[int]:
+        """Returns the table rows of batch rows `rows` (what TokenTable.take takes)."""
+        return list(rows) if self.index is None else [self.index[r] for r in rows]
 
     @staticmethod
     def take(
@@ -572,16 +587,16 @@ class PolicyUpdater:
                 f"with SamplingParams(logprobs_topk={self.topk})"
             )
 
-    def _topk_divergence(self, lp, table: TokenTable, micro: list[int], width: int) -> torch.Tensor:
+    def _topk_divergence(self, lp, table: TokenTable, at: list[int], width: int) -> torch.Tensor:
         """Returns the micro-batch's [n, T] detached top-K divergence of the policy from its anchor (TV for
-        dppo_tv, KL for dppo_kl): the sampler's top-K log-probs (trust_region_anchor=sampler), pi_old's at the same
+        dppo_tv, KL for dppo_kl; `at`: the micro-batch's rows in the token table): the sampler's top-K log-probs (trust_region_anchor=sampler), pi_old's at the same
         ids (old, with a pi_old pass), else the current policy's own (pi_old = the policy: divergence 0)."""
         policy = cast(torch.Tensor, lp.topk_logp).detach()  # [n, T, K]
         if self.sampler_anchor:
             assert table.sampled_topk is not None  # _check_topk
-            anchor = TokenTable.take(table.sampled_topk, micro, width, policy.device)
+            anchor = TokenTable.take(table.sampled_topk, at, width, policy.device)
         elif table.old_topk is not None:
-            anchor = TokenTable.take(table.old_topk, micro, width, policy.device)
+            anchor = TokenTable.take(table.old_topk, at, width, policy.device)
         else:
             anchor = policy
         kl, tv = topk_divergence_from_logprobs(policy, anchor)  # [n, T] each
@@ -590,32 +605,44 @@ class PolicyUpdater:
     def _token_table(
         self,
         batch: PolicyBatch,
-        token_adv: Sequence[torch.Tensor] | None,
+        token_adv: torch.Tensor | None,
         old: dict[int, torch.Tensor] | None,
         ref: dict[int, torch.Tensor] | None,
         old_topk: dict[int, torch.Tensor] | None,
+        rows: list[int],
     ) -> TokenTable:
-        """Returns the update's TokenTable: every per-token input its micro-batches read, padded once."""
-        n = len(batch.completion_ids)
-        widest = None
-        if token_adv:
-            # Each row was cast straight to the log-probs' dtype: a table in the widest dtype casts exactly so.
-            widest = token_adv[0].dtype
-            for t in token_adv:
-                widest = torch.promote_types(widest, t.dtype)
+        """Returns the update's TokenTable over `rows` (those its micro-batches compute, in order): every per-token
+        input they read, padded once. `token_adv` is already the padded table of every row."""
+        # A zero-advantage row skipped by the update is never read: most of a typical batch, so not padded.
+        picked = (
+            token_adv[torch.tensor(rows, dtype=torch.long, device=token_adv.device)]
+            if token_adv is not None
+            else None
+        )
         return TokenTable(
-            sampled=pad_rows(batch.sampling_logprobs, n) if batch.sampling_logprobs is not None else None,
-            inserted=pad_rows(batch.loss_masks, n) if batch.loss_masks is not None else None,
-            token_adv=pad_rows(token_adv, n, widest) if token_adv is not None else None,
-            old=pad_rows(old, n) if old is not None else None,
-            ref=pad_rows(ref, n) if ref is not None else None,
+            sampled=pad_rows(batch.sampling_logprobs, rows) if batch.sampling_logprobs is not None else None,
+            inserted=pad_rows(batch.loss_masks, rows) if batch.loss_masks is not None else None,
+            token_adv=picked,
+            old=pad_rows(old, rows) if old is not None else None,
+            ref=pad_rows(ref, rows) if ref is not None else None,
             sampled_topk=(
-                pad_rows(batch.topk_logprobs, n)
+                pad_rows(batch.topk_logprobs, rows)
                 if self.topk > 0 and self.sampler_anchor and batch.topk_logprobs is not None
                 else None
             ),
-            old_topk=pad_rows(old_topk, n) if old_topk is not None else None,
+            old_topk=pad_rows(old_topk, rows) if old_topk is not None else None,
+            index={r: i for i, r in enumerate(rows)},
         )
+
+    @staticmethod
+    def _token_advantages(token_adv: Sequence[torch.Tensor], n: int) -> torch.Tensor:
+        """Returns the per-token advantages of every row padded to [n, T_max], in their widest dtype."""
+        # Each row was cast straight to the log-probs' dtype: a table in the widest dtype casts exactly so.
+        widest = token_adv[0].dtype if token_adv else torch.get_default_dtype()
+        for t in token_adv:
+            widest = torch.promote_types(widest, t.dtype)
+        padded = pad_rows(token_adv, n, widest)
+        return padded if padded is not None else torch.zeros(n, 0, dtype=widest)
 
     @staticmethod
     def _stack(values: dict[int, torch.Tensor], rows: list[int], width: int) -> torch.Tensor:
@@ -704,15 +731,15 @@ class PolicyUpdater:
             with self.reference() as ref_model:
                 ref = self.frozen_logprobs(ref_model, batch, loss_rows)
         adv = batch.advantages
-        table = self._token_table(batch, token_adv, old, ref, old_topk)
-        del old, ref, old_topk  # the table holds them now
+        token_table = self._token_advantages(token_adv, n) if token_adv is not None else None
+        del token_adv
         # A row can be skipped when every one of its tokens has advantage 0.
-        if table.token_adv is None:
+        if token_table is None:
             row_zero = adv
-        elif table.token_adv.shape[1] == 0:
+        elif token_table.shape[1] == 0:
             row_zero = torch.zeros(n)
         else:  # the padding's zeros never raise a row's largest |advantage|
-            row_zero = table.token_adv.abs().amax(-1).to("cpu", torch.get_default_dtype())
+            row_zero = token_table.abs().amax(-1).to("cpu", torch.get_default_dtype())
         # Clip-Cov's random draws: a stream per process, seeded from the shared one, so the shared stream
         # (the minibatch permutations) advances the same on every process.
         cov_gen = None
@@ -721,6 +748,11 @@ class PolicyUpdater:
             cov_gen = seeds.generator(seeds.clip_cov_draws(seed, dist.rank()))
         meter = UpdateMeter()
         plan = self._plan(batch, generator, in_loss, row_zero)
+        computed = sorted(
+            {r for planned in plan for p in planned for micro in p.micro_batches for r in micro}
+        )
+        table = self._token_table(batch, token_table, old, ref, old_topk, computed)
+        del old, ref, old_topk, token_table  # the table holds what the update reads of them
         # Each optimizer step's loss on this process (summed over the processes after the loops) and what the
         # meter adds with it.
         steps: list[tuple[float, float, float, float | None]] = []
@@ -752,11 +784,10 @@ class PolicyUpdater:
                     lp = self._logprobs(
                         self.model, batch, micro, meter, with_entropy=with_entropy, with_topk=self.topk > 0
                     )
-                    mask = self._loss_mask(lp, table.inserted, micro)
+                    at = table.at(micro)  # the micro-batch's rows in the token table
+                    mask = self._loss_mask(lp, table.inserted, at)
                     width, device = lp.logp.shape[1], lp.logp.device
-                    old_mb = (
-                        TokenTable.take(table.old, micro, width, device) if table.old is not None else None
-                    )
+                    old_mb = TokenTable.take(table.old, at, width, device) if table.old is not None else None
                     # Only before the first optimizer step does the policy still equal the sampler's: the gap is
                     # measured there; the sampler's log-probs are stacked only where something reads them.
                     gap_here = it == 0 and mb_index == 0
@@ -767,7 +798,7 @@ class PolicyUpdater:
                         or self.controls.off_policy_mask_threshold is not None
                         or self.sampler_anchor
                     ):
-                        sampled_mb = TokenTable.take(table.sampled, micro, width, device)
+                        sampled_mb = TokenTable.take(table.sampled, at, width, device)
                     if self.sampler_anchor:
                         old_mb = sampled_mb
                     if gap_here and sampled_mb is not None:
@@ -775,14 +806,14 @@ class PolicyUpdater:
                     if table.token_adv is None:
                         adv_mb = adv[micro].to(device)
                     else:
-                        adv_mb = TokenTable.take(table.token_adv, micro, width, device, lp.logp.dtype)
+                        adv_mb = TokenTable.take(table.token_adv, at, width, device, lp.logp.dtype)
                     # Most runs have no control: the micro-batch loop then skips them entirely.
                     ctl = (
                         self._token_controls(lp, mask, old_mb, sampled_mb, adv_mb, cov_gen)
                         if self.controls.active
                         else None
                     )
-                    divergence = self._topk_divergence(lp, table, micro, width) if self.topk > 0 else None
+                    divergence = self._topk_divergence(lp, table, at, width) if self.topk > 0 else None
                     weights, kl_cov, kept = (ctl.weights, ctl.kl_cov, ctl.kept) if ctl else (None, None, None)
                     sampler_weights = None
                     if ctl and self.folds_sampler_weights:
@@ -797,7 +828,7 @@ class PolicyUpdater:
                         sampler_weights=sampler_weights,
                         kl_cov_mask=kl_cov,
                         kl_cov_coef=a.kl_cov_coef,
-                        ref_logp=TokenTable.take(table.ref, micro, width, device)
+                        ref_logp=TokenTable.take(table.ref, at, width, device)
                         if table.ref is not None
                         else None,
                         num_items=num_items,
