@@ -316,3 +316,49 @@ def test_on_a_gpu_a_forward_that_syncs_with_the_host_is_refused_by_the_probe():
     strict = make_test_engine("builtin", fast=FastConfig(graph_decode="on", graph_decode_min_tokens=0))
     with pytest.raises(FastPathError, match="fast.graph_decode=on"), torch.no_grad():
         strict.generate(model, random_prompts(2, seed=1), 2, params)
+
+
+def _probe_decodings(model, shift: int = 0):
+    """Returns (the static step's greedy decoding, the eager engine's) of the graph_decode probe's prompts, the
+    static step's positions moved by `shift` (a structural error) when non-zero."""
+    from cohort.rollout import builtin
+
+    vocab, prompts = builtin._probe_prompts(model)
+    params = SamplingParams(max_completion_length=6, greedy=True)
+    kw = {"eos_token_ids": [vocab], "pad_token_id": PAD, "shared": True}
+    with torch.no_grad(), open_decoder(model, prompts, 2, params, None, CPU, **kw) as decoder:
+        decoder.pos.add_(shift)
+        fast = decoder.run(None, capture=False, check_every=2)
+        fast = tuple(t.clone() for t in fast)
+    eager = make_test_engine(
+        "builtin", eos=(vocab,), fast=FastConfig(packed_weights="off", shared_prefix="off")
+    )
+    with torch.no_grad():
+        plain = eager._decode(model, prompts, 2, params, None, CPU, shared=False)
+    return prompts, fast, plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_probe_judges_each_decoding_against_a_forward_over_its_own_tokens(dtype):
+    # Two greedy decodings of a bf16 model part at near-ties (an H200 refused the captured step of a random 0.5B
+    # model so): the probe compares each one's log-probs with a plain forward over its own tokens instead.
+    from cohort.fastpath.probes import tolerance
+    from cohort.rollout import builtin
+
+    model = tiny_model(seed=3, logit_scale=4.0).to(dtype)
+    prompts, fast, plain = _probe_decodings(model)
+    agree = builtin._decodes_like_forward(model, prompts, 2, PAD)
+    assert agree(fast, plain, tolerance(model))
+    gap, pick, rounding = builtin._forward_gaps(model, prompts, 2, PAD, fast)
+    assert gap <= tolerance(model) + rounding and pick <= 2 * (tolerance(model) + rounding)
+    # whatever tokens it picked: a decoding that swaps in other tokens keeps its log-probs and is refused
+    swapped = (fast[0].roll(1, dims=1), *fast[1:])
+    assert not agree(swapped, plain, tolerance(model))
+    # a step at the wrong positions (RoPE off by three) is refused too. In float32 only: on a random tiny model
+    # that error moves log-probs by about 0.004, inside bf16's rounding allowance (5e-2, as for every probe).
+    if dtype == torch.float32:
+        _, wrong, _ = _probe_decodings(model, shift=3)
+        assert not agree(wrong, plain, tolerance(model))
+    # and a decoding whose rows ended or hold a token outside the vocabulary cannot agree
+    ended = (fast[0], fast[1] - 1, torch.ones_like(fast[2]), fast[3])
+    assert not agree(ended, plain, tolerance(model))

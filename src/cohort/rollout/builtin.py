@@ -416,7 +416,8 @@ def _forward_logprobs(
     ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)  # [N, P]
     full = torch.cat([ids, tokens], 1)  # [N, P + T]
     mask = torch.cat([attn, torch.ones_like(tokens)], 1)  # [N, P + T]
-    out = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    with torch.no_grad():
+        out = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
     P, T = ids.shape[1], tokens.shape[1]
     return torch.log_softmax(out.logits[:, P - 1 : P - 1 + T].float(), dim=-1), out.logits  # [N, T, V]
 
