@@ -1,6 +1,6 @@
 """The GRPO training loop: generate → score → advantage → filter → update → log → checkpoint.
 
-Each step is a few lines calling the module that owns it; read :meth:`GRPOTrainer.step` top to bottom.
+A step is a function over the run's parts (`cohort.train.step.train_step`: read it top to bottom).
 The constructor translates its arguments (TRL's forms: `cohort.compat.drop_in.trainer_inputs`), validates
 the config and builds the run of parts (`cohort.train.run.build_run`), where everything that can be checked
 without a model (config, reward functions, dataset columns) is checked before the model is loaded. The
@@ -10,45 +10,36 @@ trainer's attributes are the run's parts; the loop (`cohort.train.loop`) takes t
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 import torch
 from transformers import TrainerState
 
-from cohort.algo import zero_std_group_mask
 from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import trainer_inputs
 from cohort.config import TrainConfig
-from cohort.episodes.multiturn import episode_metrics
 from cohort.episodes.spec import EpisodeSpec
-from cohort.errors import ConfigError, NonFiniteError, TrainingError
-from cohort.rewards import RewardLogs, score
-from cohort.rewards.process_rewards import process_metrics
+from cohort.errors import ConfigError
+from cohort.rewards import RewardLogs
 from cohort.runtime import distributed as dist
-from cohort.runtime import seeds
 from cohort.runtime.checkpoint_files import set_aside_newer
 from cohort.runtime.rundir import RunLock, StopSignals
-from cohort.runtime.sharding import gathered
 from cohort.train import loop
-from cohort.train.advantage_step import Advantaged, advantage_batch, own_rows
 from cohort.train.ahead import AheadQueue
 from cohort.train.checkpoints import RunCheckpoints, find_checkpoints, save_final_model, trl_resume_target
 from cohort.train.curriculum import Curriculum
-from cohort.train.draw import Drawer, Drawn
+from cohort.train.draw import Drawer
 from cohort.train.generation import GenerationSource
-from cohort.train.health import HealthMonitor, collapsed_share
+from cohort.train.health import HealthMonitor
 from cohort.train.held_out import HeldOut
-from cohort.train.metrics import sample_rows, step_metrics
 from cohort.train.prompt_order import PromptSampler
-from cohort.train.rows import StepRows, gather_rows
 from cohort.train.run import Run, StepResult, autocast_context, build_run, run_precision
 from cohort.train.scorer import Scorer
 from cohort.train.state import StateRegistry
-from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats
+from cohort.train.step import train_step
+from cohort.train.update import PolicyUpdater
 
 __all__ = ["GRPOTrainer", "StepResult"]
 
@@ -244,184 +235,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepResult:
-        """Return the metrics of one training step (generation batch → μ updates)."""
-        t0 = time.perf_counter()
-        step = self.step_idx + 1
-        drawn, collapse, first_groups = self._draw_groups(step)  # 1-3. prompts, G rollouts, rewards [N, R]
-        # Every process's rows and counts in one collective: the advantages, placement and metrics read them.
-        signal = self.drawer.signal(drawn)
-        zero_std = zero_std_group_mask(signal, drawn.rollout.group_size) if dist.is_distributed() else None
-        rows = gather_rows(drawn, zero_std, collapse, first_groups, self.cfg.rollout.batch_size)
-        adv = self._advantage(drawn, signal, rows)  # 4. advantages [N] and the loss filters
-        t_score = time.perf_counter()
-        t_gen = t_score - drawn.seconds_score  # scoring may interleave with generation rounds
-        self.health.check_batch(step, drawn.per_func, adv.advantages, adv.in_loss)
-        batch = self._policy_batch(drawn, adv, rows)
-        # 5. Policy update: from here on the step completes even when interrupted: a signal waits until the loop
-        # has logged and saved the step (StopSignals.hold), since a step cut short after its update could be
-        # neither rewound nor logged.
-        self._hold_signals()
-        stats = self._update(batch, step)
-        t_update = time.perf_counter()
-        if self.remote is not None:  # the workers sample the next batch with the weights of this update
-            self.remote.weights_changed()
-            self.remote.push_weights()
-        self.health.check_gradient(step, stats.grad_norm, adv.advantages, adv.in_loss, self.cfg.optim.lr)
-        self.step_idx = step
-        # 6. Reference sync (recipes that let the anchor follow the policy), iterative GRPO's reward model.
-        synced = self.reference is not None and self.reference.maybe_sync(step, stats.kl)
-        it = self.cfg.iterative
-        it_metrics = self._iterate() if self.iterative is not None and step % it.every == 0 else {}
-        metrics = self._step_metrics(drawn, adv, stats, rows, synced, it_metrics)
-        if self.remote is not None:
-            metrics.update(self.remote.metrics())
-        metrics.update(
-            {
-                "step_time": t_update - t0,
-                "time/generate": t_gen - t0,
-                "time/score": t_score - t_gen,
-                "time/update": t_update - t_score,
-            }
-        )
-        samples = sample_rows(
-            drawn, adv, self.reward_names, self.cfg.data.prompt_column, self.cfg.num_samples_logged
-        )
-        return StepResult(metrics, samples)
-
-    def _draw_groups(self, step: int) -> tuple[Drawn, float | None, int]:
-        """Returns the step's groups (refilled under dynamic sampling), the share of the first round's groups
-        collapsed onto one sub-par answer (None when that check is off) and the first round's groups, this
-        process's (gather_rows sums them over every process)."""
-        want = self.cfg.prompts_per_step
-        # Sharded: the weights stay gathered over every round, since processes need different numbers of rounds.
-        # Rollout workers sample instead: nothing is gathered, and a process that loses them stops them all.
-        with gathered(self.model) if self.remote is None else dist.failing_together():
-            drawn = self.drawer.draw(want, step, first=True)
-            collapse = self._collapse(drawn)  # judged on the first round: refilled groups are never all-equal
-            groups = len(drawn.rollout.prompt_ids)
-            if self.cfg.algo.dynamic_sampling:
-                drawn = self.drawer.refill(drawn, want, step)
-        self.reward_logs = drawn.logs
-        return drawn, collapse, groups
-
-    def _advantage(self, drawn: Drawn, signal: torch.Tensor, rows: StepRows) -> Advantaged:
-        """Returns the drawn batch's advantages and loss filters, over every process's rewards."""
-        return advantage_batch(
-            drawn.per_func,
-            drawn.reward,
-            signal,
-            drawn.rollout,
-            self.cfg.algo,
-            self.reward_weights,
-            steps=drawn.steps,
-            process_column=self.scorer.process_column,
-            gather=rows.gather if dist.is_distributed() else dist.all_gather_rows,
-            lengths=rows.lengths,
-        )
-
-    def _policy_batch(self, drawn: Drawn, adv: Advantaged, rows: StepRows) -> PolicyBatch:
-        """Returns the update's batch, placed in the global batch (minibatches are drawn from every process's)."""
-        rollout = drawn.rollout
-        return PolicyBatch(
-            rollout.prompt_ids,
-            rollout.completion_ids,
-            rollout.group_size,
-            adv.advantages,
-            adv.in_loss,
-            rollout.sampling_logprobs,
-            token_advantages=adv.token_advantages,
-            topk_ids=rollout.topk_ids,
-            topk_logprobs=rollout.topk_logprobs,
-            group_offset=sum(rows.groups[: dist.rank()]),
-            total_groups=sum(rows.groups),
-            loss_masks=rollout.loss_masks,
-            rewards=drawn.reward if self.cfg.algo.advantage == "optimal_token_baseline" else None,
-        )
-
-    def _update(self, batch: PolicyBatch, step: int) -> UpdateStats:
-        """Returns the statistics of the μ × minibatch updates on `batch`; a typed error names the step."""
-        try:
-            return self.updater.update(batch, self.shuffle_generator)
-        except NonFiniteError as e:  # the one check that stops the step: recorded like the others
-            self.health.warn("non_finite", step, math.nan, 0.0, str(e))
-            raise NonFiniteError(f"step {step}: {e}") from None
-        except TrainingError as e:
-            raise TrainingError(f"step {step}: {e}") from None
-
-    def _step_metrics(
-        self,
-        drawn: Drawn,
-        adv: Advantaged,
-        stats: UpdateStats,
-        rows: StepRows,
-        synced: bool,
-        it_metrics: dict[str, float],
-    ) -> dict[str, Any]:
-        """Returns the step's metrics row over every process (the health checks observe it)."""
-        rollout = drawn.rollout
-        self.num_tokens += rows.tokens
-        metrics = step_metrics(
-            self.step_idx,
-            rollout,
-            drawn.per_func,
-            drawn.reward,
-            adv.zero_std,
-            stats,
-            self.reward_names,
-            self.num_tokens,
-            own_rows,
-            rows.columns,
-        )
-        metrics.update(rows.drawn_metrics)  # over every process: the most rounds any took, summed counts
-        if drawn.steps is not None:
-            metrics.update(process_metrics(drawn.steps))
-        if rollout.episodes is not None:
-            metrics.update(episode_metrics(rollout.episodes, dist.all_sum_float))
-        metrics.update(it_metrics)
-        if self.reference is not None and self.reference.follows_policy:
-            metrics.update({"ref/synced": float(synced), "ref/syncs": float(self.reference.syncs)})
-        if self.curriculum is not None:
-            metrics.update(self.curriculum.metrics(self.step_idx))
-        self.health.observe(self.step_idx, metrics, rows.collapse)
-        metrics.update(drawn.logs.metric_means())  # rewards/<func>/<name> from log_metric
-        return metrics
-
-    def _iterate(self) -> dict[str, float]:
-        """Returns the metrics of one iterative-GRPO iteration: reference reset, fresh labelled samples, the
-        reward model retrained on them with replay (its pairwise accuracy on them before and after)."""
-        cfg, it, G = self.cfg, self.cfg.iterative, self.cfg.rollout.group_size
-        assert self.iterative is not None and self.labeler is not None
-        if self.reference is not None:
-            self.reference.sync(alpha=1.0)
-        pick = seeds.generator(seeds.iterative_prompts(cfg.seed, self.step_idx))
-        idx = torch.randperm(len(self.train_rows), generator=pick)[: it.prompts].tolist()
-        rows = [self.train_rows[i] for i in idx]
-        stream = seeds.generator(seeds.iterative_samples(cfg.seed, self.step_idx), self.device)
-        rollout = self.drawer.generate(idx, self.step_idx, stream)
-        completions = self.scorer.decode(rollout, rows)
-        prompts, columns = self.scorer.inputs(rows, G)
-        verdict = score(
-            [self.labeler],
-            prompts=prompts,
-            completions=completions,
-            completion_ids=rollout.completion_ids,
-            columns=columns,
-        )[:, 0]
-        labels = [bool(v >= it.label_threshold) for v in verdict.tolist()]  # NaN (no verdict) counts as wrong
-        fresh = self.iterative.pairs(prompts, completions, labels, G)
-        out = self.iterative.retrain(fresh, seed=seeds.iterative_retrain(cfg.seed, self.step_idx))
-        out["iterative/fresh_correct_frac"] = sum(labels) / max(len(labels), 1)
-        return out
-
-    def _collapse(self, drawn: Drawn) -> float | None:
-        """Returns the share of drawn groups collapsed onto one sub-par answer (None when that check is off)."""
-        if not self.health.active("collapse"):
-            return None
-        return collapsed_share(drawn.rollout.completion_ids, drawn.reward.tolist(), drawn.rollout.group_size)
-
-    def _hold_signals(self) -> None:
-        if self.stop_signals is not None:
-            self.stop_signals.hold()
+        """Return the metrics of one training step (generation batch → μ updates): `cohort.train.step`."""
+        return train_step(self.run)
 
     # ------------------------------------------------------------------ evaluation and saving
     def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:

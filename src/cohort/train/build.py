@@ -357,7 +357,7 @@ def build_episodes(
 
 def build_optimizer(
     cfg: TrainConfig, model: torch.nn.Module
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """Returns (AdamW over the trainable parameters, the learning-rate schedule over every optimizer step)."""
     o = cfg.optim
     optimizer = make_adamw(

@@ -23,16 +23,21 @@ from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import TrainerInputs, trl_view
 from cohort.config import TrainConfig
 from cohort.config.validation import check_episode_sampling
+from cohort.episodes.multiturn import EpisodeGeneration
 from cohort.episodes.spec import EpisodeSpec, build_episode_spec
 from cohort.errors import RunExistsError
 from cohort.models import DTYPES, check_model_source
+from cohort.reference import Reference
 from cohort.rewards import RewardLogs
+from cohort.rollout.base import RolloutEngine
+from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.runtime import distributed as dist
 from cohort.runtime import seeds
 from cohort.runtime.checkpoint_files import rng_state, set_rng_state
 from cohort.runtime.plugins import check_user_objective
 from cohort.runtime.rundir import StopSignals
 from cohort.runtime.sharding import resolve_strategy
+from cohort.serve.client import RemoteGeneration
 from cohort.train.ahead import AheadQueue
 from cohort.train.build import (
     build_ahead,
@@ -59,6 +64,7 @@ from cohort.train.draw import Drawer
 from cohort.train.generation import GenerationSource, LocalGeneration
 from cohort.train.health import HealthMonitor, compute_precision
 from cohort.train.held_out import HeldOut
+from cohort.train.iterative import IterativeRM
 from cohort.train.prompt_order import PromptSampler
 from cohort.train.scorer import Scorer
 from cohort.train.state import StateRegistry
@@ -190,28 +196,28 @@ class Run:
     reward_weights: torch.Tensor
     train_rows: list[dict]
     eval_rows: list[dict]
-    iterative: Any
-    labeler: Any
+    iterative: IterativeRM | None  # iterative GRPO's reward model and replay (None: off)
+    labeler: Callable[..., list[float]] | None  # iterative GRPO's labelling reward function
     device: torch.device
     model: torch.nn.Module
     tokenizer: Any
-    reference: Any
-    loaded: Any
+    reference: Reference | None
+    loaded: str  # how the policy's weights were loaded: "rank0" or "every"
     train_prompt_ids: list[list[int]]
     eval_prompt_ids: list[list[int]]
     dropped_prompts: int
-    engine: Any
-    sampler_copy: Any
+    engine: RolloutEngine
+    sampler_copy: SamplerCopy | None
     generator: torch.Generator
     shuffle_generator: torch.Generator
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     updater: PolicyUpdater
     sampler: PromptSampler
     curriculum: Curriculum | None
     scorer: Scorer
-    remote: Any
-    episodes: Any
+    remote: RemoteGeneration | None
+    episodes: EpisodeGeneration | None
     ahead: AheadQueue | None
     source: GenerationSource
     drawer: Drawer
