@@ -237,16 +237,18 @@ def test_staleness_under_torchrun_reproduces_after_kill_9(tiny_model_dir, tmp_pa
     assert [r["serve/staleness"] for r in rows] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert all(r["sampler/is_ratio_mean"] > 0 for r in rows)  # token_tis by default above staleness 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen(
-        _command(tiny_model_dir, out, 29637, *over),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # one process group: the launcher and both training processes
-    )
+    log = tmp_path / "killed.log"  # what the run said, should it end before it is killed
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            _command(tiny_model_dir, out, 29637, *over),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group: the launcher and both training processes
+        )
     try:
         deadline = time.monotonic() + 300
         while not (out / "checkpoints" / "step-2").is_dir() and time.monotonic() < deadline:
-            assert proc.poll() is None
+            assert proc.poll() is None, log.read_text()[-3000:]
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
