@@ -721,8 +721,6 @@ def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypat
         ),
         ({"algo.adv_eps": 1e-6, "algo.advantage": "rloo"}, "does not read algo.adv_eps"),
         ({"algo.sampler_is_max": 3.0}, "algo.sampler_correction=none applies no ratio"),
-        ({"algo.cov_ratio": 1e-3}, "algo.cov_method=none selects no tokens"),
-        ({"algo.kl_cov_coef": 2.0, "algo.cov_method": "clip_cov"}, "only algo.cov_method=kl_cov reads"),
     ],
 )
 def test_an_option_that_changes_nothing_is_named_with_why(tmp_path, over, fragment):

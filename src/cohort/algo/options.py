@@ -363,26 +363,32 @@ def _check_token_controls(a: Any) -> None:
             f"algo.top_entropy_quantile={a.top_entropy_quantile} must be in (0, 1] (the share of highest-"
             "entropy tokens kept; the paper uses 0.2, 1.0 keeps all)"
         )
-    _choice("algo.cov_method", a.cov_method, COV_METHODS)
-    if a.cov_ratio is not None and not 0 < a.cov_ratio <= 1:
-        raise ConfigError(f"algo.cov_ratio={a.cov_ratio} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)")
-    bounds = a.clip_cov_bounds
-    if (
-        not isinstance(bounds, (list, tuple))
-        or len(bounds) != 2
-        or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
-        or not bounds[0] < bounds[1]
-    ):
-        raise ConfigError(
-            f"algo.clip_cov_bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
-        )
-    if a.kl_cov_coef < 0:
-        raise ConfigError(f"algo.kl_cov_coef={a.kl_cov_coef} must be >= 0 (the paper uses 1)")
-    if a.cov_method == "kl_cov" and a.num_iterations * a.num_minibatches == 1:
-        raise ConfigError(
-            "algo.cov_method=kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
-            "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
-        )
+    cov = a.cov
+    if cov is not None and getattr(cov, "KIND", None) not in COV_METHODS[1:]:
+        raise ConfigError(f"algo.cov={cov!r} must be none or a kind of {', '.join(COV_METHODS[1:])}")
+    if cov is not None:
+        ratio = cov.ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ConfigError(f"algo.cov.ratio={ratio!r} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)")
+    if cov is not None and cov.KIND == "clip_cov":
+        bounds = cov.bounds
+        if (
+            not isinstance(bounds, (list, tuple))
+            or len(bounds) != 2
+            or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+            or not bounds[0] < bounds[1]
+        ):
+            raise ConfigError(
+                f"algo.cov.bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
+            )
+    if cov is not None and cov.KIND == "kl_cov":
+        if isinstance(cov.coef, bool) or not isinstance(cov.coef, (int, float)) or not cov.coef >= 0:
+            raise ConfigError(f"algo.cov.coef={cov.coef!r} must be >= 0 (the paper uses 1)")
+        if a.num_iterations * a.num_minibatches == 1:
+            raise ConfigError(
+                "algo.cov kind kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
+                "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
+            )
     _choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
     if not a.sampler_is_max > 1:
         raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
@@ -421,29 +427,31 @@ def _check_2026_family(a: Any) -> None:
 
 def _check_entropy_regularisation(a: Any) -> None:
     """Raises ConfigError for entropy-regularisation settings that cannot work."""
-    for key in (
-        "entropy_coef",
-        "entropy_target",
-        "entropy_coef_min",
-        "entropy_coef_max",
-        "entropy_coef_delta",
-    ):
-        value = getattr(a, key)
+    ae = a.adaptive_entropy
+    values = {"algo.entropy_coef": a.entropy_coef}
+    if ae is not None:
+        if getattr(ae, "KIND", None) != "adaptive":
+            raise ConfigError(
+                f"algo.adaptive_entropy={ae!r} must be true, false or a mapping of its settings"
+            )
+        settings = ("target", "coef_min", "coef_max", "delta")
+        values.update({f"algo.adaptive_entropy.{k}": getattr(ae, k) for k in settings})
+    for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"algo.{key}={value!r} must be a finite number")
-    if not a.adaptive_entropy:
+            raise ConfigError(f"{key}={value!r} must be a finite number")
+    if ae is None:
         return
-    if a.entropy_coef_delta <= 0:
+    if ae.delta <= 0:
         raise ConfigError(
-            f"algo.entropy_coef_delta={a.entropy_coef_delta} must be > 0 (the adaptive coefficient's step; "
-            "TRL's default is 0.005)"
+            f"algo.adaptive_entropy.delta={ae.delta} must be > 0 (the adaptive coefficient's step; TRL's "
+            "entropy_coef_delta default is 0.005)"
         )
-    if a.entropy_coef_min > a.entropy_coef_max:
+    if ae.coef_min > ae.coef_max:
         raise ConfigError(
-            f"algo.entropy_coef_min={a.entropy_coef_min} is above algo.entropy_coef_max={a.entropy_coef_max}; "
-            "the adaptive coefficient stays within [min, max]"
+            f"algo.adaptive_entropy.coef_min={ae.coef_min} is above algo.adaptive_entropy.coef_max="
+            f"{ae.coef_max}; the adaptive coefficient stays within [min, max]"
         )
-    if a.entropy_target < 0:
+    if ae.target < 0:
         raise ConfigError(
-            f"algo.entropy_target={a.entropy_target} must be >= 0 (a mean per-token entropy in nats)"
+            f"algo.adaptive_entropy.target={ae.target} must be >= 0 (a mean per-token entropy in nats)"
         )

@@ -134,10 +134,11 @@ class GRPOConfig:
             out["algo.use_bias_correction_kl"] = bool(self.use_bias_correction_kl)
         out["algo.top_entropy_quantile"] = self.top_entropy_quantile
         out["algo.entropy_coef"] = self.entropy_coef
-        out["algo.adaptive_entropy"] = bool(self.use_adaptive_entropy)
-        if self.use_adaptive_entropy:
+        if self.use_adaptive_entropy:  # the section's settings (a mapping turns it on)
             for name in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):
-                out[f"algo.{name}"] = getattr(self, name)
+                out[str(TRL_FIELDS[name].cohort)] = getattr(self, name)
+        else:
+            out["algo.adaptive_entropy"] = False
         out["algo.num_iterations"] = self.num_iterations
         scale = self.scale_rewards
         out["algo.scale"] = (

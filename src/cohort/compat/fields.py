@@ -173,10 +173,10 @@ TRL_FIELDS: dict[str, Field] = {
     ),
     "entropy_coef": Field(0.0, "algo.entropy_coef"),
     "use_adaptive_entropy": Field(False, "algo.adaptive_entropy"),
-    "entropy_target": Field(0.2, "algo.entropy_target"),
-    "entropy_coef_min": Field(0.0, "algo.entropy_coef_min"),
-    "entropy_coef_max": Field(1.0, "algo.entropy_coef_max"),
-    "entropy_coef_delta": Field(0.005, "algo.entropy_coef_delta"),
+    "entropy_target": Field(0.2, "algo.adaptive_entropy.target"),
+    "entropy_coef_min": Field(0.0, "algo.adaptive_entropy.coef_min"),
+    "entropy_coef_max": Field(1.0, "algo.adaptive_entropy.coef_max"),
+    "entropy_coef_delta": Field(0.005, "algo.adaptive_entropy.delta"),
     "use_liger_loss": Field(
         False, None, "not implemented: cohort's chunked LM head (fast.chunked_head) bounds logits memory"
     ),

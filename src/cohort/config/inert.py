@@ -90,17 +90,6 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             else None
         ),
     ),
-    *(
-        Inert(
-            f"algo.{key}",
-            lambda c, _: (
-                None
-                if c.algo.adaptive_entropy
-                else "only the adaptive entropy coefficient reads it; set algo.adaptive_entropy=true or drop this key"
-            ),
-        )
-        for key in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta")
-    ),
     Inert("algo.std", _estimator_ignores("std")),
     Inert("algo.adv_eps", _estimator_ignores("adv_eps")),
     Inert(
@@ -157,26 +146,6 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             None
             if c.algo.sampler_correction.endswith("_mis")
             else "only the masking corrections (token_mis, sequence_mis) have a lower bound"
-        ),
-    ),
-    Inert(
-        "algo.cov_ratio",
-        lambda c, _: (
-            "algo.cov_method=none selects no tokens; set algo.cov_method"
-            if c.algo.cov_method == "none"
-            else None
-        ),
-    ),
-    Inert(
-        "algo.clip_cov_bounds",
-        lambda c, _: (
-            None if c.algo.cov_method == "clip_cov" else "only algo.cov_method=clip_cov reads these bounds"
-        ),
-    ),
-    Inert(
-        "algo.kl_cov_coef",
-        lambda c, _: (
-            None if c.algo.cov_method == "kl_cov" else "only algo.cov_method=kl_cov reads this coefficient"
         ),
     ),
     *(

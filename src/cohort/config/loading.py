@@ -20,6 +20,7 @@ making them pass would keep most of this module besides the new dependency.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -34,6 +35,7 @@ import yaml
 
 from cohort.compat.fields import TRL_FIELDS
 from cohort.config.checked import TrainConfig
+from cohort.config.kinds import KIND_ALIASES, KIND_KEY, kind_name, kind_value, kinds_of, write_alias
 from cohort.config.presets import apply_preset
 from cohort.config.schema import OPTIM_ALIASES
 from cohort.errors import ConfigError
@@ -85,8 +87,13 @@ def _valid_keys(cls: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
+        kinds = kinds_of(t)
         if isinstance(t, type) and dataclasses.is_dataclass(t):
             keys += _valid_keys(t, f"{prefix}{f.name}.")
+        elif kinds is not None:
+            keys.append(prefix + f.name)
+            for kind in kinds.values():
+                keys += [k for k in _valid_keys(kind, f"{prefix}{f.name}.") if k not in keys]
         else:
             keys.append(prefix + f.name)
     return keys
@@ -162,8 +169,23 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     aliases = OPTIM_ALIASES.get(type(obj), {})
-    for k, v in values.items():
+    flat = KIND_ALIASES.get(type(obj), {})
+
+    def order(k: str) -> int:  # a kind before the flat names of its settings, which need the kind chosen
+        return 1 if k not in flat else 0 if flat[k].setting == KIND_KEY else 2
+
+    for k in sorted(values, key=order):
+        v = values[k]
         key = prefix + k
+        if k in flat:  # an older flat name of a kind field's setting (cohort.config.kinds)
+            write_alias(obj, k, v, key, coerce=_coerce)
+            continue
+        if k in names and (kinds := kinds_of(hints[k])) is not None:
+            instance, settings = kind_value(getattr(obj, k), v, kinds, key)
+            if settings:
+                _apply(instance, settings, key + ".")
+            setattr(obj, k, instance)
+            continue
         if k in aliases:  # an older flat name of one of the section's optimizer settings
             optim = obj.optim
             setattr(optim, aliases[k], _coerce(v, typing.get_type_hints(type(optim))[aliases[k]], key))
@@ -194,8 +216,16 @@ def describe_keys(cls: type = TrainConfig, prefix: str = "", obj: Any = None) ->
     out: list[tuple[str, Any, str]] = []
     for f in dataclasses.fields(cls):
         t = hints[f.name]
+        kinds = kinds_of(t)
         if isinstance(t, type) and dataclasses.is_dataclass(t):
             out += describe_keys(t, f"{prefix}{f.name}.", getattr(obj, f.name))
+        elif kinds is not None:  # the field (its kind's name), then each kind's settings, named by kind
+            out.append((prefix + f.name, kind_name(getattr(obj, f.name)), docs.get(f.name, "")))
+            for name, cls in kinds.items():
+                held = getattr(obj, f.name)
+                inner = held if isinstance(held, cls) else cls()
+                for setting, default, doc in describe_keys(cls, f"{prefix}{f.name}.", inner):
+                    out.append((setting, default, f"[{name}] {doc}"))
         else:
             out.append((prefix + f.name, getattr(obj, f.name), docs.get(f.name, "")))
     return out
@@ -363,8 +393,20 @@ def _nest_top(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """Return the config as plain nested dicts (for YAML / JSON)."""
-    return dataclasses.asdict(cfg)
+    """Return the config as plain nested dicts (for YAML / JSON); a kind as a mapping naming it under `kind`."""
+    hints = typing.get_type_hints(type(cfg))
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        kinds = kinds_of(hints[f.name])
+        if kinds is not None and value is not None:
+            named = {KIND_KEY: kind_name(value)} if len(kinds) > 1 else {}
+            out[f.name] = {**named, **dataclasses.asdict(value)}
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[f.name] = to_dict(value)
+        else:
+            out[f.name] = copy.deepcopy(value)
+    return out
 
 
 def from_dict(d: dict[str, Any]) -> TrainConfig:
@@ -376,8 +418,8 @@ def from_dict(d: dict[str, Any]) -> TrainConfig:
 
 def current_keys(d: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
     """Returns a copy of the config mapping `d` (as an older cohort wrote it) with each alias key moved to the
-    field it names (``iterative.rm_lr`` to ``iterative.optim.lr``); an `optim` section it has to create holds
-    that class's defaults besides, as the older config ran with them."""
+    field it names (``iterative.rm_lr`` to ``iterative.optim.lr``; ``algo.kl_cov_coef`` to ``algo.cov``'s kind);
+    an `optim` section it has to create holds that class's defaults besides, as the older config ran with them."""
     out = dict(d)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -390,6 +432,28 @@ def current_keys(d: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
         section = out.get("optim")
         base = section if isinstance(section, dict) else dataclasses.asdict(cls().optim)
         out["optim"] = {**base, **moved}
+    kind_fields = [f.name for f in dataclasses.fields(cls) if kinds_of(hints[f.name]) is not None]
+    flat = KIND_ALIASES.get(cls, {})
+    given = {k: out.pop(k) for k in list(out) if k in flat}
+    named = [n for n in kind_fields if n in out or any(flat[k].field == n for k in given)]
+    if named:
+        # The kinds as this cohort writes them: an older cohort wrote adaptive_entropy: false and flat names
+        # (cov_method, kl_cov_coef, ...); a setting of a kind it did not choose changed nothing then.
+        obj = cls()
+        for name in kind_fields:
+            if name in out:
+                try:
+                    _apply(obj, {name: out[name]})
+                except ConfigError:
+                    continue
+        for k in sorted(given, key=lambda k: flat[k].setting != KIND_KEY):
+            try:
+                write_alias(obj, k, given[k], k, coerce=_coerce)
+            except ConfigError:
+                continue
+        written = to_dict(obj)
+        for name in named:
+            out[name] = written[name]
     return out
 
 

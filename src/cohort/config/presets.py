@@ -8,8 +8,11 @@ A preset only sets values; the YAML file and command-line overrides applied afte
 
 from __future__ import annotations
 
+import copy
+import typing
 from typing import Any
 
+from cohort.config.kinds import kind_value, kinds_of
 from cohort.errors import ConfigError
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -119,16 +122,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Clip-Cov (Cui et al. 2025, arXiv 2505.22617): detach the gradient of 2e-4 of the tokens, drawn among
     # those with covariance in [1, 5]; no KL.
     "clip_cov": {
-        "algo": {"cov_method": "clip_cov", "cov_ratio": 2e-4, "clip_cov_bounds": [1.0, 5.0], "beta": 0.0},
+        "algo": {"cov": {"kind": "clip_cov", "ratio": 2e-4, "bounds": [1.0, 5.0]}, "beta": 0.0},
     },
     # KL-Cov (same paper): |log(pi/pi_old)| penalty (coefficient 1) on the top 2e-3 tokens by covariance. The
     # penalty needs the policy to move within a batch, so the batch is split into 4 minibatches (an
     # optimizer step each; the paper's runs update in mini-batches too).
     "kl_cov": {
         "algo": {
-            "cov_method": "kl_cov",
-            "cov_ratio": 2e-3,
-            "kl_cov_coef": 1.0,
+            "cov": {"kind": "kl_cov", "ratio": 2e-3, "coef": 1.0},
             "num_minibatches": 4,
             "beta": 0.0,
         },
@@ -227,7 +228,13 @@ def apply_preset(cfg: Any, name: str) -> Any:
         raise ConfigError(f"preset={name!r} is not known; choose one of: {', '.join(PRESETS)}")
     for section, values in PRESETS[name].items():
         target = getattr(cfg, section)
+        hints = typing.get_type_hints(type(target))
         for key, value in values.items():
+            kinds = kinds_of(hints[key]) if key in hints else None
+            if kinds is not None:  # a kind (cohort.config.kinds): the kind's instance with its settings
+                value, settings = kind_value(getattr(target, key), value, kinds, f"{section}.{key}")
+                for setting, v in settings.items():
+                    setattr(value, setting, copy.deepcopy(v))
             setattr(target, key, value)
     cfg.preset = name
     return cfg

@@ -11,13 +11,17 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from cohort.config.kinds import KIND_KEY, Alias, kind_aliases
 from cohort.errors import ConfigError
 from cohort.fastpath.switches import FastConfig
 
 __all__ = [
+    "AdaptiveEntropy",
     "AlgoConfig",
+    "ClipCov",
+    "KLCov",
     "CurriculumConfig",
     "DataConfig",
     "DistributedConfig",
@@ -214,6 +218,55 @@ class RolloutConfig:
 
 
 @dataclass
+class AdaptiveEntropy:
+    """Skywork-OR1's adaptive entropy coefficient (algo.adaptive_entropy)."""
+
+    KIND: ClassVar[str] = "adaptive"
+    target: float = 0.2
+    """The mean per-token entropy (nats) the controller defends (TRL's default 0.2 acts only near collapse; a
+    value near the early-training entropy acts sooner)."""
+    coef_min: float = 0.0
+    """The lowest coefficient."""
+    coef_max: float = 1.0
+    """The highest coefficient."""
+    delta: float = 0.005
+    """The coefficient's change per optimizer step."""
+
+
+@dataclass
+class ClipCov:
+    """Clip-Cov (algo.cov kind clip_cov): the gradient of a few tokens drawn among those of high covariance is
+    detached."""
+
+    KIND: ClassVar[str] = "clip_cov"
+    ratio: float = 2e-4
+    """Share of tokens it acts on (the paper's 2e-4)."""
+    bounds: list[float] = field(default_factory=lambda: [1.0, 5.0])
+    """It draws its tokens among those whose covariance lies in [low, high] (the paper's 1 and 5)."""
+
+
+@dataclass
+class KLCov:
+    """KL-Cov (algo.cov kind kl_cov): |log(pi/pi_old)| penalised on the tokens of highest covariance."""
+
+    KIND: ClassVar[str] = "kl_cov"
+    ratio: float = 2e-3
+    """Share of tokens it acts on (the paper's 2e-3)."""
+    coef: float = 1.0
+    """The penalty's coefficient (the paper's 1)."""
+
+
+@kind_aliases(
+    cov_method=Alias("cov", KIND_KEY, "none"),
+    cov_ratio=Alias("cov", "ratio", None),
+    clip_cov_bounds=Alias("cov", "bounds", [1.0, 5.0]),
+    kl_cov_coef=Alias("cov", "coef", 1.0),
+    entropy_target=Alias("adaptive_entropy", "target", 0.2),
+    entropy_coef_min=Alias("adaptive_entropy", "coef_min", 0.0),
+    entropy_coef_max=Alias("adaptive_entropy", "coef_max", 1.0),
+    entropy_coef_delta=Alias("adaptive_entropy", "delta", 0.005),
+)
+@dataclass
 class AlgoConfig:
     """The GRPO-family objective (see docs/algorithms.md for every formula)."""
 
@@ -241,29 +294,18 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     """Entropy regularisation: subtract this times the mean per-token entropy from the loss (an exploration
     bonus; 0 is off). With adaptive_entropy it is the controller's starting coefficient."""
-    adaptive_entropy: bool = False
-    """Skywork-OR1's adaptive coefficient (TRL's use_adaptive_entropy): after each optimizer step it moves by
-    entropy_coef_delta, up when the step's entropy was at or below entropy_target and down otherwise, within
-    [entropy_coef_min, entropy_coef_max]; the bonus applies only while the last entropy is at or below the
-    target."""
-    entropy_target: float = 0.2
-    """With adaptive_entropy: the mean per-token entropy (nats) the controller defends (TRL's default 0.2 acts
-    only near collapse; a value near the early-training entropy acts sooner)."""
-    entropy_coef_min: float = 0.0
-    """With adaptive_entropy: the lowest coefficient."""
-    entropy_coef_max: float = 1.0
-    """With adaptive_entropy: the highest coefficient."""
-    entropy_coef_delta: float = 0.005
-    """With adaptive_entropy: the coefficient's change per optimizer step."""
-    cov_method: str = "none"
-    """Entropy control by covariance (Cui et al. 2025): none, clip_cov (detach the gradient of a few tokens of
-    high log-prob/advantage covariance) or kl_cov (penalise |log(pi/pi_old)| on the top-covariance tokens)."""
-    cov_ratio: float | None = None
-    """Share of tokens clip_cov / kl_cov act on (None: the paper's, 2e-4 for clip_cov and 2e-3 for kl_cov)."""
-    clip_cov_bounds: list[float] = field(default_factory=lambda: [1.0, 5.0])
-    """clip_cov draws its tokens among those whose covariance lies in [low, high] (the paper's 1 and 5)."""
-    kl_cov_coef: float = 1.0
-    """kl_cov's penalty coefficient (the paper's 1)."""
+    adaptive_entropy: AdaptiveEntropy | None = None
+    """Skywork-OR1's adaptive entropy coefficient (TRL's use_adaptive_entropy): true (its defaults), a mapping
+    of its settings (target, coef_min, coef_max, delta) or none. After each optimizer step the coefficient
+    moves by delta, up when the step's entropy was at or below the target and down otherwise, within [coef_min,
+    coef_max]; the bonus applies only while the last entropy is at or below the target. The flat names
+    entropy_target, entropy_coef_min, entropy_coef_max and entropy_coef_delta are aliases of its settings."""
+    cov: ClipCov | KLCov | None = None
+    """Entropy control by covariance (Cui et al. 2025), a kind: none; clip_cov (detach the gradient of a few
+    tokens of high log-prob/advantage covariance: ratio, bounds) or kl_cov (penalise |log(pi/pi_old)| on the
+    top-covariance tokens: ratio, coef). Written as the kind's name (its defaults) or a mapping, e.g.
+    ``cov: {kind: kl_cov, coef: 2.0}``; the flat names cov_method, cov_ratio, clip_cov_bounds and kl_cov_coef
+    are aliases."""
     sampler_correction: str = "auto"
     """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype,
     rollout.max_staleness): none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis,

@@ -32,7 +32,7 @@ def skip_unavailable(
             f"algo.kl_tau={kl_tau} > 0: the squared log-ratio penalty of a zero-advantage row has a gradient"
         )
     if entropy_bonus:
-        return "algo.entropy_coef / adaptive_entropy: the entropy term of a zero-advantage row has a gradient"
+        return "algo.entropy_coef / algo.adaptive_entropy: the entropy term of a zero-advantage row has a gradient"
     if not builtin_loss:
         return "a user loss may not vanish where the advantage is 0"
     if selection is not None:

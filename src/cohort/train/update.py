@@ -33,7 +33,7 @@ from cohort.algo import (
 )
 from cohort.algo.controls import SAMPLER_CORRECTIONS, ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
-from cohort.config import AlgoConfig
+from cohort.config import AlgoConfig, ClipCov, KLCov
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
 from cohort.fastpath.attention import hold_attention
@@ -285,9 +285,10 @@ class PolicyUpdater:
         self.sharded = is_sharded(model)
         self.gather_frozen = gather_frozen
         self.device = input_device(model)
+        cov = algo.cov
         selection = (
-            f"algo.cov_method={algo.cov_method}"
-            if algo.cov_method != "none"
+            f"algo.cov={cov.KIND}"
+            if cov is not None
             else "algo.top_entropy_quantile"
             if algo.top_entropy_quantile < 1
             else None
@@ -295,9 +296,11 @@ class PolicyUpdater:
         builtin_loss = algo.loss_type in LOSS_TYPES
         self.controls = ControlSettings(
             top_entropy_quantile=algo.top_entropy_quantile,
-            cov_method=algo.cov_method,
-            cov_ratio=algo.cov_ratio,
-            clip_cov_bounds=(float(algo.clip_cov_bounds[0]), float(algo.clip_cov_bounds[1])),
+            cov_method=cov.KIND if cov is not None else "none",
+            cov_ratio=cov.ratio if cov is not None else None,
+            clip_cov_bounds=(float(cov.bounds[0]), float(cov.bounds[1]))
+            if isinstance(cov, ClipCov)
+            else (1.0, 5.0),
             # auto is resolved by the config's derive step; an AlgoConfig built by hand applies none
             sampler_correction="none" if algo.sampler_correction == "auto" else algo.sampler_correction,
             sampler_is_max=algo.sampler_is_max,
@@ -312,7 +315,9 @@ class PolicyUpdater:
         self.topk = int(algo.dppo_topk)
         # Entropy regularisation: the controller's coefficient and last measured entropy are run state
         # (saved in checkpoints through entropy_state).
-        self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy
+        self.entropy_on = algo.entropy_coef != 0 or algo.adaptive_entropy is not None
+        # The adaptive coefficient's controller (None: a constant coefficient).
+        self.adaptive = algo.adaptive_entropy
         # The objective's settings, the same keywords for every policy_loss call (update, evaluate_loss), which
         # checks them once; checked here too, so that a bad one fails before any work.
         self._loss_settings: dict[str, Any] = dict(
@@ -743,7 +748,7 @@ class PolicyUpdater:
         # Clip-Cov's random draws: a stream per process, seeded from the shared one, so the shared stream
         # (the minibatch permutations) advances the same on every process.
         cov_gen = None
-        if a.cov_method == "clip_cov":
+        if isinstance(a.cov, ClipCov):
             seed = int(torch.randint(2**62, (1,), generator=generator)) if generator is not None else 0
             cov_gen = seeds.generator(seeds.clip_cov_draws(seed, dist.rank()))
         meter = UpdateMeter()
@@ -765,12 +770,7 @@ class PolicyUpdater:
                 total_loss = 0.0
                 # The entropy bonus is a mean over the optimizer step's loss tokens, every process's.
                 if self.entropy_on:
-                    apply_coef = applied_entropy_coef(
-                        self.entropy_coef,
-                        self.last_entropy,
-                        target=a.entropy_target,
-                        adaptive=a.adaptive_entropy,
-                    )
+                    apply_coef = self._applied_entropy_coef()
                     entropy_sum = entropy_count = 0.0
                 # Sharded: gradients are reduced inside each backward too; the extra passes idle (loss 0).
                 for micro in micros:
@@ -827,7 +827,7 @@ class PolicyUpdater:
                         token_weights=weights,
                         sampler_weights=sampler_weights,
                         kl_cov_mask=kl_cov,
-                        kl_cov_coef=a.kl_cov_coef,
+                        kl_cov_coef=a.cov.coef if isinstance(a.cov, KLCov) else 1.0,
                         ref_logp=TokenTable.take(table.ref, at, width, device)
                         if table.ref is not None
                         else None,
@@ -844,7 +844,9 @@ class PolicyUpdater:
                         active = mask if kept is None else mask & kept.bool()
                         if apply_coef != 0:
                             loss = loss + entropy_bonus(ent, active, apply_coef, max(step_tokens, 1))
-                        if a.adaptive_entropy:  # the controller's measurement (a host sync: only when read)
+                        if (
+                            self.adaptive is not None
+                        ):  # the controller's measurement (a host sync: only when read)
                             entropy_sum += float((ent.detach() * active).sum())
                             entropy_count += float(active.sum())
                     loss.backward()
@@ -919,9 +921,7 @@ class PolicyUpdater:
             with self.reference() as ref_model:
                 ref = pad_rows(self.frozen_logprobs(ref_model, batch, rows), n)
         inserted = pad_rows(batch.loss_masks, n) if batch.loss_masks is not None else None
-        apply_coef = applied_entropy_coef(
-            self.entropy_coef, self.last_entropy, target=a.entropy_target, adaptive=a.adaptive_entropy
-        )
+        apply_coef = self._applied_entropy_coef()
         tokens = max(sum(lengths[r] for r in rows), 1)
         total, means = 0.0, WeightedMeans()
         for micro, lp in self._frozen_passes(self.model, batch, rows, with_entropy=True):
@@ -953,8 +953,8 @@ class PolicyUpdater:
     def _adapt_entropy(self, entropy_sum: float, entropy_count: float) -> None:
         """Moves the adaptive entropy coefficient after an optimizer step, from the step's entropy over
         every process's tokens (the same decision on every process)."""
-        a = self.algo
-        if not a.adaptive_entropy:
+        ae = self.adaptive
+        if ae is None:
             return
         total, count = dist.all_sum_float(entropy_sum), dist.all_sum_float(entropy_count)
         if count <= 0:  # nothing measured (every row out of the loss): the coefficient stays
@@ -963,10 +963,18 @@ class PolicyUpdater:
         self.entropy_coef = adapt_entropy_coef(
             self.entropy_coef,
             self.last_entropy,
-            target=a.entropy_target,
-            delta=a.entropy_coef_delta,
-            low=a.entropy_coef_min,
-            high=a.entropy_coef_max,
+            target=ae.target,
+            delta=ae.delta,
+            low=ae.coef_min,
+            high=ae.coef_max,
+        )
+
+    def _applied_entropy_coef(self) -> float:
+        """Returns the entropy coefficient the next optimizer step applies (see applied_entropy_coef)."""
+        ae = self.adaptive
+        target = ae.target if ae is not None else 0.0
+        return applied_entropy_coef(
+            self.entropy_coef, self.last_entropy, target=target, adaptive=ae is not None
         )
 
     def entropy_state(self) -> dict[str, float | None]:

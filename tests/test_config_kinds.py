@@ -1,0 +1,173 @@
+"""Typed kinds in the config (cohort.config.kinds): algo.cov (clip_cov | kl_cov) and algo.adaptive_entropy hold
+only their own settings, in every form a config is written in, and the older flat names stay as aliases."""
+
+from __future__ import annotations
+
+import pytest
+
+from cohort.config import (
+    INERT_OPTIONS,
+    AdaptiveEntropy,
+    AlgoConfig,
+    ClipCov,
+    ConfigError,
+    KLCov,
+    current_keys,
+    describe_keys,
+    load_config,
+    save_config,
+    to_dict,
+)
+from cohort.runtime.rundir import config_changes
+
+
+@pytest.mark.parametrize(
+    ("written", "cov"),
+    [
+        ({"algo": {"cov": "clip_cov"}}, ClipCov()),
+        ({"algo": {"cov": {"kind": "kl_cov", "coef": 2.0}}}, KLCov(coef=2.0)),
+        ({"algo.cov.kind": "clip_cov", "algo.cov.ratio": 1e-3}, ClipCov(ratio=1e-3)),
+        ({"algo": {"cov": None}}, None),
+        ({"algo": {"cov": "none"}}, None),
+        ({"algo": {"cov_method": "kl_cov", "kl_cov_coef": 3.0, "cov_ratio": None}}, KLCov(coef=3.0)),
+        (
+            {"algo": {"cov_method": "clip_cov", "cov_ratio": 0.01, "clip_cov_bounds": [0, 2]}},
+            ClipCov(0.01, [0, 2]),
+        ),
+    ],
+)
+def test_a_kind_is_written_by_name_mapping_dotted_keys_or_its_old_flat_names(written, cov, tmp_path):
+    cfg = load_config(None, written)
+    assert cfg.algo.cov == cov
+    save_config(cfg, tmp_path / "c.yaml")  # and it reads back as itself
+    assert load_config(tmp_path / "c.yaml").algo.cov == cov
+    if cov is not None:
+        assert to_dict(cfg)["algo"]["cov"]["kind"] == cov.KIND
+
+
+def test_the_adaptive_entropy_section_is_true_a_mapping_or_off():
+    assert load_config(None, ["algo.adaptive_entropy=true"]).algo.adaptive_entropy == AdaptiveEntropy()
+    on = load_config(None, {"algo": {"adaptive_entropy": {"target": 0.5, "delta": 0.01}}}).algo
+    assert on.adaptive_entropy == AdaptiveEntropy(target=0.5, delta=0.01)
+    assert (on.entropy_target, on.entropy_coef_delta, on.entropy_coef_max) == (0.5, 0.01, 1.0)  # the aliases
+    assert load_config(None, ["algo.adaptive_entropy=false"]).algo.adaptive_entropy is None
+    # the flat names of an older config turn nothing on by themselves, and write into the section when it is on
+    old = load_config(
+        None, {"algo": {"adaptive_entropy": True, "entropy_target": 0.3, "entropy_coef_min": 0.1}}
+    )
+    assert old.algo.adaptive_entropy == AdaptiveEntropy(target=0.3, coef_min=0.1)
+    assert to_dict(old)["algo"]["adaptive_entropy"] == {
+        "target": 0.3,
+        "coef_min": 0.1,
+        "coef_max": 1.0,
+        "delta": 0.005,
+    }
+
+
+@pytest.mark.parametrize(
+    ("written", "fragment"),
+    [
+        (
+            {"algo.cov": {"kind": "clip_cov", "coef": 2.0}},
+            "not a setting of algo.cov kind clip_cov .*kl_cov has it",
+        ),
+        ({"algo.cov.coef": 2.0}, "algo.cov needs its kind"),
+        ({"algo.cov": "kl"}, r"algo.cov.kind='kl' is not one of clip_cov, kl_cov"),
+        ({"algo.cov": True}, "name its kind"),
+        (
+            {"algo.cov_ratio": 1e-3},
+            r"algo.cov_ratio=0.001 does nothing with algo.cov=none: only clip_cov and kl_cov",
+        ),
+        (
+            {"algo.cov_method": "clip_cov", "algo.kl_cov_coef": 2.0},
+            "does nothing with algo.cov=clip_cov: only kl_cov",
+        ),
+        (
+            {"algo.entropy_target": 0.3},
+            "algo.entropy_target=0.3 does nothing while algo.adaptive_entropy is off",
+        ),
+        ({"algo.adaptive_entropy": {"goal": 0.3}}, "not a setting of algo.adaptive_entropy"),
+    ],
+)
+def test_a_setting_the_chosen_kind_does_not_hold_cannot_be_written(written, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(None, written)
+
+
+def test_the_python_constructor_takes_the_kinds_and_the_old_names():
+    assert AlgoConfig(cov=KLCov(coef=2.0)).kl_cov_coef == 2.0
+    a = AlgoConfig(cov_method="clip_cov", cov_ratio=0.01)
+    assert a.cov == ClipCov(ratio=0.01) and a.cov_method == "clip_cov" and a.kl_cov_coef == 1.0
+    a.cov_method = "kl_cov"  # a property writes the kind (its defaults)
+    assert a.cov == KLCov()
+    with pytest.raises(ConfigError, match="only clip_cov reads it"):
+        AlgoConfig(cov_method="kl_cov", clip_cov_bounds=[0.0, 3.0])
+    assert AlgoConfig().cov_method == "none" and AlgoConfig().entropy_target == 0.2
+    # the kinds as YAML writes them, and the old boolean
+    assert AlgoConfig(adaptive_entropy=True, entropy_target=0.5).adaptive_entropy == AdaptiveEntropy(
+        target=0.5
+    )
+    assert AlgoConfig(adaptive_entropy=False).adaptive_entropy is None
+    assert AlgoConfig(cov={"kind": "kl_cov", "coef": 2.0}).cov == KLCov(coef=2.0)
+    assert AlgoConfig(cov="clip_cov").cov == ClipCov()
+
+
+def test_an_older_config_with_every_flat_key_loads_and_resumes_as_the_same_run(tmp_path):
+    # An older cohort wrote every key, used or not: the defaults of unchosen kinds are accepted, and the
+    # resume check (config_changes over current_keys) sees the same run.
+    flat = {
+        "cov_method": "kl_cov",
+        "cov_ratio": None,
+        "clip_cov_bounds": [1.0, 5.0],
+        "kl_cov_coef": 1.5,
+        "adaptive_entropy": False,
+        "entropy_target": 0.2,
+        "entropy_coef_min": 0.0,
+        "entropy_coef_max": 1.0,
+        "entropy_coef_delta": 0.005,
+        "num_iterations": 2,
+    }
+    saved = to_dict(load_config(None, {}))
+    saved["algo"] = {k: v for k, v in saved["algo"].items() if k not in ("cov", "adaptive_entropy")} | flat
+    cfg = load_config(None, {"algo": flat})
+    assert cfg.algo.cov == KLCov(coef=1.5) and cfg.algo.adaptive_entropy is None
+    assert not config_changes(current_keys(saved), to_dict(cfg))
+    # with the adaptive coefficient on, its flat settings are the section's
+    saved["algo"] |= {"adaptive_entropy": True, "entropy_target": 0.3}
+    on = load_config(None, {"algo": {**flat, "adaptive_entropy": True, "entropy_target": 0.3}})
+    assert on.algo.adaptive_entropy == AdaptiveEntropy(target=0.3)
+    assert not config_changes(current_keys(saved), to_dict(on))
+    assert config_changes(current_keys(saved), to_dict(cfg)) == [
+        ("algo.adaptive_entropy", to_dict(on)["algo"]["adaptive_entropy"], None)
+    ]
+
+
+def test_overrides_keep_or_switch_the_kind_of_a_base_config():
+    base = load_config(None, {"algo": {"cov": {"kind": "kl_cov", "coef": 3.0}}})
+    kept = load_config(None, ["algo.cov.ratio=0.01"], base=base)
+    assert kept.algo.cov == KLCov(ratio=0.01, coef=3.0) and base.algo.cov == KLCov(coef=3.0)
+    assert load_config(None, ["algo.cov=clip_cov"], base=base).algo.cov == ClipCov()
+    assert load_config(None, ["algo.cov=none"], base=base).algo.cov is None
+
+
+def test_presets_the_listing_and_the_inert_rules_follow_the_kinds():
+    assert load_config(None, {"preset": "kl_cov"}).algo.cov == KLCov(ratio=2e-3, coef=1.0)
+    assert load_config(None, {"preset": "clip_cov"}).algo.cov == ClipCov(ratio=2e-4, bounds=[1.0, 5.0])
+    rows = {k: (v, d) for k, v, d in describe_keys() if k.startswith("algo.cov")}
+    assert rows["algo.cov"][0] == "none" and "[kl_cov]" in rows["algo.cov.coef"][1]
+    assert rows["algo.cov.bounds"][0] == [1.0, 5.0]
+    # no rule is left for a setting a kind now holds: it cannot be written where it would do nothing
+    keys = {rule.key for rule in INERT_OPTIONS}
+    for old in ("cov_ratio", "clip_cov_bounds", "kl_cov_coef", "entropy_target", "entropy_coef_delta"):
+        assert f"algo.{old}" not in keys
+
+
+def test_trl_adaptive_entropy_fields_become_the_section(tmp_path):
+    from cohort.compat.drop_in import GRPOConfig
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_adaptive_entropy=True, entropy_target=0.4, entropy_coef_delta=0.01
+    )
+    algo = args.to_train_config("m", 8).algo
+    assert algo.adaptive_entropy == AdaptiveEntropy(target=0.4, delta=0.01)
+    assert GRPOConfig(output_dir=str(tmp_path)).to_train_config("m", 8).algo.adaptive_entropy is None
