@@ -146,7 +146,7 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ),
         (
             {"algo.dynamic_sampling": True, "algo.max_sampling_rounds": 0},
-            "algo.max_sampling_rounds=0 must be >= 1",
+            "algo.dynamic_sampling.max_rounds=0 must be an integer >= 1",
         ),
         ({"curriculum.enabled": True, "curriculum.retry_after": 0}, "curriculum.retry_after=0 must be >= 1"),
         (
@@ -712,7 +712,6 @@ def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypat
     [
         ({"distributed.backend": "nccl"}, "a one-process run opens no process group"),
         ({"algo.sampler_correction": "token_tis"}, "sampled by the weights being trained"),
-        ({"algo.max_sampling_rounds": 8}, "set algo.dynamic_sampling=true"),
         ({"algo.kl_estimator": "k1"}, "algo.beta=0 runs no reference model"),
         ({"algo.scale": "none", "algo.reward_mode": "decoupled"}, "reward_mode=decoupled (GDPO) normalises"),
         (

@@ -11,6 +11,7 @@ from cohort.config import (
     AlgoConfig,
     ClipCov,
     ConfigError,
+    DynamicSampling,
     KLCov,
     current_keys,
     describe_keys,
@@ -43,6 +44,20 @@ def test_a_kind_is_written_by_name_mapping_dotted_keys_or_its_old_flat_names(wri
     assert load_config(tmp_path / "c.yaml").algo.cov == cov
     if cov is not None:
         assert to_dict(cfg)["algo"]["cov"]["kind"] == cov.KIND
+
+
+def test_dynamic_sampling_is_a_section_with_its_rounds():
+    assert load_config(None, ["algo.dynamic_sampling=true"]).algo.dynamic_sampling == DynamicSampling()
+    old = load_config(None, {"algo": {"dynamic_sampling": True, "max_sampling_rounds": 6}}).algo
+    assert old.dynamic_sampling == DynamicSampling(max_rounds=6) and old.max_sampling_rounds == 6
+    assert load_config(
+        None, {"algo.dynamic_sampling.max_rounds": 2}
+    ).algo.dynamic_sampling == DynamicSampling(2)
+    assert load_config(None, {"preset": "dapo"}).algo.dynamic_sampling == DynamicSampling()
+    off = load_config(
+        None, {"algo": {"dynamic_sampling": False, "max_sampling_rounds": 4}}
+    ).algo  # the old default
+    assert off.dynamic_sampling is None and off.max_sampling_rounds == 4
 
 
 def test_the_adaptive_entropy_section_is_true_a_mapping_or_off():
@@ -87,6 +102,7 @@ def test_the_adaptive_entropy_section_is_true_a_mapping_or_off():
             "algo.entropy_target=0.3 does nothing while algo.adaptive_entropy is off",
         ),
         ({"algo.adaptive_entropy": {"goal": 0.3}}, "not a setting of algo.adaptive_entropy"),
+        ({"algo.max_sampling_rounds": 8}, "does nothing while algo.dynamic_sampling is off: turn it on"),
     ],
 )
 def test_a_setting_the_chosen_kind_does_not_hold_cannot_be_written(written, fragment):
@@ -158,7 +174,14 @@ def test_presets_the_listing_and_the_inert_rules_follow_the_kinds():
     assert rows["algo.cov.bounds"][0] == [1.0, 5.0]
     # no rule is left for a setting a kind now holds: it cannot be written where it would do nothing
     keys = {rule.key for rule in INERT_OPTIONS}
-    for old in ("cov_ratio", "clip_cov_bounds", "kl_cov_coef", "entropy_target", "entropy_coef_delta"):
+    for old in (
+        "cov_ratio",
+        "clip_cov_bounds",
+        "kl_cov_coef",
+        "entropy_target",
+        "entropy_coef_delta",
+        "max_sampling_rounds",
+    ):
         assert f"algo.{old}" not in keys
 
 

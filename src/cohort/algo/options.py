@@ -276,8 +276,13 @@ def _check_ranges(a: Any) -> None:
         raise ConfigError(
             f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
         )
-    if a.max_sampling_rounds < 1:
-        raise ConfigError(f"algo.max_sampling_rounds={a.max_sampling_rounds} must be >= 1")
+    ds = a.dynamic_sampling
+    if ds is not None and getattr(ds, "KIND", None) != "dynamic":
+        raise ConfigError(f"algo.dynamic_sampling={ds!r} must be true, false or a mapping of its settings")
+    if ds is not None and (
+        isinstance(ds.max_rounds, bool) or not isinstance(ds.max_rounds, int) or ds.max_rounds < 1
+    ):
+        raise ConfigError(f"algo.dynamic_sampling.max_rounds={ds.max_rounds!r} must be an integer >= 1")
 
 
 def _check_objective(a: Any) -> None:

@@ -74,14 +74,6 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         error=True,
     ),
     Inert(
-        "algo.max_sampling_rounds",
-        lambda c, _: (
-            None
-            if c.algo.dynamic_sampling
-            else "only dynamic sampling draws more than one round; set algo.dynamic_sampling=true or drop this key"
-        ),
-    ),
-    Inert(
         "algo.scale",
         lambda c, _: (
             "algo.reward_mode=decoupled (GDPO) normalises each reward in its group and the sum over the "

@@ -21,6 +21,7 @@ __all__ = [
     "AdaptiveEntropy",
     "AlgoConfig",
     "ClipCov",
+    "DynamicSampling",
     "KLCov",
     "CurriculumConfig",
     "DataConfig",
@@ -234,6 +235,15 @@ class AdaptiveEntropy:
 
 
 @dataclass
+class DynamicSampling:
+    """DAPO's dynamic sampling with refill (algo.dynamic_sampling)."""
+
+    KIND: ClassVar[str] = "dynamic"
+    max_rounds: int = 4
+    """Generation rounds per step at most (the first included)."""
+
+
+@dataclass
 class ClipCov:
     """Clip-Cov (algo.cov kind clip_cov): the gradient of a few tokens drawn among those of high covariance is
     detached."""
@@ -265,6 +275,7 @@ class KLCov:
     entropy_coef_min=Alias("adaptive_entropy", "coef_min", 0.0),
     entropy_coef_max=Alias("adaptive_entropy", "coef_max", 1.0),
     entropy_coef_delta=Alias("adaptive_entropy", "delta", 0.005),
+    max_sampling_rounds=Alias("dynamic_sampling", "max_rounds", 4),
 )
 @dataclass
 class AlgoConfig:
@@ -358,12 +369,12 @@ class AlgoConfig:
     """How several rewards combine: sum (weighted) or decoupled (GDPO, per-reward normalisation)."""
     filter_zero_std: bool = False
     """Drop groups whose rewards are all equal from the loss (the batch shrinks; dynamic_sampling refills it)."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling with refill: groups whose rewards are all equal are dropped and groups for new
-    prompts are generated (batched, in rounds) until the step holds rollout.batch_size / group_size groups
-    with unequal rewards, or max_sampling_rounds is reached (then it trains on the groups it has)."""
-    max_sampling_rounds: int = 4
-    """With dynamic_sampling: generation rounds per step at most (the first included)."""
+    dynamic_sampling: DynamicSampling | None = None
+    """DAPO's dynamic sampling with refill, a section that is on or off: true (its defaults), a mapping of its
+    settings (max_rounds) or none. Groups whose rewards are all equal are dropped and groups for new prompts
+    are generated (batched, in rounds) until the step holds rollout.batch_size / group_size groups with
+    unequal rewards, or max_rounds is reached (then it trains on the groups it has). The flat name
+    max_sampling_rounds is an alias of max_rounds."""
     mask_truncated: bool = False
     """Leave completions cut at max_completion_length out of the loss (DAPO overlong filtering)."""
     kl_estimator: str = "k3"

@@ -432,7 +432,8 @@ def build_run(
         generator=generator,
         curriculum=curriculum,
         decoupled=cfg.algo.reward_mode == "decoupled",
-        max_rounds=cfg.algo.max_sampling_rounds,
+        # refill runs only under dynamic sampling; otherwise the rounds are the old default's, never used
+        max_rounds=cfg.algo.dynamic_sampling.max_rounds if cfg.algo.dynamic_sampling is not None else 4,
         live_state=clock.live,
         warn_once=once.once,
         ahead=ahead,
