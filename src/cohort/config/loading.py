@@ -87,14 +87,9 @@ def _valid_keys(cls: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
-        kinds = kinds_of(t)
         if isinstance(t, type) and dataclasses.is_dataclass(t):
             keys += _valid_keys(t, f"{prefix}{f.name}.")
-        elif kinds is not None:
-            keys.append(prefix + f.name)
-            for kind in kinds.values():
-                keys += [k for k in _valid_keys(kind, f"{prefix}{f.name}.") if k not in keys]
-        else:
+        else:  # a kind field too: its settings depend on its kind, whose own check names them
             keys.append(prefix + f.name)
     return keys
 
