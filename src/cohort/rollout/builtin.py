@@ -32,6 +32,7 @@ from cohort.fastpath.switches import FastPathError, choose, say_once
 from cohort.models import (
     attention_shape,
     cache_kwargs,
+    forward_accepts,
     full_attention_span,
     text_config,
 )
@@ -402,24 +403,29 @@ def _probe_prompts(model: torch.nn.Module) -> tuple[int, list[list[int]]]:
     return vocab, [[i % vocab for i in (2, 3, 4, 5)], [i % vocab for i in (6, 7)]]
 
 
-def _forward_logprobs(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    group_size: int,
-    pad_token_id: int,
-    tokens: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ([N, T, V] float32, the raw logits): the next-token log-probs one plain forward over each
-    left-padded prompt and its decoded tokens [N, T] gives at every completion position (the teacher-forced
-    reference of a decoding), and the logits they came from."""
-    ids, attn = left_pad(prompt_ids, pad_token_id, tokens.device)  # [B, P]
-    ids, attn = ids.repeat_interleave(group_size, 0), attn.repeat_interleave(group_size, 0)  # [N, P]
-    full = torch.cat([ids, tokens], 1)  # [N, P + T]
-    mask = torch.cat([attn, torch.ones_like(tokens)], 1)  # [N, P + T]
-    with torch.no_grad():
-        out = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-    P, T = ids.shape[1], tokens.shape[1]
-    return torch.log_softmax(out.logits[:, P - 1 : P - 1 + T].float(), dim=-1), out.logits  # [N, T, V]
+def _forward_reference(
+    model: torch.nn.Module, prompt_ids: list[list[int]], group_size: int, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, float, torch.dtype]:
+    """Returns (the log-prob of each decoded token [N, T], the best log-prob at each of those positions [N, T],
+    the logits' largest magnitude, their dtype) from a plain forward over each row's prompt and decoded tokens
+    (teacher forcing): the reference a decoding's recorded log-probs are judged against."""
+    N, T = tokens.shape
+    chosen = torch.empty(N, T, dtype=torch.float32)
+    best = torch.empty(N, T, dtype=torch.float32)
+    largest, dtype = 0.0, torch.float32
+    keep = {"logits_to_keep": T + 1} if forward_accepts(model, "logits_to_keep") else {}
+    for r in range(
+        N
+    ):  # one row at a time: no [N, T, V] logits held (a 152k vocabulary makes them tens of MB)
+        prompt = torch.tensor(prompt_ids[r // group_size], dtype=torch.long, device=tokens.device)
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([prompt, tokens[r]])[None], **keep).logits[0, -(T + 1) : -1]
+        wide = logits.float()  # [T, V]
+        norm = torch.logsumexp(wide, dim=-1)  # [T]
+        chosen[r] = (wide.gather(-1, tokens[r, :, None]).squeeze(-1) - norm).cpu()
+        best[r] = (wide.amax(-1) - norm).cpu()
+        largest, dtype = max(largest, float(logits.abs().max())), logits.dtype
+    return chosen, best, largest, dtype
 
 
 def _forward_gaps(model, prompt_ids, group_size, pad_token_id, decoded) -> tuple[float, float, float]:
@@ -431,10 +437,9 @@ def _forward_gaps(model, prompt_ids, group_size, pad_token_id, decoded) -> tuple
     inside = bool(((0 <= tokens) & (tokens < vocab)).all())
     if bool(ended.any()) or bool((lengths != tokens.shape[1]).any()) or not inside:
         return math.inf, math.inf, 0.0
-    ref, logits = _forward_logprobs(model, prompt_ids, group_size, pad_token_id, tokens)  # [N, T, V]
-    chosen = ref.gather(-1, tokens[..., None]).squeeze(-1)  # [N, T]
-    rounding = torch.finfo(logits.dtype).eps * float(logits.detach().abs().max())
-    return float((logps.float() - chosen).abs().max()), float((ref.amax(-1) - chosen).max()), rounding
+    chosen, best, largest, dtype = _forward_reference(model, prompt_ids, group_size, tokens)
+    rounding = torch.finfo(dtype).eps * largest
+    return float((logps.float().cpu() - chosen).abs().max()), float((best - chosen).max()), rounding
 
 
 def _decodes_like_forward(
