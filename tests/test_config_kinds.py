@@ -66,6 +66,7 @@ def test_the_adaptive_entropy_section_is_true_a_mapping_or_off():
     assert on.adaptive_entropy == AdaptiveEntropy(target=0.5, delta=0.01)
     assert (on.entropy_target, on.entropy_coef_delta, on.entropy_coef_max) == (0.5, 0.01, 1.0)  # the aliases
     assert load_config(None, ["algo.adaptive_entropy=false"]).algo.adaptive_entropy is None
+    assert load_config(None, {"algo.adaptive_entropy": "true"}).algo.adaptive_entropy == AdaptiveEntropy()
     # the flat names of an older config turn nothing on by themselves, and write into the section when it is on
     old = load_config(
         None, {"algo": {"adaptive_entropy": True, "entropy_target": 0.3, "entropy_coef_min": 0.1}}

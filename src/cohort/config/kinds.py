@@ -83,6 +83,8 @@ def kind_value(current: Any, value: Any, kinds: dict[str, type], key: str) -> tu
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in _OFF):
         return None, {}
     names = ", ".join(kinds)
+    if isinstance(value, str) and value.strip().lower() in _ON and len(kinds) == 1:
+        value = True  # "true" from a Python mapping or an environment variable, as YAML's true
     if value is True:
         if len(kinds) == 1:
             cls = next(iter(kinds.values()))
@@ -118,6 +120,7 @@ def kind_value(current: Any, value: Any, kinds: dict[str, type], key: str) -> tu
 
 
 _OFF = ("none", "null", "off", "false", "no", "0", "")
+_ON = ("true", "on", "yes", "1")
 
 
 def kind_aliases(**aliases: Alias) -> Callable[[_C], _C]:
