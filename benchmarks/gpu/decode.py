@@ -380,7 +380,7 @@ def probe_detail(model, device) -> dict:
                 model, prompts, 2, params, None, device, shared=False
             )
             return {
-                name: builtin._forward_gaps(model, prompts, 2, 0, out)
+                name: builtin._forward_gaps(model, prompts, 2, out)
                 for name, out in (("captured", captured), ("uncaptured", uncaptured), ("eager", eager))
             }
     except Exception as e:  # noqa: BLE001 - a diagnosis, not a measurement

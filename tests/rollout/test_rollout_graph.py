@@ -347,9 +347,9 @@ def test_the_probe_judges_each_decoding_against_a_forward_over_its_own_tokens(dt
 
     model = tiny_model(seed=3, logit_scale=4.0).to(dtype)
     prompts, fast, plain = _probe_decodings(model)
-    agree = builtin._decodes_like_forward(model, prompts, 2, PAD)
+    agree = builtin._decodes_like_forward(model, prompts, 2)
     assert agree(fast, plain, tolerance(model))
-    gap, pick, rounding = builtin._forward_gaps(model, prompts, 2, PAD, fast)
+    gap, pick, rounding = builtin._forward_gaps(model, prompts, 2, fast)
     assert gap <= tolerance(model) + rounding and pick <= 2 * (tolerance(model) + rounding)
     # whatever tokens it picked: a decoding that swaps in other tokens keeps its log-probs and is refused
     swapped = (fast[0].roll(1, dims=1), *fast[1:])

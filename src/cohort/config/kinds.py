@@ -60,6 +60,16 @@ KIND_ALIASES: dict[type, dict[str, Alias]] = {}
 """{config class: {flat name: Alias}}: filled by :func:`kind_aliases`; the loader reads it."""
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """Returns the class's resolved field annotations (read on every construction of a config with aliases)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
 def kinds_of(tp: Any) -> dict[str, type] | None:
     """Returns {kind name: class} of a field annotated as a union of kind classes (and None), else None."""
     if typing.get_origin(tp) not in (typing.Union, types.UnionType):
@@ -134,7 +144,7 @@ def kind_aliases(**aliases: Alias) -> Callable[[_C], _C]:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             given = {k: kwargs.pop(k) for k in list(kwargs) if k in aliases}
             init(self, *args, **kwargs)
-            hints = typing.get_type_hints(type(self))
+            hints = _hints(type(self))
             for field in {a.field for a in aliases.values()}:
                 # A kind given as YAML writes it (True, a name, a mapping): the kind's instance.
                 kinds = kinds_of(hints[field]) or {}
@@ -186,7 +196,7 @@ def write_alias(
     key that chooses a kind that reads it). `coerce(value, type, key)`: the loader's conversion of a YAML or
     command-line value (None: the value as given)."""
     alias = KIND_ALIASES[type(obj)][name]
-    hints = typing.get_type_hints(type(obj))
+    hints = _hints(type(obj))
     kinds = kinds_of(hints[alias.field]) or {}
     if alias.setting == KIND_KEY:
         instance, _ = kind_value(getattr(obj, alias.field), value, kinds, key)
@@ -211,7 +221,7 @@ def write_alias(
     if value is None:  # "the kind's default", as older configs wrote it
         value = getattr(type(held)(), alias.setting)
     elif coerce is not None:
-        value = coerce(value, typing.get_type_hints(type(held))[alias.setting], key)
+        value = coerce(value, _hints(type(held))[alias.setting], key)
     setattr(held, alias.setting, value)
 
 

@@ -341,7 +341,7 @@ class BuiltinEngine(RolloutEngine):
         def plain():
             return eager._decode(model, prompts, 2, params, None, device, shared=False)
 
-        agree = _decodes_like_forward(model, prompts, 2, self.pad_token_id)
+        agree = _decodes_like_forward(model, prompts, 2)
         if not probes.probe(model, "graph_decode", captured, plain, agree=agree):
             return probes.failure(
                 model, "graph_decode", "the captured decode step does not reproduce the eager decoding"
@@ -377,7 +377,7 @@ class BuiltinEngine(RolloutEngine):
         def run(shared: bool):
             return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
 
-        agree = _decodes_like_forward(model, prompts, 2, self.pad_token_id)
+        agree = _decodes_like_forward(model, prompts, 2)
         if not probes.probe(model, "shared_prefix", run(True), run(False), agree=agree):
             return probes.failure(
                 model, "shared_prefix", "shared-prefix decoding does not reproduce its tokens and log-probs"
@@ -428,7 +428,7 @@ def _forward_reference(
     return chosen, best, largest, dtype
 
 
-def _forward_gaps(model, prompt_ids, group_size, pad_token_id, decoded) -> tuple[float, float, float]:
+def _forward_gaps(model, prompt_ids, group_size, decoded) -> tuple[float, float, float]:
     """Returns (the largest |log-prob - reference|, the largest reference log-prob below the best token's, the
     logits' rounding allowance: their dtype's eps times their largest magnitude) over a greedy decoding's
     tokens; infinite gaps when a row ended or holds a token outside the vocabulary."""
@@ -443,7 +443,7 @@ def _forward_gaps(model, prompt_ids, group_size, pad_token_id, decoded) -> tuple
 
 
 def _decodes_like_forward(
-    model: torch.nn.Module, prompt_ids: list[list[int]], group_size: int, pad_token_id: int
+    model: torch.nn.Module, prompt_ids: list[list[int]], group_size: int
 ) -> Callable[[tuple, tuple, float], bool]:
     """Returns agree(fast, plain, tol) for probes.probe: whether a fast greedy decoding is as true to the model
     as the plain one, each judged against a plain forward over its own tokens (teacher forcing).
@@ -457,8 +457,8 @@ def _decodes_like_forward(
     one bf16 step is 0.125); a wrong cache position, mask or weight moves a trained model's log-probs by more."""
 
     def agree(fast: tuple, plain: tuple, tol: float) -> bool:
-        gap_fast, pick_fast, rounding = _forward_gaps(model, prompt_ids, group_size, pad_token_id, fast)
-        gap_plain, pick_plain, _ = _forward_gaps(model, prompt_ids, group_size, pad_token_id, plain)
+        gap_fast, pick_fast, rounding = _forward_gaps(model, prompt_ids, group_size, fast)
+        gap_plain, pick_plain, _ = _forward_gaps(model, prompt_ids, group_size, plain)
         bound = max(tol, 2 * gap_plain) + rounding
         return gap_fast <= bound and pick_fast <= max(2 * bound, 2 * pick_plain)
 

@@ -121,12 +121,11 @@ def pad_rows(
     if not present:
         return None
     first = present[0]
-    wanted = range(n) if isinstance(n, int) else n
     if isinstance(values, Mapping):
         empty = first.new_zeros((0, *first.shape[1:]))
-        rows = [values.get(r, empty) for r in wanted]
+        rows = [values.get(r, empty) for r in (range(n) if isinstance(n, int) else n)]
     else:
-        rows = present if isinstance(n, int) and n == len(present) else [present[r] for r in wanted]
+        rows = present if isinstance(n, int) else [present[r] for r in n]
     if not rows:
         return first.new_zeros((0, 0, *first.shape[1:]), dtype=dtype)
     if dtype is not None:
