@@ -59,6 +59,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss", default="dapo")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--variants",
+        default="",
+        help="extra cohort runs, ';'-separated, each a ','-separated list of config overrides "
+        "(e.g. 'fast.segments=off;micro_batch_tokens=32768'): run after the default cohort run of each precision",
+    )
+    p.add_argument(
+        "--variant-precisions", default="", help="the precisions the variants run in (default: all)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cohort runs end with two more steps: one split into synchronised stage timers, one under "
+        "torch.profiler (top kernels and host calls in the record)",
+    )
+    p.add_argument(
         "--budget-s", type=float, default=0, help="stop the workers after this many seconds (0: none)"
     )
     p.add_argument("--workdir", default="/tmp/gpu-check/grpo", help="the saved model, prompts, worker files")
@@ -94,6 +109,7 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
     from cohort.trainer import GRPOTrainer
 
     overrides = ["model.dtype=bfloat16"] if spec["precision"] == "bf16" else []
+    overrides += [o for o in spec.get("variant", "").split(",") if o]
     base = {
         "model": {"name_or_path": spec["model"], "device": spec["device"], "gradient_checkpointing": False},
         "data": {"task": "addition"},  # placeholder: the rows are passed in directly
@@ -107,7 +123,7 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
         "algo": {"loss_type": spec["loss"], "beta": spec["beta"]},
         "optim": {"lr": 1e-6},
         "rewards": ["accuracy"],
-        "steps": spec["warmup"] + spec["steps"],
+        "steps": spec["warmup"] + spec["steps"] + (2 if spec.get("profile") else 0),
         "seed": spec["seed"],
         "out_dir": spec["scratch"],
         "progress": False,
@@ -140,6 +156,99 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
         )
         rec["peak_cuda_mib"] = peak_cuda_mib(spec["device"])
         write_record(out, rec)
+    if spec.get("profile"):
+        rec["split_s"] = split_step(trainer, cuda)
+        write_record(out, rec)
+        rec["profile"] = profiled_step(trainer, cuda)
+        write_record(out, rec)
+
+
+def split_step(trainer, cuda: bool) -> dict:
+    """Returns one step's wall seconds split over its parts (generation, the frozen passes, the policy's
+    forwards, backwards and optimizer steps, the rest), each timed between two device synchronisations."""
+    import torch
+
+    from cohort.train.update import PolicyUpdater
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+                spent[name + "#calls"] = spent.get(name + "#calls", 0) + 1
+
+        return wrapper
+
+    up = trainer.run.updater
+    patched = [
+        (trainer.run.drawer, "draw"),
+        (up, "update"),
+        (up, "frozen_logprobs"),
+        (up, "_logprobs"),
+        (up.optimizer, "step"),
+    ]
+    saved = [(obj, name, getattr(obj, name)) for obj, name in patched]
+    backward = torch.Tensor.backward
+    for obj, name, fn in saved:
+        setattr(obj, name, timed(f"{type(obj).__name__}.{name}", fn))
+    torch.Tensor.backward = timed("backward", backward)  # type: ignore[method-assign]
+    assert isinstance(up, PolicyUpdater)
+    try:
+        sync()
+        t0 = time.perf_counter()
+        trainer.step()
+        sync()
+        spent["step"] = time.perf_counter() - t0
+    finally:
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return {k: round(v, 4) for k, v in spent.items()}
+
+
+def profiled_step(trainer, cuda: bool, top: int = 30) -> dict:
+    """Returns one step under torch.profiler: its wall seconds, the device's busy seconds, the host calls that
+    launch or wait (counts), and the `top` ops by device time and by host time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        trainer.step()
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+
+    def row(e) -> list:
+        return [e.key[:90], e.count, round(device_us(e) / 1e3, 2), round(e.self_cpu_time_total / 1e3, 2)]
+
+    host_calls = {
+        e.key: [e.count, round(e.self_cpu_time_total / 1e3, 2)]
+        for e in events
+        if e.key.startswith(("cuda", "aten::_local_scalar_dense", "aten::item", "aten::nonzero"))
+    }
+    busy_ms = sum(device_us(e) for e in events if e.device_type.name == "CUDA") / 1e3 if cuda else None
+    return {
+        "wall_s": round(wall, 3),
+        "device_busy_ms": round(busy_ms, 1) if busy_ms is not None else None,
+        "host_calls": host_calls,
+        "by_device_ms": [row(e) for e in sorted(events, key=device_us, reverse=True)[:top]],
+        "by_host_ms": [
+            row(e) for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        ],
+    }
 
 
 def run_trl(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
@@ -290,7 +399,10 @@ def summarise_worker(rec: dict, warmup: int) -> dict:
     timed = [s["times"] for s in measured if s.get("times")]
     if timed:  # the median seconds of each stage over the measured steps: where a step's time goes
         out["stage_s"] = {k: statistics.median(t.get(k, 0.0) for t in timed) for k in sorted(timed[-1])}
-    for k in ("error", "timed_out", "trl"):
+    out["steps_stage_s"] = [
+        {k: round(v, 3) for k, v in s["times"].items() if v is not None} for s in steps if s.get("times")
+    ]
+    for k in ("error", "timed_out", "trl", "split_s", "profile"):
         if k in rec:
             out[k] = rec[k]
     return out
@@ -345,11 +457,20 @@ def main(argv=None) -> None:
 
     save()
     print(json.dumps(result["header"]), flush=True)
-    order = [(p, f) for p in args.precisions.split(",") if p for f in args.frameworks.split(",") if f]
-    for precision, framework in order:
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    precisions = [p for p in args.precisions.split(",") if p]
+    variant_precisions = [p for p in (args.variant_precisions or args.precisions).split(",") if p]
+    # The comparison first (every framework in every precision), then the variants: a run cut by the time
+    # budget loses the variants first.
+    order = [(p, f, "") for p in precisions for f in args.frameworks.split(",") if f]
+    order += [(p, "cohort", v) for p in variant_precisions for v in variants]
+    for precision, framework, variant in order:
+        label = f"{framework}-{precision}" + (f"-v{variants.index(variant)}" if variant else "")
         spec = {
             "framework": framework,
             "precision": precision,
+            "variant": variant,
+            "profile": bool(args.profile and framework == "cohort"),
             "device": args.device,
             "model": str(model),
             "rows": str(rows_path),
@@ -361,18 +482,20 @@ def main(argv=None) -> None:
             "warmup": args.warmup,
             "steps": args.steps,
             "seed": args.seed,
-            "scratch": str(work / f"scratch-{framework}-{precision}"),
+            "scratch": str(work / f"scratch-{label}"),
         }
-        spec_path, out = (
-            work / f"spec-{framework}-{precision}.json",
-            work / f"out-{framework}-{precision}.json",
-        )
+        spec_path, out = (work / f"spec-{label}.json", work / f"out-{label}.json")
         spec_path.write_text(json.dumps(spec))
         out.unlink(missing_ok=True)
         left = args.budget_s - (time.perf_counter() - t_start) if args.budget_s else None
         if left is not None and left < 20:
             result["runs"].append(
-                {"framework": framework, "precision": precision, "skipped": "time budget spent"}
+                {
+                    "framework": framework,
+                    "precision": precision,
+                    "variant": variant,
+                    "skipped": "time budget spent",
+                }
             )
             save()
             continue
@@ -393,6 +516,7 @@ def main(argv=None) -> None:
         if timed_out:
             rec["timed_out"] = True
         summary = summarise_worker(rec, args.warmup)
+        summary["variant"] = variant
         summary["wall_s"] = round(time.perf_counter() - t0, 1)
         result["runs"].append(summary)
         result["comparison"] = compare(result["runs"])
@@ -410,7 +534,7 @@ def compare(runs: list[dict]) -> list[dict]:
     peak memory relative to TRL's."""
     rows = []
     for precision in dict.fromkeys(r["precision"] for r in runs):
-        by = {r["framework"]: r for r in runs if r["precision"] == precision}
+        by = {r["framework"]: r for r in runs if r["precision"] == precision and not r.get("variant")}
         c, t = by.get("cohort", {}), by.get("trl", {})
         row = {
             "precision": precision,

@@ -56,7 +56,10 @@ def test_one_local_worker_equals_the_in_process_run(tiny_model_dir, tmp_path):
         assert not differ, {k: (ra[k], rb[k]) for k in differ}
     wa, wb = plain.model.state_dict(), remote.model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert any(not torch.equal(wa[k], plain_init) for k, plain_init in _initial(tiny_model_dir).items())
+    assert any(
+        not torch.equal(wa[k], plain_init.to(wa[k].device))
+        for k, plain_init in _initial(tiny_model_dir).items()
+    )
 
 
 def _initial(model_dir):

@@ -121,7 +121,11 @@ def test_the_logprob_gap_threshold_follows_the_compute_precision():
 def test_the_trainer_tells_the_health_check_its_compute_precision(tiny_model_dir, tmp_path):
     import torch
 
-    assert GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "a")).health.precision is torch.float32
+    cpu = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "a", **{"model.device": "cpu"}))
+    assert cpu.health.precision is torch.float32
+    if torch.cuda.is_available():  # float32 weights on CUDA compute under bf16 autocast by default
+        on_gpu = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "gpu", **{"model.device": "cuda"}))
+        assert on_gpu.health.precision is torch.bfloat16
     bf16 = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "b", **{"model.dtype": "bfloat16"}))
     assert bf16.health.precision is torch.bfloat16 and bf16.health.logprob_gap_max == 0.5
     copy = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "c", **{"rollout.sampler_dtype": "float16"}))
@@ -212,8 +216,9 @@ def test_health_settings_are_checked_before_the_model_loads(tmp_path, over, frag
         ("kl_drift", {"algo.beta": 5.0, "optim.lr": 5e-2, "health.kl_drift_ratio": 0.5}),
         ("grad_spike", {"optim.lr": 1e-2, "health.grad_spike": 1.0001}),
         ("length_drift", {"optim.lr": 5e-2, "health.length_ratio": 1.0001}),
-        # bf16 decode vs bf16 full forward: gaps of about 2e-3, above an explicit float32-sized threshold
-        ("logprob_gap", {"model.dtype": "bfloat16", "health.logprob_gap_max": 1e-4}),
+        # bf16 decode vs bf16 full forward on the CPU: gaps of about 2e-3, above an explicit float32-sized threshold
+        # (on an H200 this tiny model's bf16 gap stayed under it, so the case names its device)
+        ("logprob_gap", {"model.dtype": "bfloat16", "model.device": "cpu", "health.logprob_gap_max": 1e-4}),
     ],
 )
 def test_each_check_fires_on_a_tiny_model_run(tiny_model_dir, tmp_path, check, over):
