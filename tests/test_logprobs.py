@@ -433,3 +433,34 @@ def test_segments_only_for_groups_long_enough_to_gain(data):
     assert seen[0].dim() == 4 and plan_of(seen[0]) is None  # the dense block mask
     assert isinstance(plan_of(seen[-1]), SegmentPlan)  # a segment plan on its carrier
     assert (short.path, long.path) == ("dense_mask", "segments")
+
+
+@pytest.mark.parametrize(
+    ("fast", "want"),
+    [
+        (FastConfig(segments_min_tokens=0), "padded"),  # auto: one padded row per completion on CUDA
+        (FastConfig(segments_min_tokens=0, grouped="on"), "segments"),  # asked for: still taken
+        (FastConfig(grouped="on", segments="off"), "dense_mask"),
+        (FastConfig(segments="on"), "segments"),
+    ],
+)
+def test_on_cuda_auto_keeps_padded_rows_unless_grouping_is_asked_for(monkeypatch, data, fast, want):
+    # The layout is chosen from the model's device: seen as CUDA here, while the forwards run on this CPU.
+    prompts, comps = data
+    model = tiny_model(seed=8)
+    assert lp_module.grouping_pays(model)
+    monkeypatch.setattr(lp_module, "grouping_pays", lambda m: False)
+    assert lp_module.choose_path(model, prompts, comps, G, list(range(len(comps))), fast) == want
+    monkeypatch.undo()
+    on_cpu = lp_module.choose_path(model, prompts, comps, G, list(range(len(comps))), fast)
+    assert on_cpu == ("segments" if fast.segments != "off" else "dense_mask")  # the CPU keeps grouping
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_default_update_takes_padded_rows(data):
+    prompts, comps = data
+    model = tiny_model(seed=8).cuda()
+    got = lp_module.completion_logprobs(model, prompts, comps, G, fast=FastConfig(segments_min_tokens=0))
+    ref = lp_module.completion_logprobs(model.cpu(), prompts, comps, G, fast=PATHS["padded"])
+    assert got.path == "padded"
+    torch.testing.assert_close(got.logp.cpu(), ref.logp, rtol=1e-4, atol=1e-4)

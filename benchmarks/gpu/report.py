@@ -126,6 +126,20 @@ def grpo_table(grpo: dict | None) -> list[str]:
             f"{fmt(row['cohort_peak_gib'], 1)} / {fmt(row['trl_peak_gib'], 1)} | "
             f"{fmt(row.get('memory_vs_trl'), suffix='x')} |"
         )
+    variants = [r for r in grpo["runs"] if r.get("variant") and r.get("s_per_step") is not None]
+    if variants:  # cohort runs with config overrides (--variants), against the same precision's TRL run
+        trl = {r["precision"]: r.get("s_per_step") for r in grpo["runs"] if r["framework"] == "trl"}
+        lines += [
+            "",
+            "| cohort variant | precision | s/step (generation) | vs TRL | peak CUDA GiB |",
+            "|---|---|---|---|---|",
+        ]
+        for r in variants:
+            ratio = trl[r["precision"]] / r["s_per_step"] if trl.get(r["precision"]) else None
+            lines.append(
+                f"| {r['variant']} | {r['precision']} | {fmt(r['s_per_step'])} ({fmt(r.get('generate_s'))}) | "
+                f"{fmt(ratio, suffix='x')} | {fmt(r.get('peak_cuda_gib'), 1)} |"
+            )
     for r in grpo["runs"]:
         notes = [
             r[k] if k != "timed_out" else "timed out"
@@ -134,7 +148,7 @@ def grpo_table(grpo: dict | None) -> list[str]:
         ]
         if notes:
             lines.append(
-                f"- {r['framework']} {r['precision']}: {'; '.join(str(n).splitlines()[0][:200] for n in notes)}"
+                f"- {r['framework']} {r['precision']}{' ' + r['variant'] if r.get('variant') else ''}: {'; '.join(str(n).splitlines()[0][:200] for n in notes)}"
             )
     return [*lines, ""]
 

@@ -104,6 +104,15 @@ def completion_logprobs(
     )
 
 
+def grouping_pays(model) -> bool:
+    """Returns whether `auto` lays a group's prompt out once for this model (the grouped layouts): off CUDA only.
+
+    They save FLOPs at the cost of more, smaller kernels of changing shapes: a CPU's trade. On a GPU at the
+    sizes measured the update waits on the host instead (an H200, Qwen2.5-0.5B's shape in bf16: a GRPO step of
+    2.34 s with padded rows against 5.15 s grouped; docs/performance.md)."""
+    return input_device(model).type != "cuda"
+
+
 def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastConfig) -> str:
     """Returns the path ("segments", "dense_mask" or "padded") that computes these rows' log-probs."""
     impl = _impl(model)
@@ -114,6 +123,7 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
     if span is not None:
         longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
         window = span if longest > span else None
+    grouped_pays = grouping_pays(model)
     if fast.grouped != "off":
         wide = (
             window is not None
@@ -123,7 +133,7 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
             fast.segments,
             "segments",
             model,
-            worth=wide,
+            worth=wide and (grouped_pays or fast.grouped == "on"),
             unavailable=lambda: _segments_unavailable(model, impl, window),
         ):
             return "segments"
@@ -138,7 +148,8 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
             )
         return None
 
-    return "dense_mask" if choose(fast.grouped, "grouped", model, unavailable=dense_unavailable) else "padded"
+    dense = choose(fast.grouped, "grouped", model, worth=grouped_pays, unavailable=dense_unavailable)
+    return "dense_mask" if dense else "padded"
 
 
 def compute_logprobs(
@@ -271,7 +282,8 @@ def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     if fast.chunked_head != "off":
         head_unavailable(model)
     impl = _impl(model)
-    if fast.grouped != "off" and fast.segments != "off" and impl == "sdpa":
+    grouped = fast.grouped == "on" or (fast.grouped == "auto" and grouping_pays(model))
+    if grouped and fast.segments != "off" and impl == "sdpa":
         _segments_unavailable(model, impl, None)
         span = full_attention_span(model)
         if span is not None:

@@ -42,11 +42,13 @@ class FastConfig:
 
     grouped: str = "auto"
     """Update: lay each group's prompt out once before its completions (else one padded row per completion).
-    Needs sdpa or eager attention, and sequences within any sliding window unless segment attention runs."""
+    Needs sdpa or eager attention, and sequences within any sliding window unless segment attention runs.
+    `auto` takes it off CUDA only: on an H200 (Qwen2.5-0.5B's shape, 64 rows of ~416 tokens, bf16 weights) the
+    padded rows made a GRPO step 2.2x faster (fewer, larger kernels of steadier shapes; 1.3x the peak memory)."""
     segments: str = "auto"
-    """Update: segment attention over one packed row of exactly the real tokens (needs `grouped`, sdpa
+    """Update: segment attention over one packed row of exactly the real tokens (needs the grouped layout, sdpa
     attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the
-    same segment plan)."""
+    same segment plan). `auto` follows `grouped`: off CUDA only unless grouped=on."""
     segments_min_tokens: int = 256
     """auto: segment attention only when some group (prompt + completions) has this many tokens. Measured:
     on the demo (groups of ~60 tokens) the dense block mask is 2-4 % faster per step; on workload (b)
