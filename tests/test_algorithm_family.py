@@ -186,8 +186,14 @@ def test_a_user_loss_and_estimator_train_through_the_cli(tiny_model_dir, tmp_pat
         ),
         ({"algo.adaptive_entropy": {"delta": 0.0}}, "algo.adaptive_entropy.delta=0.0 must be > 0"),
         ({"algo.sampler_correction": "tis"}, "algo.sampler_correction"),
-        ({"algo.sampler_is_max": 1.0}, "sampler_is_max=1.0 must be > 1"),
-        ({"algo.sampler_is_min": 1.5}, r"sampler_is_min=1.5 must be in \[0, 1\)"),
+        (
+            {"algo.sampler_correction": "token_tis", "algo.sampler_is_max": 1.0},
+            r"algo.sampler_is.max_ratio \(algo.sampler_is_max\)=1.0 must be a number > 1",
+        ),
+        (
+            {"algo.sampler_correction": "token_mis", "algo.sampler_is_min": 1.5},
+            r"algo.sampler_is_min\)=1.5 must be a number in \[0, 1\)",
+        ),
         ({"rollout.sampler_dtype": "int8"}, "rollout.sampler_dtype"),
     ],
 )

@@ -719,7 +719,6 @@ def test_an_import_error_inside_cohort_is_a_traceback_not_a_user_error(monkeypat
             "algo.advantage='rloo' does not read algo.std",
         ),
         ({"algo.adv_eps": 1e-6, "algo.advantage": "rloo"}, "does not read algo.adv_eps"),
-        ({"algo.sampler_is_max": 3.0}, "algo.sampler_correction=none applies no ratio"),
     ],
 )
 def test_an_option_that_changes_nothing_is_named_with_why(tmp_path, over, fragment):

@@ -1,5 +1,6 @@
-"""Typed kinds in the config (cohort.config.kinds): algo.cov (clip_cov | kl_cov) and algo.adaptive_entropy hold
-only their own settings, in every form a config is written in, and the older flat names stay as aliases."""
+"""Typed kinds in the config (cohort.config.kinds): algo.cov (clip_cov | kl_cov), algo.sampler_is (token_tis |
+sequence_tis | token_mis | sequence_mis | auto), algo.adaptive_entropy and algo.dynamic_sampling hold only their
+own settings, in every form a config is written in, and the older flat names stay as aliases."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from cohort.config import (
     INERT_OPTIONS,
     AdaptiveEntropy,
     AlgoConfig,
+    AutoSamplerIS,
     ClipCov,
     ConfigError,
     DynamicSampling,
     KLCov,
+    SequenceMIS,
+    SequenceTIS,
+    TokenMIS,
+    TokenTIS,
     current_keys,
     describe_keys,
     load_config,
@@ -88,7 +94,18 @@ def test_the_adaptive_entropy_section_is_true_a_mapping_or_off():
             "not a setting of algo.cov kind clip_cov .*kl_cov has it",
         ),
         ({"algo.cov.coef": 2.0}, "algo.cov needs its kind"),
-        ({"algo.cov": "kl"}, r"algo.cov.kind='kl' is not one of clip_cov, kl_cov"),
+        ({"algo.cov": "kl"}, r"algo.cov='kl' is not one of clip_cov, kl_cov"),
+        ({"algo.cov": {"kind": "kl"}}, r"algo.cov.kind='kl' is not one of clip_cov, kl_cov"),
+        ({"algo.sampler_correction": "tis"}, r"algo.sampler_correction='tis' is not one of token_tis, "),
+        (
+            {"algo.sampler_is_max": 3.0},
+            r"does nothing with algo.sampler_is=auto: only token_tis, sequence_tis, token_mis and sequence_mis",
+        ),
+        (
+            {"algo.sampler_correction": "token_tis", "algo.sampler_is_min": 0.5},
+            "algo.sampler_is_min=0.5 does nothing with algo.sampler_is=token_tis: only token_mis and sequence_mis",
+        ),
+        ({"algo.sampler_is": {"kind": "token_tis", "min_ratio": 0.5}}, "token_mis and sequence_mis have it"),
         ({"algo.cov": True}, "name its kind"),
         (
             {"algo.cov_ratio": 1e-3},
@@ -195,3 +212,61 @@ def test_trl_adaptive_entropy_fields_become_the_section(tmp_path):
     algo = args.to_train_config("m", 8).algo
     assert algo.adaptive_entropy == AdaptiveEntropy(target=0.4, delta=0.01)
     assert GRPOConfig(output_dir=str(tmp_path)).to_train_config("m", 8).algo.adaptive_entropy is None
+
+
+@pytest.mark.parametrize(
+    ("written", "kind"),
+    [
+        ({}, AutoSamplerIS()),
+        ({"algo.sampler_is": "none"}, None),
+        ({"algo": {"sampler_is": "sequence_tis"}}, SequenceTIS()),
+        ({"algo": {"sampler_is": {"kind": "token_mis", "min_ratio": 0.5}}}, TokenMIS(min_ratio=0.5)),
+        (
+            {"algo.sampler_is.kind": "sequence_mis", "algo.sampler_is.max_ratio": 3.0},
+            SequenceMIS(max_ratio=3.0),
+        ),
+        ({"algo": {"sampler_correction": "token_tis", "sampler_is_max": 1.5}}, TokenTIS(max_ratio=1.5)),
+        (
+            {"algo": {"sampler_correction": "token_mis", "sampler_is_min": 0.2, "sampler_is_max": 4.0}},
+            TokenMIS(max_ratio=4.0, min_ratio=0.2),
+        ),
+        # an older run folder's config: every key, auto already resolved, the bounds at their defaults
+        ({"algo": {"sampler_correction": "none", "sampler_is_max": 2.0, "sampler_is_min": None}}, None),
+    ],
+)
+def test_the_sampler_correction_is_a_kind_with_its_own_bounds(written, kind, tmp_path):
+    cfg = load_config(None, written)
+    assert cfg.algo.sampler_is == kind
+    # the flat names read the kind: its name, and its bounds (their old defaults where it has none)
+    assert cfg.algo.sampler_correction == ("none" if kind is None else kind.KIND)
+    assert cfg.algo.sampler_is_max == getattr(kind, "max_ratio", 2.0)
+    assert cfg.algo.sampler_is_min == getattr(kind, "min_ratio", None)
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml").algo.sampler_is == kind
+
+
+def test_auto_resolves_to_a_kind_when_the_config_is_derived():
+    from cohort.config.derive import derive
+
+    plain = derive(load_config(None, {}), world_size=1)
+    assert plain.algo.sampler_is is None and plain.algo.sampler_correction == "none"
+    stale = derive(load_config(None, {"rollout.max_staleness": 1}), world_size=1)
+    assert stale.algo.sampler_is == TokenTIS() and stale.algo.sampler_correction == "token_tis"
+    anchored = {"rollout.max_staleness": 1, "algo.trust_region_anchor": "sampler"}
+    assert derive(load_config(None, anchored), world_size=1).algo.sampler_is is None
+    chosen = derive(
+        load_config(None, {"algo.sampler_is": {"kind": "token_mis", "min_ratio": 0.1}}), world_size=1
+    )
+    assert chosen.algo.sampler_is == TokenMIS(min_ratio=0.1)  # a chosen kind stays as chosen
+    keys = {rule.key for rule in INERT_OPTIONS}
+    assert "algo.sampler_is_max" not in keys and "algo.sampler_is_min" not in keys
+
+
+def test_an_older_run_with_the_flat_sampler_keys_resumes_as_the_same_run():
+    flat = {"sampler_correction": "token_mis", "sampler_is_max": 3.0, "sampler_is_min": 0.25}
+    saved = to_dict(load_config(None, {}))
+    saved["algo"] = {k: v for k, v in saved["algo"].items() if k != "sampler_is"} | flat
+    cfg = load_config(None, {"algo": flat})
+    assert cfg.algo.sampler_is == TokenMIS(max_ratio=3.0, min_ratio=0.25)
+    assert not config_changes(current_keys(saved), to_dict(cfg))
+    assert AlgoConfig(sampler_correction="sequence_tis", sampler_is_max=1.5).sampler_is == SequenceTIS(1.5)

@@ -335,10 +335,11 @@ def _check_objective(a: Any) -> None:
                 f"algo.reward_mode={a.reward_mode!r} computes GDPO's own advantages; it needs "
                 f"algo.advantage=grpo, not {a.advantage!r}"
             )
-    if kind.folds_sampler_weights and a.sampler_correction.startswith("sequence_"):
+    correction = _sampler_kind(a)
+    if kind.folds_sampler_weights and correction.startswith("sequence_"):
         raise ConfigError(
             f"algo.loss_type={a.loss_type} folds the sampler's per-token ratios into its own sequence weight, so "
-            f"algo.sampler_correction={a.sampler_correction} would weigh each sequence twice: set "
+            f"algo.sampler_is={correction} would weigh each sequence twice: set "
             "algo.sampler_correction to token_tis, token_mis or none"
         )
     if a.dppo_topk and not kind.reads_divergence:
@@ -394,11 +395,22 @@ def _check_token_controls(a: Any) -> None:
                 "algo.cov kind kl_cov penalises |log(pi/pi_old)|, which is 0 (with no gradient) when each batch "
                 "makes one optimizer step; set algo.num_minibatches or algo.num_iterations above 1"
             )
-    _choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
-    if not a.sampler_is_max > 1:
-        raise ConfigError(f"algo.sampler_is_max={a.sampler_is_max} must be > 1 (TIS uses 2)")
-    if a.sampler_is_min is not None and not 0 <= a.sampler_is_min < 1:
-        raise ConfigError(f"algo.sampler_is_min={a.sampler_is_min} must be in [0, 1), or null")
+    _choice("algo.sampler_is", _sampler_kind(a), (*SAMPLER_CORRECTIONS, "auto"))
+    high = getattr(a.sampler_is, "max_ratio", None)
+    if high is not None and (isinstance(high, bool) or not isinstance(high, (int, float)) or not high > 1):
+        raise ConfigError(
+            f"algo.sampler_is.max_ratio (algo.sampler_is_max)={high!r} must be a number > 1 (TIS uses 2)"
+        )
+    low = getattr(a.sampler_is, "min_ratio", None)
+    if low is not None and (isinstance(low, bool) or not isinstance(low, (int, float)) or not 0 <= low < 1):
+        raise ConfigError(
+            f"algo.sampler_is.min_ratio (algo.sampler_is_min)={low!r} must be a number in [0, 1), or null"
+        )
+
+
+def _sampler_kind(a: Any) -> str:
+    """Returns the name of the sampler correction `a` (an AlgoConfig) holds: its algo.sampler_is kind's, or none."""
+    return "none" if a.sampler_is is None else str(a.sampler_is.KIND)
 
 
 def _check_2026_family(a: Any) -> None:
@@ -419,10 +431,10 @@ def _check_2026_family(a: Any) -> None:
             f"algo.off_policy_mask_threshold={t!r} must be a number >= 0 (the mean per-token KL from the sampler "
             "above which a negative sample is dropped; TRL's example is 0.5), or null to turn the mask off"
         )
-    if a.trust_region_anchor == "sampler" and a.sampler_correction not in ("none", "auto"):
+    if a.trust_region_anchor == "sampler" and _sampler_kind(a) not in ("none", "auto"):
         raise ConfigError(
             f"algo.trust_region_anchor=sampler takes the importance ratio against the sampler's log-probs, which "
-            f"already corrects for the sampler: algo.sampler_correction={a.sampler_correction} would correct "
+            f"already corrects for the sampler: algo.sampler_is={_sampler_kind(a)} would correct "
             "twice; set algo.sampler_correction=none (or trust_region_anchor=old)"
         )
     k = a.dppo_topk

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from cohort.config.schema import AutoSamplerIS, TokenTIS
+
 if TYPE_CHECKING:
     from cohort.config.schema import TrainFields
 
@@ -55,7 +57,7 @@ def derive(cfg: TrainFields, *, world_size: int) -> TrainFields:
 
     - rollout.batch_size: each process's share of distributed.global_batch_size, when one is given;
     - fast.*: a switch given as a boolean (a bare YAML on / off, or True / False from Python) as on / off;
-    - algo.sampler_correction=auto: token_tis when rollout.max_staleness > 0 (the batches' sampler is an older
+    - algo.sampler_is=auto: token_tis when rollout.max_staleness > 0 (the batches' sampler is an older
       policy) or rollout.engine=vllm (another implementation's log-probs), else none; always none with
       algo.trust_region_anchor=sampler (the ratio is then taken against the sampler itself).
 
@@ -64,9 +66,9 @@ def derive(cfg: TrainFields, *, world_size: int) -> TrainFields:
     if share is not None:
         cfg.rollout.batch_size = share
     cfg.fast.normalise_switches()
-    if cfg.algo.sampler_correction == "auto":
+    if isinstance(cfg.algo.sampler_is, AutoSamplerIS):
         stale = isinstance(cfg.rollout.max_staleness, int) and cfg.rollout.max_staleness > 0
         other = cfg.rollout.engine == "vllm"  # its kernels and precision differ from the trainer's
         anchored = cfg.algo.trust_region_anchor == "sampler"
-        cfg.algo.sampler_correction = "token_tis" if (stale or other) and not anchored else "none"
+        cfg.algo.sampler_is = TokenTIS() if (stale or other) and not anchored else None
     return cfg

@@ -88,7 +88,7 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         "algo.sampler_correction",
         lambda c, _: (
             None
-            if c.algo.sampler_correction in ("auto", "none")  # what auto gives here (derive resolves it)
+            if c.algo.sampler_is is None  # none, or what auto gave here (derive resolves it)
             or c.rollout.sampler_dtype not in (None, "none", str(c.model.dtype))
             or c.rollout.engine == "vllm"
             or c.rollout.max_staleness != 0
@@ -124,20 +124,6 @@ INERT_OPTIONS: tuple[Inert, ...] = (
             "algo.beta=0 has no KL term to correct; set algo.beta > 0 or drop this key"
             if c.algo.beta == 0
             else None
-        ),
-    ),
-    Inert(
-        "algo.sampler_is_max",
-        lambda c, _: (
-            "algo.sampler_correction=none applies no ratio" if c.algo.sampler_correction == "none" else None
-        ),
-    ),
-    Inert(
-        "algo.sampler_is_min",
-        lambda c, _: (
-            None
-            if c.algo.sampler_correction.endswith("_mis")
-            else "only the masking corrections (token_mis, sequence_mis) have a lower bound"
         ),
     ),
     *(

@@ -100,11 +100,13 @@ def kind_value(current: Any, value: Any, kinds: dict[str, type], key: str) -> tu
             cls = next(iter(kinds.values()))
             return (current if isinstance(current, cls) else cls()), {}
         raise ConfigError(f"{key}=true: name its kind, one of {names} (or none)")
+    named_as = key  # where the kind's name was written: the key itself, or its mapping's `kind`
     if isinstance(value, str):
         name, settings = value.strip(), {}
     elif isinstance(value, dict):
         settings = dict(value)
         name = settings.pop(KIND_KEY, None)
+        named_as = f"{key}.{KIND_KEY}"
         if name is None:
             if len(kinds) == 1:
                 name = next(iter(kinds))
@@ -116,7 +118,7 @@ def kind_value(current: Any, value: Any, kinds: dict[str, type], key: str) -> tu
         raise ConfigError(f"{key}={value!r}: give a kind ({names}), a mapping with its settings, or none")
     chosen = kinds.get(str(name))
     if chosen is None:
-        raise ConfigError(f"{key}.{KIND_KEY}={name!r} is not one of {names} (or none)")
+        raise ConfigError(f"{named_as}={name!r} is not one of {names} (or none)")
     fields = [f.name for f in dataclasses.fields(chosen)]
     for setting in settings:
         if setting not in fields:
@@ -213,9 +215,12 @@ def write_alias(
                 f"{key}={value!r} does nothing while {field} is off: turn it on ({field}=true, or "
                 f"{field}: {{{alias.setting}: ...}}) or drop this key"
             )
+        readers = (
+            " and ".join(holders) if len(holders) < 3 else f"{', '.join(holders[:-1])} and {holders[-1]}"
+        )
         raise ConfigError(
-            f"{key}={value!r} does nothing with {field}={kind_name(held)}: only {' and '.join(holders)} "
-            f"read{'s' if len(holders) == 1 else ''} it; choose it ({field}: {{kind: {holders[0]}, "
+            f"{key}={value!r} does nothing with {field}={kind_name(held)}: only {readers} "
+            f"read{'s' if len(holders) == 1 else ''} it; choose one ({field}: {{kind: {holders[0]}, "
             f"{alias.setting}: ...}}) or drop this key"
         )
     if value is None:  # "the kind's default", as older configs wrote it

@@ -20,6 +20,7 @@ from cohort.fastpath.switches import FastConfig
 __all__ = [
     "AdaptiveEntropy",
     "AlgoConfig",
+    "AutoSamplerIS",
     "ClipCov",
     "DynamicSampling",
     "KLCov",
@@ -35,6 +36,11 @@ __all__ = [
     "ProcessConfig",
     "EpisodeConfig",
     "RolloutConfig",
+    "SamplerIS",
+    "SequenceMIS",
+    "SequenceTIS",
+    "TokenMIS",
+    "TokenTIS",
     "TrainFields",
     "check_lora",
     "optim_aliases",
@@ -188,7 +194,7 @@ class RolloutConfig:
     """Keep only the k most likely tokens (0 disables)."""
     sampler_dtype: str | None = None
     """Sample from a copy of the policy in this dtype (bfloat16, float16, float32), synced before every rollout,
-    as an inference engine would; None samples with the training weights. See algo.sampler_correction."""
+    as an inference engine would; None samples with the training weights. See algo.sampler_is."""
     workers: int | list[str] | None = None
     """Rollout workers (`cohort serve`) that generate instead of this process: a list of "host:port" addresses
     of running workers, or a number of workers this trainer starts on this machine (and stops when it ends;
@@ -266,7 +272,63 @@ class KLCov:
     """The penalty's coefficient (the paper's 1)."""
 
 
+@dataclass
+class AutoSamplerIS:
+    """algo.sampler_is kind auto: token_tis (at TIS's C = 2) where the sampler's log-probs are another model's
+    (rollout.max_staleness > 0, rollout.engine=vllm), else none; resolved when the config is derived."""
+
+    KIND: ClassVar[str] = "auto"
+
+
+@dataclass
+class TokenTIS:
+    """algo.sampler_is kind token_tis: each token weighted by its ratio pi / pi_sampler, truncated at max_ratio."""
+
+    KIND: ClassVar[str] = "token_tis"
+    max_ratio: float = 2.0
+    """Upper bound of the ratio (TIS's C = 2)."""
+
+
+@dataclass
+class SequenceTIS:
+    """algo.sampler_is kind sequence_tis: each sequence weighted by its ratio (the product of its tokens'),
+    truncated at max_ratio."""
+
+    KIND: ClassVar[str] = "sequence_tis"
+    max_ratio: float = 2.0
+    """Upper bound of the ratio (TIS's C = 2)."""
+
+
+@dataclass
+class TokenMIS:
+    """algo.sampler_is kind token_mis: tokens whose ratio leaves [min_ratio, max_ratio] are dropped."""
+
+    KIND: ClassVar[str] = "token_mis"
+    max_ratio: float = 2.0
+    """Upper bound of the ratio."""
+    min_ratio: float | None = None
+    """Lower bound of the ratio (None: none)."""
+
+
+@dataclass
+class SequenceMIS:
+    """algo.sampler_is kind sequence_mis: sequences whose ratio leaves [min_ratio, max_ratio] are dropped."""
+
+    KIND: ClassVar[str] = "sequence_mis"
+    max_ratio: float = 2.0
+    """Upper bound of the ratio."""
+    min_ratio: float | None = None
+    """Lower bound of the ratio (None: none)."""
+
+
+SamplerIS = TokenTIS | SequenceTIS | TokenMIS | SequenceMIS
+"""The sampler importance corrections that run (algo.sampler_is once derived: one of these, or None)."""
+
+
 @kind_aliases(
+    sampler_correction=Alias("sampler_is", KIND_KEY, "auto"),
+    sampler_is_max=Alias("sampler_is", "max_ratio", 2.0),
+    sampler_is_min=Alias("sampler_is", "min_ratio", None),
     cov_method=Alias("cov", KIND_KEY, "none"),
     cov_ratio=Alias("cov", "ratio", None),
     clip_cov_bounds=Alias("cov", "bounds", [1.0, 5.0]),
@@ -317,15 +379,16 @@ class AlgoConfig:
     top-covariance tokens: ratio, coef). Written as the kind's name (its defaults) or a mapping, e.g.
     ``cov: {kind: kl_cov, coef: 2.0}``; the flat names cov_method, cov_ratio, clip_cov_bounds and kl_cov_coef
     are aliases."""
-    sampler_correction: str = "auto"
+    sampler_is: TokenTIS | SequenceTIS | TokenMIS | SequenceMIS | AutoSamplerIS | None = field(
+        default_factory=AutoSamplerIS
+    )
     """Importance correction for a sampler whose log-probs differ from the trainer's (rollout.sampler_dtype,
-    rollout.max_staleness): none, token_tis, sequence_tis (truncate the ratio at sampler_is_max) or token_mis,
-    sequence_mis (drop tokens / sequences whose ratio leaves [sampler_is_min, sampler_is_max]); auto is
-    token_tis with rollout.max_staleness > 0 (batches sampled by older weights), else none."""
-    sampler_is_max: float = 2.0
-    """Upper bound of the sampler importance ratio (TIS's C = 2)."""
-    sampler_is_min: float | None = None
-    """Lower bound of the sampler importance ratio (None: none)."""
+    rollout.max_staleness, rollout.engine=vllm), a kind: none; token_tis or sequence_tis (weigh each token or
+    sequence by its ratio pi / pi_sampler truncated at max_ratio); token_mis or sequence_mis (drop the tokens or
+    sequences whose ratio leaves [min_ratio, max_ratio]); auto (the default): token_tis with
+    rollout.max_staleness > 0 or rollout.engine=vllm, else none. Written as the kind's name or a mapping, e.g.
+    ``sampler_is: {kind: token_mis, min_ratio: 0.5}``; the flat names sampler_correction (the kind's name),
+    sampler_is_max and sampler_is_min are aliases."""
     off_policy_mask_threshold: float | None = None
     """DeepSeek-V3.2's off-policy sequence mask (TRL's field of that name): drop a completion with a negative
     advantage from the policy loss when its mean per-token KL from the sampler, mean_t (log pi_sampler - log

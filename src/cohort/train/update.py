@@ -33,7 +33,8 @@ from cohort.algo import (
 )
 from cohort.algo.controls import SAMPLER_CORRECTIONS, ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
-from cohort.config import AlgoConfig, ClipCov, KLCov
+from cohort.config import AlgoConfig, AutoSamplerIS, ClipCov, KLCov
+from cohort.config.kinds import kind_name
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
 from cohort.fastpath.attention import hold_attention
@@ -285,6 +286,8 @@ class PolicyUpdater:
         self.gather_frozen = gather_frozen
         self.device = input_device(model)
         cov = algo.cov
+        # auto is resolved by the config's derive step; an AlgoConfig built by hand applies none
+        correction = None if isinstance(algo.sampler_is, AutoSamplerIS) else algo.sampler_is
         selection = (
             f"algo.cov={cov.KIND}"
             if cov is not None
@@ -300,10 +303,9 @@ class PolicyUpdater:
             clip_cov_bounds=(float(cov.bounds[0]), float(cov.bounds[1]))
             if isinstance(cov, ClipCov)
             else (1.0, 5.0),
-            # auto is resolved by the config's derive step; an AlgoConfig built by hand applies none
-            sampler_correction="none" if algo.sampler_correction == "auto" else algo.sampler_correction,
-            sampler_is_max=algo.sampler_is_max,
-            sampler_is_min=algo.sampler_is_min,
+            sampler_correction=kind_name(correction),
+            sampler_is_max=correction.max_ratio if correction is not None else 2.0,
+            sampler_is_min=getattr(correction, "min_ratio", None),
             off_policy_mask_threshold=algo.off_policy_mask_threshold,
         )
         # trust_region_anchor=sampler: the ratio, DPPO's masks and kl_tau are taken against the sampler's
