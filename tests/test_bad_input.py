@@ -130,20 +130,33 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
         (
             {"algo.ref_update_every": 5},
-            "algo.ref_update_every=5 changes nothing in this configuration: algo.beta=0 runs no reference",
+            "algo.ref_sync={'every': 5, 'kl': None, 'alpha': 1.0} changes nothing in this configuration: "
+            "algo.beta=0 runs no reference",
         ),
         ({"model.attn_implementation": "bogus"}, "model.attn_implementation='bogus' is not one of sdpa"),
         (
-            {"algo.ref_sync_kl": 0.5},
-            "algo.ref_sync_kl=0.5 changes nothing in this configuration: algo.beta=0 runs no reference",
+            {"algo.ref_sync": {"kl": 0.5}},
+            "algo.ref_sync={'every': 0, 'kl': 0.5, 'alpha': 1.0} changes nothing in this configuration: "
+            "algo.beta=0 runs no reference",
         ),
-        ({"algo.ref_sync_kl": -1.0, "algo.beta": 0.1}, "algo.ref_sync_kl=-1.0 must be > 0"),
-        ({"algo.ref_mixup_alpha": 0.0, "algo.beta": 0.1}, "algo.ref_mixup_alpha=0.0 must be in (0, 1]"),
-        ({"algo.ref_mixup_alpha": 1.5, "algo.beta": 0.1}, "algo.ref_mixup_alpha=1.5 must be in (0, 1]"),
+        (
+            {"algo.ref_sync_kl": -1.0, "algo.beta": 0.1},
+            "algo.ref_sync.kl (algo.ref_sync_kl)=-1.0 must be > 0",
+        ),
+        ({"algo.ref_update_every": -2, "algo.beta": 0.1}, "algo.ref_update_every)=-2 must be an int >= 0"),
+        (
+            {"algo.ref_update_every": 4, "algo.ref_mixup_alpha": 0.0, "algo.beta": 0.1},
+            "algo.ref_sync.alpha (algo.ref_mixup_alpha)=0.0 must be in (0, 1]",
+        ),
+        (
+            {"algo.ref_sync": {"every": 4, "alpha": 1.5}, "algo.beta": 0.1},
+            "algo.ref_mixup_alpha)=1.5 must be in (0, 1]",
+        ),
         (
             {"algo.ref_mixup_alpha": 0.6, "algo.beta": 0.1},
-            "changes nothing in this configuration: the reference never syncs",
+            "algo.ref_mixup_alpha=0.6 does nothing while algo.ref_sync is off: turn it on",
         ),
+        ({"algo.ref_sync": True, "algo.beta": 0.1}, "algo.ref_sync is on but never syncs"),
         (
             {"algo.dynamic_sampling": True, "algo.max_sampling_rounds": 0},
             "algo.dynamic_sampling.max_rounds=0 must be an integer >= 1",

@@ -1,6 +1,6 @@
 """Typed kinds in the config (cohort.config.kinds): algo.cov (clip_cov | kl_cov), algo.sampler_is (token_tis |
-sequence_tis | token_mis | sequence_mis | auto), algo.adaptive_entropy and algo.dynamic_sampling hold only their
-own settings, in every form a config is written in, and the older flat names stay as aliases."""
+sequence_tis | token_mis | sequence_mis | auto), algo.adaptive_entropy, algo.dynamic_sampling and algo.ref_sync
+hold only their own settings, in every form a config is written in, and the older flat names stay as aliases."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from cohort.config import (
     ConfigError,
     DynamicSampling,
     KLCov,
+    RefSync,
     SequenceMIS,
     SequenceTIS,
     TokenMIS,
@@ -270,3 +271,49 @@ def test_an_older_run_with_the_flat_sampler_keys_resumes_as_the_same_run():
     assert cfg.algo.sampler_is == TokenMIS(max_ratio=3.0, min_ratio=0.25)
     assert not config_changes(current_keys(saved), to_dict(cfg))
     assert AlgoConfig(sampler_correction="sequence_tis", sampler_is_max=1.5).sampler_is == SequenceTIS(1.5)
+
+
+@pytest.mark.parametrize(
+    ("written", "sync"),
+    [
+        ({}, None),
+        ({"algo": {"ref_sync": {"every": 64, "alpha": 0.6}}}, RefSync(every=64, alpha=0.6)),
+        ({"algo.ref_sync.kl": 0.5}, RefSync(kl=0.5)),
+        # the flat names: a trigger turns the section on, whatever order they come in
+        ({"algo": {"ref_mixup_alpha": 0.6, "ref_update_every": 8}}, RefSync(every=8, alpha=0.6)),
+        ({"algo": {"ref_mixup_alpha": 0.5, "ref_sync_kl": 0.2}}, RefSync(kl=0.2, alpha=0.5)),
+        (["algo.ref_update_every=4", "algo.ref_sync_kl=0.3"], RefSync(every=4, kl=0.3)),
+        (["algo.ref_update_every=0"], None),  # the default turns nothing on
+        # an older run folder's config, every key at its default
+        ({"algo": {"ref_update_every": 0, "ref_sync_kl": None, "ref_mixup_alpha": 1.0}}, None),
+    ],
+)
+def test_the_reference_sync_is_a_section_its_old_flat_triggers_turn_on(written, sync, tmp_path):
+    cfg = load_config(None, written)
+    assert cfg.algo.ref_sync == sync
+    assert cfg.algo.ref_update_every == (sync.every if sync else 0)
+    assert cfg.algo.ref_sync_kl == (sync.kl if sync else None)
+    assert cfg.algo.ref_mixup_alpha == (sync.alpha if sync else 1.0)
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml").algo.ref_sync == sync
+
+
+def test_the_reference_sync_refuses_what_would_do_nothing():
+    with pytest.raises(
+        ConfigError, match=r"algo.ref_mixup_alpha=0.6 does nothing while algo.ref_sync is off"
+    ):
+        load_config(None, {"algo.ref_mixup_alpha": 0.6})
+    with pytest.raises(ConfigError, match=r"not a setting of algo.ref_sync"):
+        load_config(None, {"algo.ref_sync": {"steps": 3}})
+    assert AlgoConfig(ref_update_every=3, ref_mixup_alpha=0.5).ref_sync == RefSync(every=3, alpha=0.5)
+    keys = {rule.key for rule in INERT_OPTIONS}
+    assert "algo.ref_sync" in keys and not keys & {"algo.ref_update_every", "algo.ref_mixup_alpha"}
+
+
+def test_an_older_run_that_synced_its_reference_resumes_as_the_same_run():
+    flat = {"ref_update_every": 3, "ref_sync_kl": 2e-4, "ref_mixup_alpha": 0.6, "beta": 0.04}
+    saved = to_dict(load_config(None, {}))
+    saved["algo"] = {k: v for k, v in saved["algo"].items() if k != "ref_sync"} | flat
+    cfg = load_config(None, {"algo": flat})
+    assert cfg.algo.ref_sync == RefSync(every=3, kl=2e-4, alpha=0.6)
+    assert not config_changes(current_keys(saved), to_dict(cfg))

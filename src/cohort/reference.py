@@ -1,12 +1,12 @@
 """The reference policy the KL term anchors to, and when and how it follows the policy.
 
-Three ways to move the anchor (all off by default; any combination of the first two):
+Three ways to move the anchor (the section ``algo.ref_sync``, off by default; any combination of the first two):
 
-- **periodic**: every ``algo.ref_update_every`` steps (TRL's ``ref_model_sync_steps``);
-- **KL-triggered**: after a step whose mean per-token KL exceeds ``algo.ref_sync_kl`` (seed 002
-  suggests 0.5: past it the penalty mostly fights the distance already travelled);
-- each sync sets ``ref ← α·policy + (1 - α)·ref`` with α = ``algo.ref_mixup_alpha`` (TRL's
-  ``ref_model_mixup_alpha``); α = 1 is a hard copy.
+- **periodic**: every ``algo.ref_sync.every`` steps (alias ``algo.ref_update_every``; TRL's ``ref_model_sync_steps``);
+- **KL-triggered**: after a step whose mean per-token KL exceeds ``algo.ref_sync.kl`` (alias ``algo.ref_sync_kl``;
+  seed 002 suggests 0.5: past it the penalty mostly fights the distance already travelled);
+- each sync sets ``ref ← α·policy + (1 - α)·ref`` with α = ``algo.ref_sync.alpha`` (alias ``algo.ref_mixup_alpha``;
+  TRL's ``ref_model_mixup_alpha``); α = 1 is a hard copy.
 
 Without LoRA the reference is a frozen copy of the model. With LoRA it starts as the base model with
 the adapter off (no copy at all); the first sync adds a second adapter, ``reference``, that holds the

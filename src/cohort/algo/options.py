@@ -263,19 +263,28 @@ def _check_ranges(a: Any) -> None:
         raise ConfigError(
             f"algo.adv_eps={a.adv_eps} must be > 0 (it keeps the std division finite; 1e-4 is usual)"
         )
-    if a.ref_update_every < 0:
-        raise ConfigError(
-            f"algo.ref_update_every={a.ref_update_every} must be >= 0 (0 never copies the policy)"
-        )
-    if a.ref_sync_kl is not None and not a.ref_sync_kl > 0:
-        raise ConfigError(
-            f"algo.ref_sync_kl={a.ref_sync_kl} must be > 0 (the mean per-token KL above which the reference "
-            "syncs; seed 002 suggests 0.5), or null"
-        )
-    if not 0 < a.ref_mixup_alpha <= 1:
-        raise ConfigError(
-            f"algo.ref_mixup_alpha={a.ref_mixup_alpha} must be in (0, 1] (1 copies the policy; TRL uses 0.6)"
-        )
+    sync = a.ref_sync
+    if sync is not None:
+        every, kl, alpha = sync.every, sync.kl, sync.alpha
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ConfigError(
+                f"algo.ref_sync.every (algo.ref_update_every)={every!r} must be an int >= 0 (0: not on a schedule)"
+            )
+        if kl is not None and (isinstance(kl, bool) or not isinstance(kl, (int, float)) or not kl > 0):
+            raise ConfigError(
+                f"algo.ref_sync.kl (algo.ref_sync_kl)={kl!r} must be > 0 (the mean per-token KL above which the "
+                "reference syncs; seed 002 suggests 0.5), or null"
+            )
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+            raise ConfigError(
+                f"algo.ref_sync.alpha (algo.ref_mixup_alpha)={alpha!r} must be in (0, 1] (1 copies the policy; "
+                "TRL uses 0.6)"
+            )
+        if not every and kl is None:
+            raise ConfigError(
+                "algo.ref_sync is on but never syncs: set algo.ref_sync.every (steps) or algo.ref_sync.kl (a KL "
+                "threshold), or algo.ref_sync=none"
+            )
     ds = a.dynamic_sampling
     if ds is not None and getattr(ds, "KIND", None) != "dynamic":
         raise ConfigError(f"algo.dynamic_sampling={ds!r} must be true, false or a mapping of its settings")

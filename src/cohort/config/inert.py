@@ -9,6 +9,7 @@ schema is read only as a type here (a config's defaults are those of its own cla
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -62,17 +63,7 @@ def _estimator_ignores(name: str) -> Callable[[TrainFields, int], str | None]:
 
 INERT_OPTIONS: tuple[Inert, ...] = (
     Inert("algo.kl_estimator", _no_reference),
-    Inert("algo.ref_update_every", _no_reference, error=True),
-    Inert("algo.ref_sync_kl", _no_reference, error=True),
-    Inert(
-        "algo.ref_mixup_alpha",
-        lambda c, _: (
-            None
-            if c.algo.ref_update_every or c.algo.ref_sync_kl is not None
-            else "the reference never syncs; set algo.ref_update_every or algo.ref_sync_kl too"
-        ),
-        error=True,
-    ),
+    Inert("algo.ref_sync", _no_reference, error=True),
     Inert(
         "algo.scale",
         lambda c, _: (
@@ -185,7 +176,10 @@ def inert_options(cfg: TrainFields, *, world_size: int) -> list[tuple[str, Any, 
             continue
         why = rule.why(cfg, world_size)
         if why is not None:
-            out.append((rule.key, value, why, rule.error))
+            shown = (
+                dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            )  # a section's settings
+            out.append((rule.key, shown, why, rule.error))
     return out
 
 

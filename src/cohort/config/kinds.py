@@ -54,6 +54,14 @@ class Alias:
     default: Any
     """What the flat name held by default: what reading it gives when its kind is not chosen, and the value
     an older config may still carry for it."""
+    turns_on: bool = False
+    """The flat name was itself the switch (``ref_update_every: 64`` synced the reference): writing a value
+    other than its default turns its one-kind section on, where any other setting's name would be refused."""
+
+    def order(self) -> int:
+        """Returns when this alias is written among the ones given together: the kind, then the switches, then
+        the settings that need the kind chosen."""
+        return 0 if self.setting == KIND_KEY else 1 if self.turns_on else 2
 
 
 KIND_ALIASES: dict[type, dict[str, Alias]] = {}
@@ -156,7 +164,7 @@ def kind_aliases(**aliases: Alias) -> Callable[[_C], _C]:
                     for setting, v in settings.items():
                         setattr(instance, setting, v)
                     setattr(self, field, instance)
-            for name in sorted(given, key=lambda n: aliases[n].setting != KIND_KEY):  # the kind first
+            for name in sorted(given, key=lambda n: aliases[n].order()):  # the kind first
                 write_alias(self, name, given[name], name)
 
         type.__setattr__(cls, "__init__", __init__)  # mypy refuses `cls.__init__ = ...` on a class
@@ -206,14 +214,29 @@ def write_alias(
         return
     held = getattr(obj, alias.field)
     holders = [n for n, c in kinds.items() if alias.setting in {f.name for f in dataclasses.fields(c)}]
+    if held is None and alias.turns_on and len(kinds) == 1 and value is not None:
+        section = next(iter(kinds.values()))
+        if coerce is not None:  # "0" from the command line is the default, and turns nothing on
+            value = coerce(value, _hints(section)[alias.setting], key)
+        if value != alias.default:
+            held = section()
+            setattr(obj, alias.field, held)
     if held is None or not hasattr(held, alias.setting):
         if value is None or value == alias.default:
             return  # an older config's default, written whether used or not
         field = obj_prefix(key) + alias.field
         if len(kinds) == 1:
+            # A section whose flat names were its switches is turned on by one of those settings.
+            switches = [
+                a.setting for a in KIND_ALIASES[type(obj)].values() if a.field == alias.field and a.turns_on
+            ]
+            how = (
+                " or ".join(f"{field}: {{{sw}: ..., {alias.setting}: ...}}" for sw in switches)
+                if switches
+                else f"{field}=true, or {field}: {{{alias.setting}: ...}}"
+            )
             raise ConfigError(
-                f"{key}={value!r} does nothing while {field} is off: turn it on ({field}=true, or "
-                f"{field}: {{{alias.setting}: ...}}) or drop this key"
+                f"{key}={value!r} does nothing while {field} is off: turn it on ({how}) or drop this key"
             )
         readers = (
             " and ".join(holders) if len(holders) < 3 else f"{', '.join(holders[:-1])} and {holders[-1]}"

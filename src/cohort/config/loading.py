@@ -167,7 +167,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     flat = KIND_ALIASES.get(type(obj), {})
 
     def order(k: str) -> int:  # a kind before the flat names of its settings, which need the kind chosen
-        return 1 if k not in flat else 0 if flat[k].setting == KIND_KEY else 2
+        return 1 if k not in flat else 0 if flat[k].setting == KIND_KEY else 1 + flat[k].order()
 
     for k in sorted(values, key=order):
         v = values[k]
@@ -441,7 +441,7 @@ def current_keys(d: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
                     _apply(obj, {name: out[name]})
                 except ConfigError:
                     continue
-        for k in sorted(given, key=lambda k: flat[k].setting != KIND_KEY):
+        for k in sorted(given, key=lambda k: flat[k].order()):
             try:
                 write_alias(obj, k, given[k], k, coerce=_coerce)
             except ConfigError:

@@ -34,6 +34,7 @@ __all__ = [
     "OPTIM_ALIASES",
     "OptimConfig",
     "ProcessConfig",
+    "RefSync",
     "EpisodeConfig",
     "RolloutConfig",
     "SamplerIS",
@@ -321,6 +322,21 @@ class SequenceMIS:
     """Lower bound of the ratio (None: none)."""
 
 
+@dataclass
+class RefSync:
+    """Syncing the reference to the policy during the run (algo.ref_sync; cohort.reference): on a schedule, on
+    KL drift, or both."""
+
+    KIND: ClassVar[str] = "ref_sync"
+    every: int = 0
+    """Sync every this many steps (TRL's ref_model_sync_steps; 0: not on a schedule)."""
+    kl: float | None = None
+    """Sync after a step whose mean per-token KL exceeds this (seed 002 suggests 0.5; None: not on drift)."""
+    alpha: float = 1.0
+    """Each sync sets ref = alpha * policy + (1 - alpha) * ref (TRL's ref_model_mixup_alpha; 1 copies). Under
+    LoRA the adapter parameters are mixed."""
+
+
 SamplerIS = TokenTIS | SequenceTIS | TokenMIS | SequenceMIS
 """The sampler importance corrections that run (algo.sampler_is once derived: one of these, or None)."""
 
@@ -329,6 +345,9 @@ SamplerIS = TokenTIS | SequenceTIS | TokenMIS | SequenceMIS
     sampler_correction=Alias("sampler_is", KIND_KEY, "auto"),
     sampler_is_max=Alias("sampler_is", "max_ratio", 2.0),
     sampler_is_min=Alias("sampler_is", "min_ratio", None),
+    ref_update_every=Alias("ref_sync", "every", 0, turns_on=True),
+    ref_sync_kl=Alias("ref_sync", "kl", None, turns_on=True),
+    ref_mixup_alpha=Alias("ref_sync", "alpha", 1.0),
     cov_method=Alias("cov", KIND_KEY, "none"),
     cov_ratio=Alias("cov", "ratio", None),
     clip_cov_bounds=Alias("cov", "bounds", [1.0, 5.0]),
@@ -443,13 +462,11 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     """Per-token KL estimator of the beta term: k3 (DeepSeekMath's, unbiased, low variance), k2 (its gradient
     is that of the reverse KL it estimates) or k1 (log-ratio; regularises only through the reward)."""
-    ref_update_every: int = 0
-    """Sync the reference to the policy every this many steps (0 never); see cohort.reference."""
-    ref_sync_kl: float | None = None
-    """Sync the reference after a step whose mean per-token KL exceeds this (None never; seed 002 suggests 0.5)."""
-    ref_mixup_alpha: float = 1.0
-    """Each sync sets ref = alpha * policy + (1 - alpha) * ref (TRL's ref_model_mixup_alpha; 1 copies). Under
-    LoRA the adapter parameters are mixed."""
+    ref_sync: RefSync | None = None
+    """Sync the reference to the policy during the run (needs beta > 0; cohort.reference), a section: none (the
+    reference stays the initial policy) or its settings every (steps), kl (a mean per-token KL that triggers a
+    sync) and alpha (how far each sync moves it), e.g. ``ref_sync: {every: 64, alpha: 0.6}``. The flat names
+    ref_update_every and ref_sync_kl (each turns the section on) and ref_mixup_alpha are aliases."""
 
 
 @dataclass

@@ -234,10 +234,10 @@ def _check_distributed(cfg: TrainFields, world: int, cuda_available: bool) -> No
                 f"rollout.sampler_dtype cannot run under distributed.strategy={strategy}: the sampling copy "
                 "would hold the whole model on every process; leave it unset, or train on one process"
             )
-        if cfg.model.lora.enabled and (cfg.algo.ref_update_every or cfg.algo.ref_sync_kl is not None):
+        if cfg.model.lora.enabled and cfg.algo.ref_sync is not None:
             raise ConfigError(
                 "a LoRA reference that follows the policy adds a second adapter during the run, which a model "
-                "already wrapped by FSDP cannot take; set algo.ref_update_every=0 and algo.ref_sync_kl=null "
+                "already wrapped by FSDP cannot take; set algo.ref_sync=none "
                 "under torchrun, or train the full model"
             )
         if cfg.iterative.every:

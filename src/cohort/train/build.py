@@ -237,8 +237,14 @@ def build_reference(
 
     With LoRA (a new adapter or one loaded to continue) the reference is the base with the adapter off."""
     a = cfg.algo
+    sync = a.ref_sync
     reference = (
-        Reference(model, every=a.ref_update_every, kl_threshold=a.ref_sync_kl, alpha=a.ref_mixup_alpha)
+        Reference(
+            model,
+            every=sync.every if sync else 0,
+            kl_threshold=sync.kl if sync else None,
+            alpha=sync.alpha if sync else 1.0,
+        )
         if a.beta > 0
         else None
     )
