@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `benchmarks` as a package
 
-from benchmarks.gpu.models import save_model  # noqa: E402
+from benchmarks.gpu.models import SHAPES, save_model  # noqa: E402
 from benchmarks.vs_trl.worker import reward_function, trl_runtime  # noqa: E402
 
 PRECISIONS = ("bf16", "fp32-autocast")
@@ -46,7 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run: with --tiny)")
     p.add_argument("--tiny", action="store_true", help="tiny shape, short prompts and completions, 1 step")
-    p.add_argument("--shape", default="0.5b")
+    p.add_argument(
+        "--shape",
+        "--shapes",
+        dest="shape",
+        default="0.5b",
+        help="comma list of shapes (benchmarks/gpu/models.py), each optionally with its own precisions after a "
+        "colon, '+'-separated (e.g. '0.5b,14L1024:bf16'); the variants run on the first",
+    )
     p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma list of bf16, fp32-autocast")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma list of cohort, trl")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -426,7 +433,7 @@ def main(argv=None) -> None:
     if cuda and not torch.cuda.is_available():
         raise SystemExit("grpo_vs_trl.py needs a CUDA GPU here (or --device cpu --tiny for a dry run)")
     t0 = time.perf_counter()
-    model = save_model(work / f"model-{args.shape}", args.shape, args.device, args.seed)
+    shapes = parse_shapes(args.shape, args.precisions)
     lo, hi = (int(x) for x in args.prompt_chars.split(","))
     rows = gsm8k_like_rows(64, seed=args.seed, min_chars=lo, max_chars=hi)
     rows_path = work / "rows.jsonl"
@@ -445,12 +452,9 @@ def main(argv=None) -> None:
             "loss": args.loss,
             "warmup": args.warmup,
             "steps": args.steps,
-            "model_build_s": round(time.perf_counter() - t0, 1),
         },
         "runs": [],
     }
-    if cuda:
-        torch.cuda.empty_cache()  # the model was built on the GPU: leave its memory to the workers
 
     def save() -> None:
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -458,14 +462,22 @@ def main(argv=None) -> None:
     save()
     print(json.dumps(result["header"]), flush=True)
     variants = [v.strip() for v in args.variants.split(";") if v.strip()]
-    precisions = [p for p in args.precisions.split(",") if p]
     variant_precisions = [p for p in (args.variant_precisions or args.precisions).split(",") if p]
-    # The comparison first (every framework in every precision), then the variants: a run cut by the time
-    # budget loses the variants first.
-    order = [(p, f, "") for p in precisions for f in args.frameworks.split(",") if f]
-    order += [(p, "cohort", v) for p in variant_precisions for v in variants]
-    for precision, framework, variant in order:
-        label = f"{framework}-{precision}" + (f"-v{variants.index(variant)}" if variant else "")
+    # The comparison first (every framework in every precision of each shape), then the variants on the first
+    # shape: a run cut by the time budget loses the variants first.
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    order = [(shape, p, f, "") for shape, precisions in shapes for p in precisions for f in frameworks]
+    order += [(shapes[0][0], p, "cohort", v) for p in variant_precisions for v in variants]
+    models: dict[str, Path] = {}
+    for shape, precision, framework, variant in order:
+        if shape not in models:
+            t0 = time.perf_counter()
+            models[shape] = save_model(work / f"model-{shape}", shape, args.device, args.seed)
+            result["header"].setdefault("model_build_s", {})[shape] = round(time.perf_counter() - t0, 1)
+            if cuda:
+                torch.cuda.empty_cache()  # the model was built on the GPU: leave its memory to the workers
+        model = models[shape]
+        label = f"{framework}-{shape}-{precision}" + (f"-v{variants.index(variant)}" if variant else "")
         spec = {
             "framework": framework,
             "precision": precision,
@@ -492,6 +504,7 @@ def main(argv=None) -> None:
             result["runs"].append(
                 {
                     "framework": framework,
+                    "shape": shape,
                     "precision": precision,
                     "variant": variant,
                     "skipped": "time budget spent",
@@ -517,6 +530,7 @@ def main(argv=None) -> None:
             rec["timed_out"] = True
         summary = summarise_worker(rec, args.warmup)
         summary["variant"] = variant
+        summary["shape"] = shape
         summary["wall_s"] = round(time.perf_counter() - t0, 1)
         result["runs"].append(summary)
         result["comparison"] = compare(result["runs"])
@@ -529,14 +543,35 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
 
 
+def parse_shapes(text: str, precisions: str) -> list[tuple[str, list[str]]]:
+    """Returns [(shape, its precisions)] from --shapes ('0.5b,14L1024:bf16'; a shape without a colon takes
+    --precisions)."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        shape, _, own = item.partition(":")
+        wanted = own.split("+") if own else precisions.split(",")
+        unknown = [p for p in wanted if p not in PRECISIONS]
+        if shape not in SHAPES or unknown:
+            raise SystemExit(
+                f"--shapes {item!r}: shapes are {', '.join(SHAPES)}; precisions {', '.join(PRECISIONS)}"
+            )
+        out.append((shape, [p for p in wanted if p]))
+    return out
+
+
 def compare(runs: list[dict]) -> list[dict]:
-    """Returns per precision: cohort's throughput relative to TRL's (TRL s/step / cohort s/step) and its
-    peak memory relative to TRL's."""
+    """Returns per shape and precision: cohort's throughput relative to TRL's (TRL s/step / cohort s/step) and
+    its peak memory relative to TRL's."""
     rows = []
-    for precision in dict.fromkeys(r["precision"] for r in runs):
-        by = {r["framework"]: r for r in runs if r["precision"] == precision and not r.get("variant")}
+    for shape, precision in dict.fromkeys((r.get("shape"), r["precision"]) for r in runs):
+        by = {
+            r["framework"]: r
+            for r in runs
+            if r.get("shape") == shape and r["precision"] == precision and not r.get("variant")
+        }
         c, t = by.get("cohort", {}), by.get("trl", {})
         row = {
+            "shape": shape,
             "precision": precision,
             "cohort_s_per_step": c.get("s_per_step"),
             "cohort_generate_s": c.get("generate_s"),

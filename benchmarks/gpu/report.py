@@ -114,13 +114,14 @@ def grpo_table(grpo: dict | None) -> list[str]:
     if not grpo or "runs" not in grpo:
         return [*lines, f"not measured: {grpo.get('error') if grpo else 'grpo.json is missing'}", ""]
     lines += [
-        "| precision | cohort s/step (generation) | TRL s/step (generation) | cohort throughput vs TRL | "
+        "| shape | precision | cohort s/step (generation) | TRL s/step (generation) | cohort throughput vs TRL | "
         "peak CUDA GiB cohort / TRL | memory vs TRL |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in grpo.get("comparison", []):
         lines.append(
-            f"| {row['precision']} | {fmt(row['cohort_s_per_step'])} ({fmt(row['cohort_generate_s'])}) | "
+            f"| {row.get('shape', head.get('shape', '?'))} | {row['precision']} | "
+            f"{fmt(row['cohort_s_per_step'])} ({fmt(row['cohort_generate_s'])}) | "
             f"{fmt(row['trl_s_per_step'])} ({fmt(row['trl_generate_s'])}) | "
             f"{fmt(row.get('throughput_vs_trl'), suffix='x')} | "
             f"{fmt(row['cohort_peak_gib'], 1)} / {fmt(row['trl_peak_gib'], 1)} | "
@@ -128,14 +129,19 @@ def grpo_table(grpo: dict | None) -> list[str]:
         )
     variants = [r for r in grpo["runs"] if r.get("variant") and r.get("s_per_step") is not None]
     if variants:  # cohort runs with config overrides (--variants), against the same precision's TRL run
-        trl = {r["precision"]: r.get("s_per_step") for r in grpo["runs"] if r["framework"] == "trl"}
+        trl = {
+            (r.get("shape"), r["precision"]): r.get("s_per_step")
+            for r in grpo["runs"]
+            if r["framework"] == "trl"
+        }
         lines += [
             "",
             "| cohort variant | precision | s/step (generation) | vs TRL | peak CUDA GiB |",
             "|---|---|---|---|---|",
         ]
         for r in variants:
-            ratio = trl[r["precision"]] / r["s_per_step"] if trl.get(r["precision"]) else None
+            base = trl.get((r.get("shape"), r["precision"]))
+            ratio = base / r["s_per_step"] if base else None
             lines.append(
                 f"| {r['variant']} | {r['precision']} | {fmt(r['s_per_step'])} ({fmt(r.get('generate_s'))}) | "
                 f"{fmt(ratio, suffix='x')} | {fmt(r.get('peak_cuda_gib'), 1)} |"
