@@ -439,21 +439,38 @@ def test_segments_only_for_groups_long_enough_to_gain(data):
     ("fast", "want"),
     [
         (FastConfig(segments_min_tokens=0), "padded"),  # auto: one padded row per completion on CUDA
+        (
+            FastConfig(segments_min_tokens=0, grouped_min_saving_cuda=0.2),
+            "segments",
+        ),  # these rows save enough
         (FastConfig(segments_min_tokens=0, grouped="on"), "segments"),  # asked for: still taken
         (FastConfig(grouped="on", segments="off"), "dense_mask"),
         (FastConfig(segments="on"), "segments"),
     ],
 )
-def test_on_cuda_auto_keeps_padded_rows_unless_grouping_is_asked_for(monkeypatch, data, fast, want):
+def test_on_cuda_auto_keeps_padded_rows_unless_grouping_saves_enough(monkeypatch, data, fast, want):
     # The layout is chosen from the model's device: seen as CUDA here, while the forwards run on this CPU.
     prompts, comps = data
+    rows = list(range(len(comps)))
     model = tiny_model(seed=8)
-    assert lp_module.grouping_pays(model)
-    monkeypatch.setattr(lp_module, "grouping_pays", lambda m: False)
-    assert lp_module.choose_path(model, prompts, comps, G, list(range(len(comps))), fast) == want
+    assert lp_module.grouping_pays(model, prompts, comps, G, rows, fast)  # always on a CPU
+    padded = sum(len(prompts[r // G]) + len(comps[r]) for r in rows)
+    grouped = sum(len(p) for p in prompts) + sum(len(c) for c in comps)
+    assert 0.2 < 1 - grouped / padded < 0.5  # the saving these rows offer, between the two thresholds
+    monkeypatch.setattr(lp_module, "input_device", lambda m: torch.device("cuda", 0))
+    pays = lp_module.grouping_pays(model, prompts, comps, G, rows, fast)
     monkeypatch.undo()
-    on_cpu = lp_module.choose_path(model, prompts, comps, G, list(range(len(comps))), fast)
+    monkeypatch.setattr(lp_module, "grouping_pays", lambda *a: pays)
+    assert lp_module.choose_path(model, prompts, comps, G, rows, fast) == want
+    monkeypatch.undo()
+    on_cpu = lp_module.choose_path(model, prompts, comps, G, rows, fast)
     assert on_cpu == ("segments" if fast.segments != "off" else "dense_mask")  # the CPU keeps grouping
+
+
+def test_the_grouping_threshold_is_checked():
+    for bad in (-0.1, 1.5, True, "half"):
+        with pytest.raises(ValueError, match="fast.grouped_min_saving_cuda=.* must be a share in"):
+            FastConfig(grouped_min_saving_cuda=bad).validate()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -104,13 +104,20 @@ def completion_logprobs(
     )
 
 
-def grouping_pays(model) -> bool:
-    """Returns whether `auto` lays a group's prompt out once for this model (the grouped layouts): off CUDA only.
+def grouping_pays(model, prompt_ids, completion_ids, group_size, sel, fast: FastConfig) -> bool:
+    """Returns whether `auto` lays each group's prompt out once for these rows (the grouped layouts): always off
+    CUDA; on CUDA when that saves at least `fast.grouped_min_saving_cuda` of the tokens.
 
     They save FLOPs at the cost of more, smaller kernels of changing shapes: a CPU's trade. On a GPU at the
-    sizes measured the update waits on the host instead (an H200, Qwen2.5-0.5B's shape in bf16: a GRPO step of
-    2.34 s with padded rows against 5.15 s grouped; docs/performance.md)."""
-    return input_device(model).type != "cuda"
+    sizes measured the update waits on the host instead (an H200, Qwen2.5-0.5B's shape in bf16, grouping saving
+    a third of the tokens: a GRPO step of 2.34 s with padded rows against 5.15 s grouped; docs/performance.md)."""
+    if input_device(model).type != "cuda":
+        return True
+    padded = sum(len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel)
+    grouped = sum(len(prompt_ids[g]) for g in {r // group_size for r in sel}) + sum(
+        len(completion_ids[r]) for r in sel
+    )
+    return padded > 0 and 1 - grouped / padded >= fast.grouped_min_saving_cuda
 
 
 def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastConfig) -> str:
@@ -123,7 +130,7 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
     if span is not None:
         longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
         window = span if longest > span else None
-    grouped_pays = grouping_pays(model)
+    grouped_pays = grouping_pays(model, prompt_ids, completion_ids, group_size, sel, fast)
     if fast.grouped != "off":
         wide = (
             window is not None
@@ -282,7 +289,9 @@ def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     if fast.chunked_head != "off":
         head_unavailable(model)
     impl = _impl(model)
-    grouped = fast.grouped == "on" or (fast.grouped == "auto" and grouping_pays(model))
+    # Wherever a batch may take the grouped layout (on CUDA under auto, one that saves enough tokens).
+    may_group = input_device(model).type != "cuda" or fast.grouped_min_saving_cuda < 1
+    grouped = fast.grouped == "on" or (fast.grouped == "auto" and may_group)
     if grouped and fast.segments != "off" and impl == "sdpa":
         _segments_unavailable(model, impl, None)
         span = full_attention_span(model)

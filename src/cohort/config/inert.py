@@ -176,9 +176,8 @@ def inert_options(cfg: TrainFields, *, world_size: int) -> list[tuple[str, Any, 
             continue
         why = rule.why(cfg, world_size)
         if why is not None:
-            shown = (
-                dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-            )  # a section's settings
+            section = dataclasses.is_dataclass(value) and not isinstance(value, type)
+            shown = dataclasses.asdict(value) if section else value  # a section by its settings
             out.append((rule.key, shown, why, rule.error))
     return out
 

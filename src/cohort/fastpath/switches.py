@@ -43,12 +43,17 @@ class FastConfig:
     grouped: str = "auto"
     """Update: lay each group's prompt out once before its completions (else one padded row per completion).
     Needs sdpa or eager attention, and sequences within any sliding window unless segment attention runs.
-    `auto` takes it off CUDA only: on an H200 (Qwen2.5-0.5B's shape, 64 rows of ~416 tokens, bf16 weights) the
-    padded rows made a GRPO step 2.2x faster (fewer, larger kernels of steadier shapes; 1.3x the peak memory)."""
+    `auto` takes it on a CPU, and on CUDA only where it saves `grouped_min_saving_cuda` of the tokens: on an H200
+    (Qwen2.5-0.5B's shape, 64 rows of ~416 tokens, bf16 weights) padded rows made a GRPO step 2.2x faster where
+    grouping saved a third of them (fewer, larger kernels of steadier shapes; 1.3x the peak memory)."""
+    grouped_min_saving_cuda: float = 0.5
+    """auto on CUDA: the grouped layouts only when they save at least this share of the update's tokens (the
+    prompt's G - 1 repeats). The one GPU measurement saved 0.34 and was slower grouped; 0.5 (long prompts, large
+    G) is a guess that has not been measured. 1 never groups on CUDA, 0 always does."""
     segments: str = "auto"
     """Update: segment attention over one packed row of exactly the real tokens (needs the grouped layout, sdpa
     attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the
-    same segment plan). `auto` follows `grouped`: off CUDA only unless grouped=on."""
+    same segment plan). `auto` takes it only where the grouped layout is taken (see `grouped`)."""
     segments_min_tokens: int = 256
     """auto: segment attention only when some group (prompt + completions) has this many tokens. Measured:
     on the demo (groups of ~60 tokens) the dense block mask is 2-4 % faster per step; on workload (b)
@@ -153,6 +158,11 @@ class FastConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 unit = " (steps)" if name == "graph_decode_check_every" else " (MiB)"
                 raise ValueError(f"{prefix}{name}={value!r} must be an integer >= 1{unit}")
+        saving = self.grouped_min_saving_cuda
+        if isinstance(saving, bool) or not isinstance(saving, (int, float)) or not 0 <= saving <= 1:
+            raise ValueError(
+                f"{prefix}grouped_min_saving_cuda={saving!r} must be a share in [0, 1] (1: never group on CUDA)"
+            )
         if not self.attention_slowdown >= 0:
             raise ValueError(
                 f"{prefix}attention_slowdown={self.attention_slowdown!r} must be >= 0 (0: never split a group)"
