@@ -40,7 +40,6 @@ from cohort.config.loading import (
 )
 from cohort.config.loading import _valid_keys as _valid_keys  # read by cohort.compat.drop_in
 from cohort.config.schema import (
-    OPTIM_ALIASES,
     AdaptiveEntropy,
     AlgoConfig,
     AutoSamplerIS,
@@ -76,7 +75,6 @@ __all__ = [
     "ATTENTION_KINDS",
     "INERT_OPTIONS",
     "MOVED_KEYS",
-    "OPTIM_ALIASES",
     "SAMPLER_DTYPES",
     "AdaptiveEntropy",
     "AlgoConfig",

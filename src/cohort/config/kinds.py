@@ -47,7 +47,8 @@ _C = TypeVar("_C", bound=type)
 
 @dataclasses.dataclass(frozen=True)
 class Alias:
-    """An older flat name of one setting of a kind field (`setting` "kind": the field's kind itself)."""
+    """An older flat name of one setting of a kind field (`setting` "kind": the field's kind itself), or of a
+    section that is always there (its `default` then unused)."""
 
     field: str
     setting: str
@@ -144,8 +145,9 @@ _ON = ("true", "on", "yes", "1")
 
 
 def kind_aliases(**aliases: Alias) -> Callable[[_C], _C]:
-    """Returns a class decorator for a config dataclass with kind fields: each alias (an older flat name)
-    becomes a constructor keyword and a property that read and write that setting of the field's kind."""
+    """Returns a class decorator for a config dataclass with kind fields or sections: each alias (an older flat
+    name) becomes a constructor keyword and a property that read and write that setting of the field's kind, or
+    of a section that is always there (``iterative.rm_lr`` of ``iterative.optim.lr``)."""
 
     def decorate(cls: _C) -> _C:
         init: Callable[..., None] = vars(cls)["__init__"]  # the dataclass's own
@@ -156,9 +158,13 @@ def kind_aliases(**aliases: Alias) -> Callable[[_C], _C]:
             init(self, *args, **kwargs)
             hints = _hints(type(self))
             for field in {a.field for a in aliases.values()}:
-                # A kind given as YAML writes it (True, a name, a mapping): the kind's instance.
-                kinds = kinds_of(hints[field]) or {}
+                kinds = kinds_of(hints[field])
                 value = getattr(self, field)
+                if kinds is None:  # a plain section: written through a copy, as one passed in may be shared
+                    if any(aliases[n].field == field for n in given):
+                        setattr(self, field, copy.copy(value))
+                    continue
+                # A kind given as YAML writes it (True, a name, a mapping): the kind's instance.
                 if value is not None and not isinstance(value, tuple(kinds.values())):
                     instance, settings = kind_value(None, value, kinds, field)
                     for setting, v in settings.items():

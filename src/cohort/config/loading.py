@@ -37,7 +37,6 @@ from cohort.compat.fields import TRL_FIELDS
 from cohort.config.checked import TrainConfig
 from cohort.config.kinds import KIND_ALIASES, KIND_KEY, kind_name, kind_value, kinds_of, write_alias
 from cohort.config.presets import apply_preset
-from cohort.config.schema import OPTIM_ALIASES
 from cohort.errors import ConfigError
 
 __all__ = [
@@ -163,7 +162,6 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     """Sets the fields of a config tree from nested `values`, converted to their types (ConfigError naming the key)."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
-    aliases = OPTIM_ALIASES.get(type(obj), {})
     flat = KIND_ALIASES.get(type(obj), {})
 
     def order(k: str) -> int:  # a kind before the flat names of its settings, which need the kind chosen
@@ -172,7 +170,7 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     for k in sorted(values, key=order):
         v = values[k]
         key = prefix + k
-        if k in flat:  # an older flat name of a kind field's setting (cohort.config.kinds)
+        if k in flat:  # an older flat name of a kind's or a section's setting (cohort.config.kinds)
             write_alias(obj, k, v, key, coerce=_coerce)
             continue
         if k in names and (kinds := kinds_of(hints[k])) is not None:
@@ -180,10 +178,6 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
             if settings:
                 _apply(instance, settings, key + ".")
             setattr(obj, k, instance)
-            continue
-        if k in aliases:  # an older flat name of one of the section's optimizer settings
-            optim = obj.optim
-            setattr(optim, aliases[k], _coerce(v, typing.get_type_hints(type(optim))[aliases[k]], key))
             continue
         if k not in names:
             if key in MOVED_KEYS:
@@ -421,15 +415,14 @@ def current_keys(d: dict[str, Any], cls: type = TrainConfig) -> dict[str, Any]:
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(out.get(f.name), dict):
             out[f.name] = current_keys(out[f.name], tp)
-    aliases = OPTIM_ALIASES.get(cls, {})
-    moved = {aliases[k]: out.pop(k) for k in list(out) if k in aliases}
-    if moved:
-        section = out.get("optim")
-        base = section if isinstance(section, dict) else dataclasses.asdict(cls().optim)
-        out["optim"] = {**base, **moved}
     kind_fields = [f.name for f in dataclasses.fields(cls) if kinds_of(hints[f.name]) is not None]
     flat = KIND_ALIASES.get(cls, {})
     given = {k: out.pop(k) for k in list(out) if k in flat}
+    for k in [k for k in given if flat[k].field not in kind_fields]:  # a setting of a section always there
+        field, value = flat[k].field, given.pop(k)
+        section = out.get(field)
+        base = section if isinstance(section, dict) else dataclasses.asdict(getattr(cls(), field))
+        out[field] = {**base, flat[k].setting: value}
     named = [n for n in kind_fields if n in out or any(flat[k].field == n for k in given)]
     if named:
         # The kinds as this cohort writes them: an older cohort wrote adaptive_entropy: false and flat names

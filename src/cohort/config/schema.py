@@ -7,8 +7,6 @@ names a field may take are listed in :mod:`cohort.choices` and in the implementi
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -31,7 +29,6 @@ __all__ = [
     "IterativeConfig",
     "LoraConfig",
     "ModelConfig",
-    "OPTIM_ALIASES",
     "OptimConfig",
     "ProcessConfig",
     "RefSync",
@@ -49,46 +46,14 @@ __all__ = [
 
 _C = TypeVar("_C", bound=type)
 
-OPTIM_ALIASES: dict[type, dict[str, str]] = {}
-"""{config class: {alias: field of its `optim` section}}: the older flat names of optimizer settings that a
-section holding an OptimConfig still accepts (filled by :func:`optim_aliases`; the loader reads it)."""
-
 
 def optim_aliases(*names: str, **renamed: str) -> Callable[[_C], _C]:
     """Returns a class decorator for a dataclass with an `optim: OptimConfig` field: each alias (an older flat
     name: one of `names`, e.g. "lr", for the field of that name, or a key of `renamed`, e.g. rm_lr="lr")
-    becomes a constructor keyword and an attribute, both of which read and write that field of `optim`."""
+    becomes a constructor keyword and an attribute, both of which read and write that field of `optim`
+    (cohort.config.kinds.Alias, as every flat alias)."""
     aliases = {**{name: name for name in names}, **renamed}
-
-    def decorate(cls: _C) -> _C:
-        init: Callable[..., None] = vars(cls)["__init__"]  # the dataclass's own
-
-        @functools.wraps(init)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            given = {aliases[k]: kwargs.pop(k) for k in list(kwargs) if k in aliases}
-            init(self, *args, **kwargs)
-            if given:  # a copy: an `optim` passed in may be shared with another config
-                self.optim = dataclasses.replace(self.optim, **given)
-
-        type.__setattr__(cls, "__init__", __init__)  # mypy refuses `cls.__init__ = ...` on a class
-        for alias, name in aliases.items():
-            setattr(cls, alias, _optim_property(name))
-        OPTIM_ALIASES[cls] = dict(aliases)
-        return cls
-
-    return decorate
-
-
-def _optim_property(name: str) -> property:
-    """Returns a property reading and writing `optim.<name>` (an alias of that optimizer setting)."""
-
-    def get(self: Any) -> Any:
-        return getattr(self.optim, name)
-
-    def put(self: Any, value: Any) -> None:
-        setattr(self.optim, name, value)
-
-    return property(get, put, doc=f"Alias of optim.{name}.")
+    return kind_aliases(**{alias: Alias("optim", name, None) for alias, name in aliases.items()})
 
 
 @dataclass
