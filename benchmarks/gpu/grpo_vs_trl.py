@@ -175,8 +175,6 @@ def split_step(trainer, cuda: bool) -> dict:
     forwards, backwards and optimizer steps, the rest), each timed between two device synchronisations."""
     import torch
 
-    from cohort.train.update import PolicyUpdater
-
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     spent: dict[str, float] = {}
 
@@ -206,7 +204,6 @@ def split_step(trainer, cuda: bool) -> dict:
     for obj, name, fn in saved:
         setattr(obj, name, timed(f"{type(obj).__name__}.{name}", fn))
     torch.Tensor.backward = timed("backward", backward)  # type: ignore[method-assign]
-    assert isinstance(up, PolicyUpdater)
     try:
         sync()
         t0 = time.perf_counter()

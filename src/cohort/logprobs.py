@@ -130,7 +130,9 @@ def choose_path(model, prompt_ids, completion_ids, group_size, sel, fast: FastCo
     if span is not None:
         longest = max((len(prompt_ids[r // group_size]) + len(completion_ids[r]) for r in sel), default=0)
         window = span if longest > span else None
-    grouped_pays = grouping_pays(model, prompt_ids, completion_ids, group_size, sel, fast)
+    grouped_pays = fast.grouped != "off" and grouping_pays(
+        model, prompt_ids, completion_ids, group_size, sel, fast
+    )
     if fast.grouped != "off":
         wide = (
             window is not None

@@ -13,7 +13,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from cohort.choices import is_function_spec
 from cohort.errors import ConfigError, ConfigWarning
@@ -165,7 +165,7 @@ def check_loss_parameters(loss_type: str, kwargs: Mapping[str, object]) -> dict[
         rule = spec[key].rule
         if value is None and spec[key].default is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        if not _is_number(value) or value != value:
             raise ConfigError(f"{loss_type} parameter {key} must be a number {rule}, got {value!r}")
         ok = {"> 1": value > 1, "> 0": value > 0, "in [0, 1)": 0 <= value < 1}[rule]
         if not ok:
@@ -175,9 +175,14 @@ def check_loss_parameters(loss_type: str, kwargs: Mapping[str, object]) -> dict[
     return kwargs
 
 
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """Returns whether `value` is an int or a float (a bool, though an int to Python, is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _number(name: str, value: object) -> float:
     """Returns `value` as a float after checking it is a real number (TypeError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if not _is_number(value) or value != value:
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
     return float(value)
 
@@ -270,12 +275,12 @@ def _check_ranges(a: Any) -> None:
             raise ConfigError(
                 f"algo.ref_sync.every (algo.ref_update_every)={every!r} must be an int >= 0 (0: not on a schedule)"
             )
-        if kl is not None and (isinstance(kl, bool) or not isinstance(kl, (int, float)) or not kl > 0):
+        if kl is not None and (not _is_number(kl) or not kl > 0):
             raise ConfigError(
                 f"algo.ref_sync.kl (algo.ref_sync_kl)={kl!r} must be > 0 (the mean per-token KL above which the "
                 "reference syncs; seed 002 suggests 0.5), or null"
             )
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+        if not _is_number(alpha) or not 0 < alpha <= 1:
             raise ConfigError(
                 f"algo.ref_sync.alpha (algo.ref_mixup_alpha)={alpha!r} must be in (0, 1] (1 copies the policy; "
                 "TRL uses 0.6)"
@@ -383,7 +388,7 @@ def _check_token_controls(a: Any) -> None:
         raise ConfigError(f"algo.cov={cov!r} must be none or a kind of {', '.join(COV_METHODS[1:])}")
     if cov is not None:
         ratio = cov.ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        if not _is_number(ratio) or not 0 < ratio <= 1:
             raise ConfigError(f"algo.cov.ratio={ratio!r} must be in (0, 1] (clip_cov: 2e-4, kl_cov: 2e-3)")
     if cov is not None and cov.KIND == "clip_cov":
         bounds = cov.bounds
@@ -397,7 +402,7 @@ def _check_token_controls(a: Any) -> None:
                 f"algo.cov.bounds={bounds!r} must be [low, high] with low < high (the paper's [1, 5])"
             )
     if cov is not None and cov.KIND == "kl_cov":
-        if isinstance(cov.coef, bool) or not isinstance(cov.coef, (int, float)) or not cov.coef >= 0:
+        if not _is_number(cov.coef) or not cov.coef >= 0:
             raise ConfigError(f"algo.cov.coef={cov.coef!r} must be >= 0 (the paper uses 1)")
         if a.num_iterations * a.num_minibatches == 1:
             raise ConfigError(
@@ -406,12 +411,12 @@ def _check_token_controls(a: Any) -> None:
             )
     _choice("algo.sampler_is", _sampler_kind(a), (*SAMPLER_CORRECTIONS, "auto"))
     high = getattr(a.sampler_is, "max_ratio", None)
-    if high is not None and (isinstance(high, bool) or not isinstance(high, (int, float)) or not high > 1):
+    if high is not None and (not _is_number(high) or not high > 1):
         raise ConfigError(
             f"algo.sampler_is.max_ratio (algo.sampler_is_max)={high!r} must be a number > 1 (TIS uses 2)"
         )
     low = getattr(a.sampler_is, "min_ratio", None)
-    if low is not None and (isinstance(low, bool) or not isinstance(low, (int, float)) or not 0 <= low < 1):
+    if low is not None and (not _is_number(low) or not 0 <= low < 1):
         raise ConfigError(
             f"algo.sampler_is.min_ratio (algo.sampler_is_min)={low!r} must be a number in [0, 1), or null"
         )
@@ -427,7 +432,7 @@ def _check_2026_family(a: Any) -> None:
     run whatever the loss: the sampler anchor with a sampler correction. (Where DPPO's top-K log-probs can come
     from is the config's check: it reads the rollout section.)"""
     _choice("algo.trust_region_anchor", a.trust_region_anchor, TRUST_REGION_ANCHORS)
-    if not isinstance(a.kl_tau, (int, float)) or isinstance(a.kl_tau, bool) or not a.kl_tau >= 0:
+    if not _is_number(a.kl_tau) or not a.kl_tau >= 0:
         raise ConfigError(
             f"algo.kl_tau={a.kl_tau!r} must be a number >= 0 (the squared log-ratio penalty's coefficient; "
             "prime-rl uses 1e-3, 0 turns it off)"
@@ -435,7 +440,7 @@ def _check_2026_family(a: Any) -> None:
     if not isinstance(a.use_bias_correction_kl, bool):
         raise ConfigError(f"algo.use_bias_correction_kl={a.use_bias_correction_kl!r} must be true or false")
     t = a.off_policy_mask_threshold
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+    if t is not None and (not _is_number(t) or not t >= 0):
         raise ConfigError(
             f"algo.off_policy_mask_threshold={t!r} must be a number >= 0 (the mean per-token KL from the sampler "
             "above which a negative sample is dropped; TRL's example is 0.5), or null to turn the mask off"
@@ -463,7 +468,7 @@ def _check_entropy_regularisation(a: Any) -> None:
         settings = ("target", "coef_min", "coef_max", "delta")
         values.update({f"algo.adaptive_entropy.{k}": getattr(ae, k) for k in settings})
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not _is_number(value) or not math.isfinite(value):
             raise ConfigError(f"{key}={value!r} must be a finite number")
     if ae is None:
         return

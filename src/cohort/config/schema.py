@@ -433,6 +433,11 @@ class AlgoConfig:
     sync) and alpha (how far each sync moves it), e.g. ``ref_sync: {every: 64, alpha: 0.6}``. The flat names
     ref_update_every and ref_sync_kl (each turns the section on) and ref_mixup_alpha are aliases."""
 
+    def applied_sampler_is(self) -> SamplerIS | None:
+        """Returns the sampler correction the update applies: the kind held, or None for none and for an auto
+        not yet resolved (the config's derive step resolves it; an AlgoConfig built by hand applies none)."""
+        return None if isinstance(self.sampler_is, AutoSamplerIS) else self.sampler_is
+
 
 @dataclass
 class CurriculumConfig:

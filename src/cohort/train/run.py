@@ -21,7 +21,7 @@ from transformers import TrainerState
 
 from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import TrainerInputs, trl_view
-from cohort.config import AutoSamplerIS, TrainConfig
+from cohort.config import TrainConfig
 from cohort.config.validation import check_episode_sampling
 from cohort.episodes.multiturn import EpisodeGeneration
 from cohort.episodes.spec import EpisodeSpec, build_episode_spec
@@ -460,8 +460,7 @@ def build_run(
         beta=cfg.algo.beta,
         num_iterations=cfg.algo.num_iterations,
         precision=run_precision(cfg, model, device),
-        sampler_corrected=cfg.algo.sampler_is is not None
-        and not isinstance(cfg.algo.sampler_is, AutoSamplerIS),
+        sampler_corrected=cfg.algo.applied_sampler_is() is not None,
     )
     parts = StateRegistry()
     # Each process's own streams: its sampling generator (with the global RNGs), prompt order, curriculum.

@@ -33,7 +33,7 @@ from cohort.algo import (
 )
 from cohort.algo.controls import SAMPLER_CORRECTIONS, ControlSettings, TokenControls, token_controls
 from cohort.algo.entropy import adapt_entropy_coef, applied_entropy_coef, entropy_bonus
-from cohort.config import AlgoConfig, AutoSamplerIS, ClipCov, KLCov
+from cohort.config import AlgoConfig, ClipCov, KLCov
 from cohort.config.kinds import kind_name
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
@@ -286,8 +286,7 @@ class PolicyUpdater:
         self.gather_frozen = gather_frozen
         self.device = input_device(model)
         cov = algo.cov
-        # auto is resolved by the config's derive step; an AlgoConfig built by hand applies none
-        correction = None if isinstance(algo.sampler_is, AutoSamplerIS) else algo.sampler_is
+        correction = algo.applied_sampler_is()
         selection = (
             f"algo.cov={cov.KIND}"
             if cov is not None
