@@ -57,6 +57,8 @@ class LogProbs:
     """The layout that computed them: segments, dense_mask or padded (see PATHS)."""
     chunked_head: bool = False
     """Whether the LM head ran in chunks on the predicting hidden states only (False: full logits)."""
+    unmasked: bool = False
+    """Whether padded rows ran without an attention mask (fast.unmasked_padding; False on the grouped paths)."""
 
 
 def completion_logprobs(
@@ -87,6 +89,7 @@ def completion_logprobs(
     sel = _validate(prompt_ids, completion_ids, group_size, rows, temperature, chunk_size, fast)
     path = choose_path(model, prompt_ids, completion_ids, group_size, sel, fast)
     chunked = choose(fast.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
+    unmasked = path == "padded" and choose_unmasked(model, fast)
     return compute_logprobs(
         model,
         prompt_ids,
@@ -101,6 +104,53 @@ def completion_logprobs(
         fast=fast,
         with_sum_pi_squared=with_sum_pi_squared,
         topk_ids=topk_ids,
+        unmasked=unmasked,
+    )
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """The layout family one pass over a set of rows takes, decided once for all its micro-batches."""
+
+    padded: bool
+    """Whether its micro-batches are one right-padded row per completion (else the grouped layouts): how their
+    token budget is counted."""
+    fast: FastConfig
+    """The switches each micro-batch runs with, so that none leaves the family planned for it."""
+
+
+def pass_layout(
+    model, prompt_ids, completion_ids, group_size, rows: Sequence[int], fast: FastConfig
+) -> PassLayout:
+    """Returns the PassLayout of a pass over `rows`: the layout `choose_path` takes for them all, and the switches
+    that hold every micro-batch of the pass to it.
+
+    Micro-batches are planned against a token budget before each computes its log-probs; a micro-batch that
+    took padded rows where grouped ones were planned would overrun the budget by the prompts' repeats. On CUDA,
+    `auto` weighs grouping per set of rows (grouping_pays), so the pass's answer is pinned: padded rows for all
+    (grouped=off) or grouping for all (grouped_min_saving_cuda=0). Elsewhere a micro-batch's choice can only
+    move towards fewer tokens (a shorter longest row keeps a sliding window), and the switches stay as given."""
+    sel = list(rows)
+    if not sel:
+        return PassLayout(False, fast)
+    path = choose_path(model, prompt_ids, completion_ids, group_size, sel, fast)
+    if fast.grouped == "auto" and input_device(model).type == "cuda":
+        if path == "padded" and fast.segments != "on":
+            fast = fast.replace(grouped="off", segments="off")
+        elif path != "padded" and fast.grouped_min_saving_cuda > 0:
+            fast = fast.replace(grouped_min_saving_cuda=0.0)
+    return PassLayout(path == "padded", fast)
+
+
+def choose_unmasked(model, fast: FastConfig) -> bool:
+    """Returns whether padded rows run without an attention mask on `model` (fast.unmasked_padding): under auto on
+    CUDA only, once a probe on the model has shown the same log-probs with and without the mask."""
+    return choose(
+        fast.unmasked_padding,
+        "unmasked_padding",
+        model,
+        worth=input_device(model).type == "cuda",
+        unavailable=lambda: _unmasked_unavailable(model),
     )
 
 
@@ -176,9 +226,10 @@ def compute_logprobs(
     fast: FastConfig | None = None,
     with_sum_pi_squared: bool = False,
     topk_ids: Sequence[torch.Tensor] | None = None,
+    unmasked: bool = False,
 ) -> LogProbs:
     """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked` (`topk_ids`:
-    as in completion_logprobs)."""
+    as in completion_logprobs); `unmasked` runs padded rows without an attention mask."""
     fast = FastConfig() if fast is None else fast
     device = input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
@@ -195,6 +246,7 @@ def compute_logprobs(
             empty.new_zeros(n, 0, K) if topk_ids is not None else None,
             path,
             chunked,
+            unmasked and path == "padded",
         )
 
     parts = split_model(model) if chunked else None
@@ -210,11 +262,16 @@ def compute_logprobs(
     source = torch.tensor(lay.source, dtype=torch.long, device=device)  # [M] index into R*L
     target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
     dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
+    attn: torch.Tensor | None
     if path == "segments":
         assert lay.prompt_pos is not None and lay.body_pos is not None  # set by grouped_layout
         attn = plan_carrier(device, build_plan(lay.prompt_pos, lay.body_pos, device, lay.position_ids[0]))
     elif path == "padded":
-        attn = torch.tensor(lay.attention_mask, dtype=torch.long, device=device)  # [R, L]
+        # Right padding: under the causal mask no real token attends to a pad after it, so the mask changes
+        # nothing the loss reads; without it attention runs its causal kernel and no mask is built.
+        attn = (
+            None if unmasked else torch.tensor(lay.attention_mask, dtype=torch.long, device=device)
+        )  # [R, L]
     else:
         eager = getattr(text_config(model), "_attn_implementation", None) == "eager"
         attn = block_mask(lay, device, eager, float_dtype(model))  # [R, 1, L, L]: bool, or additive for eager
@@ -253,7 +310,9 @@ def compute_logprobs(
     if top is not None:
         top_flat = torch.zeros(n * T, K, dtype=logp.dtype, device=device)  # [n*T, K]
         top_out = top_flat.index_copy(0, dest, top.to(logp.dtype)).view(n, T, K)  # [n, T, K]
-    return LogProbs(logp_out, mask, ent_out, sq_out, top_out, path, parts is not None)
+    return LogProbs(
+        logp_out, mask, ent_out, sq_out, top_out, path, parts is not None, unmasked and path == "padded"
+    )
 
 
 def _topk_width(topk_ids, completion_ids, sel) -> int:
@@ -294,6 +353,10 @@ def warm_probes(model: torch.nn.Module, fast: FastConfig) -> None:
     # Wherever a batch may take the grouped layout (on CUDA under auto, one that saves enough tokens).
     may_group = input_device(model).type != "cuda" or fast.grouped_min_saving_cuda < 1
     grouped = fast.grouped == "on" or (fast.grouped == "auto" and may_group)
+    if fast.unmasked_padding == "on" or (
+        fast.unmasked_padding == "auto" and input_device(model).type == "cuda"
+    ):
+        _unmasked_unavailable(model)
     if grouped and fast.segments != "off" and impl == "sdpa":
         _segments_unavailable(model, impl, None)
         span = full_attention_span(model)
@@ -357,6 +420,27 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
             "segment attention does not reproduce its log-probs past its sliding window",
         )
     return None
+
+
+def _unmasked_unavailable(model: torch.nn.Module) -> str | None:
+    """Returns why padded rows cannot drop their attention mask on this model (None: they can).
+
+    Checked once per model on rows of unequal length: a model whose attention is not causal over the whole
+    sequence (a bidirectional prefix, a mask it needs to be handed) gives other log-probs, or fails, without it."""
+    inner = unwrap(model)
+    vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
+    prompts = [[t % vocab for t in (1, 2, 3, 4, 5)], [t % vocab for t in (6, 7)]]
+    comps = [[t % vocab for t in c] for c in ([8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19])]
+    args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024, "padded")
+
+    def run(unmasked: bool):
+        return lambda: compute_logprobs(*args, chunked=False, unmasked=unmasked).logp
+
+    if probes.probe(model, "unmasked_padding", run(True), run(False)):
+        return None
+    return probes.failure(
+        model, "unmasked_padding", "its padded rows give other log-probs without an attention mask"
+    )
 
 
 def _segments_match(model, name: str, prompts, comps) -> bool:

@@ -50,6 +50,12 @@ class FastConfig:
     """auto on CUDA: the grouped layouts only when they save at least this share of the update's tokens (the
     prompt's G - 1 repeats). The one GPU measurement saved 0.34 and was slower grouped; 0.5 (long prompts, large
     G) is a guess that has not been measured. 1 never groups on CUDA, 0 always does."""
+    unmasked_padding: str = "auto"
+    """Update, padded rows: the forward runs without an attention mask. The rows are right-padded, and under the
+    causal mask no real token attends to a pad after it, so the log-probs are the same; attention runs its causal
+    kernel and no [rows, 1, length, length] mask is built. Checked once per model (a probe with rows of unequal
+    length). `auto` takes it on CUDA only (CPU runs are unchanged); not yet measured on a GPU: on an H200 the
+    masked rows' attention (cuDNN) took ~0.7 ms of host time a call, 24 calls a forward (docs/performance.md)."""
     segments: str = "auto"
     """Update: segment attention over one packed row of exactly the real tokens (needs the grouped layout, sdpa
     attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the

@@ -40,7 +40,7 @@ from cohort.fastpath import FastConfig
 from cohort.fastpath.attention import hold_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
-from cohort.logprobs import completion_logprobs
+from cohort.logprobs import completion_logprobs, pass_layout
 from cohort.models import input_device, text_config
 from cohort.runtime import distributed as dist
 from cohort.runtime import seeds
@@ -103,6 +103,8 @@ class PlannedMinibatch:
     """Those in the loss that are computed (not skipped for a zero advantage)."""
     micro_batches: list[list[int]]
     """`work` in micro-batches, sharded: padded with empty ones to the busiest process's count."""
+    fast: FastConfig
+    """The switches its micro-batches compute their log-probs with (cohort.logprobs.pass_layout)."""
     num_items: int
     num_sequences: int
     """The loss's normalisers over every process (loss_normalisers)."""
@@ -210,13 +212,20 @@ def plan_micro_batches(
     prompt_lengths: Sequence[int],
     completion_lengths: Sequence[int],
     token_budget: int,
+    *,
+    padded: bool = False,
 ) -> list[list[int]]:
-    """Return `rows` split into micro-batches of whole groups whose padded grouped layout fits the budget.
+    """Return `rows` split into micro-batches whose layout fits the budget: whole groups in the grouped layout,
+    or, with `padded`, completions in one padded row each.
 
-    A group costs its prompt once plus its selected completions; groups are sorted by that cost so the
+    Grouped: a group costs its prompt once plus its selected completions; groups are sorted by that cost so the
     groups batched together have similar lengths (little padding). A group larger than the budget on
-    its own is split into several micro-batches.
+    its own is split into several micro-batches. Padded: a row costs its prompt plus its completion, and a
+    micro-batch its longest row times its rows; rows are sorted by cost, longest first, and a row longer than the
+    budget is a micro-batch of its own.
     """
+    if padded:
+        return _plan_padded(rows, group_size, prompt_lengths, completion_lengths, token_budget)
     by_group: dict[int, list[int]] = {}
     for r in rows:
         by_group.setdefault(r // group_size, []).append(r)
@@ -243,6 +252,23 @@ def plan_micro_batches(
         current += chunk
         longest = max(longest, cost)
         count += 1
+    if current:
+        micro.append(current)
+    return micro
+
+
+def _plan_padded(rows, group_size, prompt_lengths, completion_lengths, token_budget) -> list[list[int]]:
+    """Returns `rows` in micro-batches of padded rows (plan_micro_batches with padded=True)."""
+    cost = {r: prompt_lengths[r // group_size] + completion_lengths[r] for r in rows}
+    micro: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for r in sorted(rows, key=lambda r: -cost[r]):  # stable: equal costs keep their order
+        if current and max(longest, cost[r]) * (len(current) + 1) > token_budget:
+            micro.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, cost[r])
     if current:
         micro.append(current)
     return micro
@@ -374,6 +400,7 @@ class PolicyUpdater:
         with_entropy=False,
         with_sum_pi_squared=False,
         with_topk=False,
+        fast: FastConfig | None = None,
     ):
         with self.autocast():
             lp = completion_logprobs(
@@ -384,12 +411,12 @@ class PolicyUpdater:
                 rows=rows,
                 temperature=self.temperature,
                 with_entropy=with_entropy,
-                fast=self.fast,
+                fast=self.fast if fast is None else fast,
                 with_sum_pi_squared=with_sum_pi_squared,
                 topk_ids=batch.topk_ids if with_topk else None,
             )
         if meter is not None:
-            meter.path(lp.path, lp.chunked_head)
+            meter.path(lp.path, lp.chunked_head, lp.unmasked)
         return lp
 
     @staticmethod
@@ -400,10 +427,21 @@ class PolicyUpdater:
             return lp.mask
         return lp.mask & TokenTable.take(inserted, rows, lp.mask.shape[1], lp.mask.device)
 
-    def _micro_batches(self, batch: PolicyBatch, rows: Sequence[int]) -> list[list[int]]:
-        return plan_micro_batches(
-            rows, batch.group_size, [len(p) for p in batch.prompt_ids], batch.lengths, self.micro_batch_tokens
+    def _micro_batches(
+        self, model, batch: PolicyBatch, rows: Sequence[int]
+    ) -> tuple[list[list[int]], FastConfig]:
+        """Returns `rows` in micro-batches planned for the layout a pass on `model` takes, and the switches that keep
+        each micro-batch on it (so that each fits micro_batch_tokens)."""
+        layout = pass_layout(model, batch.prompt_ids, batch.completion_ids, batch.group_size, rows, self.fast)
+        micros = plan_micro_batches(
+            rows,
+            batch.group_size,
+            [len(p) for p in batch.prompt_ids],
+            batch.lengths,
+            self.micro_batch_tokens,
+            padded=layout.padded,
         )
+        return micros, layout.fast
 
     def _lockstep(self, micros: list[list[int]]) -> list[list[int]]:
         """Returns `micros` padded with empty micro-batches to the busiest process's count (sharded: FSDP gathers
@@ -438,17 +476,17 @@ class PolicyUpdater:
                 )
                 skip = set(zero_advantage_rows(row_zero, rows)) if self.skip_zero else set()
                 work = [r for r in rows if r not in skip]
-                micros = self._micro_batches(batch, work)
+                micros, fast = self._micro_batches(self.model, batch, work)
                 key = f"{it}/{mb}"
                 for k, v in enumerate(asked):
                     wanted.sum(f"{key}/normaliser/{k}", v)
                 wanted.sum(f"{key}/tokens", sum(lengths[r] for r in rows))
                 if self.sharded:
                     wanted.max(f"{key}/micro_batches", len(micros))
-                local.append((it, key, mb_rows, rows, work, micros, len(asked)))
+                local.append((it, key, mb_rows, rows, work, micros, fast, len(asked)))
         total = wanted.reduce()
         plan: list[list[PlannedMinibatch]] = [[] for _ in range(a.num_iterations)]
-        for it, key, mb_rows, rows, work, micros, asked_count in local:
+        for it, key, mb_rows, rows, work, micros, fast, asked_count in local:
             sums = iter([int(total[f"{key}/normaliser/{k}"]) for k in range(asked_count)])
 
             def summed(value: int, sums: Iterator[int] = sums) -> int:
@@ -460,21 +498,23 @@ class PolicyUpdater:
             if self.sharded:
                 micros = micros + [[] for _ in range(int(total[f"{key}/micro_batches"]) - len(micros))]
             plan[it].append(
-                PlannedMinibatch(mb_rows, work, micros, num_items, num_seq, int(total[f"{key}/tokens"]))
+                PlannedMinibatch(mb_rows, work, micros, fast, num_items, num_seq, int(total[f"{key}/tokens"]))
             )
         return plan
 
     @contextlib.contextmanager
-    def _frozen(self, model, batch: PolicyBatch, rows: Sequence[int]) -> Iterator[list[list[int]]]:
-        """Yields the micro-batches of `rows` for forwards without gradients on `model`: on the whole model gathered
-        once (gather_frozen), else layer by layer with empty micro-batches (idle forwards) keeping the processes
-        in step, the model resharded after."""
-        micros = self._micro_batches(batch, rows)
+    def _frozen(
+        self, model, batch: PolicyBatch, rows: Sequence[int]
+    ) -> Iterator[tuple[list[list[int]], FastConfig]]:
+        """Yields the micro-batches of `rows` for forwards without gradients on `model`, and their switches: on the
+        whole model gathered once (gather_frozen), else layer by layer with empty micro-batches (idle forwards)
+        keeping the processes in step, the model resharded after."""
+        micros, fast = self._micro_batches(model, batch, rows)
         if self.gather_frozen or not is_sharded(model):
             with gathered(model):
-                yield micros
+                yield micros, fast
             return
-        yield self._lockstep(micros)
+        yield self._lockstep(micros), fast
         reshard(model)  # a forward without gradients leaves FSDP's root module unsharded
 
     def _frozen_passes(
@@ -483,13 +523,13 @@ class PolicyUpdater:
         """Yields (a micro-batch's rows, their log-probs under `model`) of a pass over `rows` (call it without
         gradients); a micro-batch this process has no rows in runs an idle forward, so sharded processes stay in
         step. `options`: _logprobs's (with_entropy, with_sum_pi_squared, with_topk)."""
-        with self._frozen(model, batch, rows) as micros:
+        with self._frozen(model, batch, rows) as (micros, fast):
             for micro in micros:
                 if not micro:
                     with self.autocast():
                         idle_forward(model, self.device)
                     continue
-                yield micro, self._logprobs(model, batch, micro, **options)
+                yield micro, self._logprobs(model, batch, micro, fast=fast, **options)
 
     @torch.no_grad()
     def frozen_logprobs(
@@ -782,7 +822,13 @@ class PolicyUpdater:
                     if self.entropy_on and apply_coef != 0:
                         with_entropy = "grad"
                     lp = self._logprobs(
-                        self.model, batch, micro, meter, with_entropy=with_entropy, with_topk=self.topk > 0
+                        self.model,
+                        batch,
+                        micro,
+                        meter,
+                        with_entropy=with_entropy,
+                        with_topk=self.topk > 0,
+                        fast=planned.fast,
                     )
                     at = table.at(micro)  # the micro-batch's rows in the token table
                     mask = self._loss_mask(lp, table.inserted, at)
