@@ -159,6 +159,10 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"algo.ref_sync": True, "algo.beta": 0.1}, "algo.ref_sync is on but never syncs"),
         ({"fast.grouped_min_saving_cuda": 2}, "fast.grouped_min_saving_cuda=2.0 must be a share in [0, 1]"),
         (
+            {"fast.unmasked_padding": "maybe"},
+            "fast.unmasked_padding='maybe' is not valid; choose one of: auto, on",
+        ),
+        (
             {"algo.dynamic_sampling": True, "algo.max_sampling_rounds": 0},
             "algo.dynamic_sampling.max_rounds=0 must be an integer >= 1",
         ),

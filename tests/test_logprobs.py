@@ -481,3 +481,101 @@ def test_on_a_gpu_the_default_update_takes_padded_rows(data):
     ref = lp_module.completion_logprobs(model.cpu(), prompts, comps, G, fast=PATHS["padded"])
     assert got.path == "padded"
     torch.testing.assert_close(got.logp.cpu(), ref.logp, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------- unmasked padding
+
+
+def _mask_seen(model) -> tuple[list, object]:
+    """Returns (the attention_mask of every decoder call from now on, the hook to remove)."""
+    seen: list = []
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, k: seen.append(k.get("attention_mask")), with_kwargs=True
+    )
+    return seen, hook
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_unmasked_padded_rows_give_the_masked_log_probs_and_gradients(data, impl):
+    # Rows are right-padded: under the causal mask no real token reads a pad, so dropping the mask changes nothing.
+    prompts, comps = data
+    model = tiny_model(seed=3, attn_implementation=impl).double()
+    assert len({len(prompts[r // G]) + len(c) for r, c in enumerate(comps)}) > 1  # rows of unequal length
+    out = {}
+    for unmasked in ("off", "on"):
+        model.zero_grad()
+        seen, hook = _mask_seen(model)
+        try:
+            fast = FastConfig(grouped="off", unmasked_padding=unmasked)
+            lp = completion_logprobs(model, prompts, comps, G, fast=fast, with_entropy=True)
+        finally:
+            hook.remove()
+        assert lp.path == "padded" and lp.unmasked == (unmasked == "on")
+        assert (seen[-1] is None) == (unmasked == "on")  # the log-prob pass itself (after any probe)
+        (lp.logp * lp.mask).sum().backward()
+        out[unmasked] = lp, {n: p.grad.clone() for n, p in model.named_parameters()}
+    (masked, masked_grad), (bare, bare_grad) = out["off"], out["on"]
+    torch.testing.assert_close(bare.logp, masked.logp, rtol=0, atol=1e-10)
+    torch.testing.assert_close(bare.entropy, masked.entropy, rtol=0, atol=1e-10)
+    for name, g in masked_grad.items():
+        torch.testing.assert_close(bare_grad[name], g, rtol=0, atol=1e-10)
+
+
+def test_unmasked_padding_auto_is_taken_on_cuda_only(monkeypatch, data):
+    prompts, comps = data
+    model = tiny_model(seed=4)
+    auto = FastConfig(grouped="off")
+    assert not lp_module.choose_unmasked(model, auto)  # a CPU keeps its masked rows, bitwise as before
+    assert lp_module.completion_logprobs(model, prompts, comps, G, fast=auto).unmasked is False
+    assert lp_module._unmasked_unavailable(model) is None  # the probe, run here (on this CPU) and kept
+    assert probes.results(model)["unmasked_padding"] is True
+    monkeypatch.setattr(lp_module, "input_device", lambda m: torch.device("cuda", 0))
+    assert lp_module.choose_unmasked(model, auto)
+    assert not lp_module.choose_unmasked(model, auto.replace(unmasked_padding="off"))
+
+
+def test_a_model_that_needs_its_attention_mask_keeps_it(monkeypatch, data):
+    prompts, comps = data
+    model = tiny_model(seed=5)
+
+    def needs_a_mask(module, args, kwargs):
+        if kwargs.get("attention_mask") is None:
+            raise ValueError("this decoder needs its attention mask")
+
+    hook = model.model.register_forward_pre_hook(needs_a_mask, with_kwargs=True)
+    try:
+        with pytest.raises(FastPathError) as e:
+            completion_logprobs(
+                model, prompts, comps, G, fast=FastConfig(grouped="off", unmasked_padding="on")
+            )
+        assert "fast.unmasked_padding=on" in str(e.value)
+        assert "other log-probs without an attention mask" in str(e.value)
+        assert "ValueError: this decoder needs its attention mask" in str(e.value)
+        monkeypatch.setattr(lp_module, "input_device", lambda m: torch.device("cuda", 0))
+        with pytest.warns(UserWarning, match="fast path 'unmasked_padding' off"):
+            assert not lp_module.choose_unmasked(model, FastConfig())
+        monkeypatch.undo()
+        lp = completion_logprobs(model, prompts, comps, G, fast=FastConfig(grouped="off"))
+        assert lp.path == "padded" and not lp.unmasked
+    finally:
+        hook.remove()
+
+
+def test_on_cuda_a_pass_keeps_the_layout_it_was_planned_for(monkeypatch, data):
+    # Micro-batches are planned against a token budget for one layout; on CUDA, auto weighs grouping per set of
+    # rows, so the pass's choice is pinned for every micro-batch of it.
+    prompts, comps = data
+    model = tiny_model(seed=8)
+    rows = list(range(len(comps)))
+    fast = FastConfig(grouped_min_saving_cuda=0.2, segments="off")
+    on_cpu = lp_module.pass_layout(model, prompts, comps, G, rows, fast)
+    assert not on_cpu.padded and on_cpu.fast is fast  # a CPU's switches are left as given
+    monkeypatch.setattr(lp_module, "input_device", lambda m: torch.device("cuda", 0))
+    grouped = lp_module.pass_layout(model, prompts, comps, G, rows, fast)
+    assert not grouped.padded and grouped.fast.grouped_min_saving_cuda == 0
+    one_per_group = rows[::G]  # saves nothing on its own: auto alone would lay these out padded
+    assert lp_module.choose_path(model, prompts, comps, G, one_per_group, fast) == "padded"
+    assert lp_module.choose_path(model, prompts, comps, G, one_per_group, grouped.fast) == "dense_mask"
+    padded = lp_module.pass_layout(model, prompts, comps, G, rows, fast.replace(grouped_min_saving_cuda=0.9))
+    assert padded.padded and padded.fast.grouped == "off"
+    assert lp_module.pass_layout(model, prompts, comps, G, [], fast).fast is fast

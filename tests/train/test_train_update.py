@@ -265,6 +265,62 @@ def test_plan_covers_rows_once_within_budget(seed):
             assert _cost(m, G, plen, clen) <= budget
 
 
+def _padded_cost(micro, G, plen, clen):
+    return max(plen[r // G] + clen[r] for r in micro) * len(micro)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_padded_plan_covers_rows_once_within_budget_longest_first(seed):
+    rng = random.Random(seed)
+    G, B = 4, 9
+    plen = [rng.randint(3, 40) for _ in range(B)]
+    clen = [rng.randint(0, 30) for _ in range(B * G)]
+    rows = sorted(rng.sample(range(B * G), 25))
+    budget = 150
+    micro = plan_micro_batches(rows, G, plen, clen, budget, padded=True)
+    assert sorted(r for m in micro for r in m) == rows
+    for m in micro:
+        assert len(m) == 1 or _padded_cost(m, G, plen, clen) <= budget
+    costs = [plen[r // G] + clen[r] for m in micro for r in m]
+    assert costs == sorted(costs, reverse=True)  # rows of similar length share a micro-batch
+    # The grouped plan of the same rows, laid out as padded rows, overruns this budget.
+    grouped = plan_micro_batches(rows, G, plen, clen, budget)
+    assert max(_padded_cost(m, G, plen, clen) for m in grouped) > budget
+
+
+def test_a_padded_row_longer_than_the_budget_is_a_micro_batch_of_its_own():
+    assert plan_micro_batches([0, 1, 2], 3, [10], [50, 5, 5], token_budget=40, padded=True) == [[0], [1, 2]]
+
+
+@pytest.mark.parametrize(
+    "fast", [FastConfig(grouped="off"), FastConfig.all("off")], ids=["grouped_off", "plain"]
+)
+def test_every_padded_forward_of_an_update_fits_the_token_budget(model64, batch, fast):
+    # Padded rows were once planned as grouped ones: a micro-batch of whole groups held each prompt G times.
+    budget = 40
+    shapes: list = []
+    hook = model64.transformer.register_forward_pre_hook(
+        lambda m, a, k: shapes.append(tuple((k["input_ids"] if "input_ids" in k else a[0]).shape)),
+        with_kwargs=True,
+    )
+    try:
+        _gradient(model64, batch, "dapo", fast, budget)
+    finally:
+        hook.remove()
+    assert shapes
+    assert all(rows == 1 or rows * width <= budget for rows, width in shapes), shapes
+
+
+def test_unmasked_padded_rows_give_the_same_gradient_and_are_reported(model64, batch):
+    ref, ref_stats = _gradient(model64, batch, "dapo", FastConfig.all("off"), 10**6, beta=0.1)
+    assert ref_stats.paths["unmasked_padding"] == 0.0
+    got, stats = _gradient(
+        model64, batch, "dapo", FastConfig(grouped="off", unmasked_padding="on"), 40, beta=0.1
+    )
+    _assert_same(got, ref, "unmasked")
+    assert stats.paths["padded"] == 1.0 and stats.paths["unmasked_padding"] == 1.0
+
+
 def test_oversized_group_is_split():
     G = 4
     micro = plan_micro_batches([0, 1, 2, 3], G, [10], [50, 50, 50, 50], token_budget=80)
