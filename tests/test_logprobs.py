@@ -474,12 +474,12 @@ def test_the_grouping_threshold_is_checked():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_a_gpu_the_default_update_takes_padded_rows(data):
+def test_on_a_gpu_the_default_update_takes_padded_rows_without_a_mask(data):
     prompts, comps = data
     model = tiny_model(seed=8).cuda()
     got = lp_module.completion_logprobs(model, prompts, comps, G, fast=FastConfig(segments_min_tokens=0))
     ref = lp_module.completion_logprobs(model.cpu(), prompts, comps, G, fast=PATHS["padded"])
-    assert got.path == "padded"
+    assert got.path == "padded" and got.unmasked and not ref.unmasked
     torch.testing.assert_close(got.logp.cpu(), ref.logp, rtol=1e-4, atol=1e-4)
 
 

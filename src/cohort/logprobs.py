@@ -23,6 +23,7 @@ from typing import cast
 import torch
 
 from cohort.fastpath import FastConfig, probes
+from cohort.fastpath import compiled as compiled_forward
 from cohort.fastpath.attention import NAME as ATTENTION_NAME
 from cohort.fastpath.attention import attention_held, build_plan, plan_attention, plan_carrier
 from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
@@ -59,6 +60,8 @@ class LogProbs:
     """Whether the LM head ran in chunks on the predicting hidden states only (False: full logits)."""
     unmasked: bool = False
     """Whether padded rows ran without an attention mask (fast.unmasked_padding; False on the grouped paths)."""
+    compiled: bool = False
+    """Whether the decoder's forward ran through torch.compile (fast.compile_update)."""
 
 
 def completion_logprobs(
@@ -90,6 +93,7 @@ def completion_logprobs(
     path = choose_path(model, prompt_ids, completion_ids, group_size, sel, fast)
     chunked = choose(fast.chunked_head, "chunked_head", model, unavailable=lambda: head_unavailable(model))
     unmasked = path == "padded" and choose_unmasked(model, fast)
+    compiled = path == "padded" and choose_compiled(model, fast, unmasked=unmasked, chunked=chunked)
     return compute_logprobs(
         model,
         prompt_ids,
@@ -105,6 +109,7 @@ def completion_logprobs(
         with_sum_pi_squared=with_sum_pi_squared,
         topk_ids=topk_ids,
         unmasked=unmasked,
+        compiled=compiled,
     )
 
 
@@ -151,6 +156,19 @@ def choose_unmasked(model, fast: FastConfig) -> bool:
         model,
         worth=input_device(model).type == "cuda",
         unavailable=lambda: _unmasked_unavailable(model),
+    )
+
+
+def choose_compiled(model, fast: FastConfig, *, unmasked: bool, chunked: bool) -> bool:
+    """Returns whether padded rows' decoder forward runs through torch.compile on `model` (fast.compile_update):
+    under auto on CUDA only, with the chunked head's split and unmasked rows, once a probe has shown the eager
+    forward's log-probs."""
+    return choose(
+        fast.compile_update,
+        "compile_update",
+        model,
+        worth=input_device(model).type == "cuda",
+        unavailable=lambda: _compile_unavailable(model, unmasked=unmasked, chunked=chunked),
     )
 
 
@@ -227,9 +245,11 @@ def compute_logprobs(
     with_sum_pi_squared: bool = False,
     topk_ids: Sequence[torch.Tensor] | None = None,
     unmasked: bool = False,
+    compiled: bool = False,
 ) -> LogProbs:
     """Returns LogProbs of rows `sel` computed along `path`, with the chunked LM head when `chunked` (`topk_ids`:
-    as in completion_logprobs); `unmasked` runs padded rows without an attention mask."""
+    as in completion_logprobs); `unmasked` runs padded rows without an attention mask, `compiled` (with both)
+    their decoder forward through torch.compile."""
     fast = FastConfig() if fast is None else fast
     device = input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
@@ -248,6 +268,7 @@ def compute_logprobs(
             chunked,
             unmasked and path == "padded",
         )
+    compiled = compiled and unmasked and chunked and path == "padded"
 
     parts = split_model(model) if chunked else None
     if path == "segments":
@@ -276,8 +297,11 @@ def compute_logprobs(
         eager = getattr(text_config(model), "_attn_implementation", None) == "eager"
         attn = block_mask(lay, device, eager, float_dtype(model))  # [R, 1, L, L]: bool, or additive for eager
 
-    with plan_attention(model) if path == "segments" else contextlib.nullcontext():
-        hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
+    if compiled and parts is not None:
+        hidden_or_logits = compiled_forward.hidden_states(parts[0], input_ids, position_ids, model=model)
+    else:
+        with plan_attention(model) if path == "segments" else contextlib.nullcontext():
+            hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)
     picked = hidden_or_logits.reshape(-1, hidden_or_logits.shape[-1]).index_select(0, source)  # [M, H or V]
     head = parts[1] if parts is not None else None
     vocab = (
@@ -311,7 +335,15 @@ def compute_logprobs(
         top_flat = torch.zeros(n * T, K, dtype=logp.dtype, device=device)  # [n*T, K]
         top_out = top_flat.index_copy(0, dest, top.to(logp.dtype)).view(n, T, K)  # [n, T, K]
     return LogProbs(
-        logp_out, mask, ent_out, sq_out, top_out, path, parts is not None, unmasked and path == "padded"
+        logp_out,
+        mask,
+        ent_out,
+        sq_out,
+        top_out,
+        path,
+        parts is not None,
+        unmasked and path == "padded",
+        compiled and parts is not None and compiled_forward.failed(parts[0]) is None,
     )
 
 
@@ -389,12 +421,7 @@ def _segments_unavailable(model: torch.nn.Module, impl: str | None, window: int 
     if impl != "sdpa":
         return f"attention implementation {impl!r} (segment attention replaces 'sdpa')"
     inner = unwrap(model)
-    flag = (
-        "is_activation_checkpointing"
-        if hasattr(type(inner), "is_activation_checkpointing")
-        else "is_gradient_checkpointing"
-    )
-    if getattr(inner, flag, False) and torch.is_grad_enabled() and not attention_held(model):
+    if _checkpointing(inner) and torch.is_grad_enabled() and not attention_held(model):
         # Outside cohort's update, the backward would recompute layers after the attention switch is undone
         # (without gradients nothing is recomputed: a reference copy or π_old pass may take segments).
         return "gradient checkpointing is on (its recomputation would run plain attention)"
@@ -440,6 +467,58 @@ def _unmasked_unavailable(model: torch.nn.Module) -> str | None:
         return None
     return probes.failure(
         model, "unmasked_padding", "its padded rows give other log-probs without an attention mask"
+    )
+
+
+def _checkpointing(inner: torch.nn.Module) -> bool:
+    """Returns whether gradient checkpointing is on for a transformers model (by the name its version uses)."""
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(type(inner), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    return bool(getattr(inner, flag, False))
+
+
+def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: bool) -> str | None:
+    """Returns why padded rows' decoder forward cannot run through torch.compile on this model (None: it can)."""
+    if is_sharded(model):
+        return "the model is sharded (each FSDP unit gathers its weights inside the forward)"
+    inner = unwrap(model)
+    if _checkpointing(inner):
+        return "gradient checkpointing is on (model.gradient_checkpointing)"
+    if not chunked:
+        return (
+            "it compiles the decoder of the chunked LM head's split, which is not in use (fast.chunked_head)"
+        )
+    if not unmasked:
+        return (
+            "it compiles padded rows without an attention mask, which are not in use here (fast.unmasked_padding: "
+            "auto takes them on CUDA only; set it to on)"
+        )
+    parts = split_model(model)
+    if parts is not None and compiled_forward.failed(parts[0]) is not None:
+        return f"compiling its forward failed ({compiled_forward.failed(parts[0])})"
+    vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
+    prompts = [[t % vocab for t in (1, 2, 3, 4, 5)], [t % vocab for t in (6, 7)]]
+    comps = [[t % vocab for t in c] for c in ([8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19])]
+    args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024, "padded")
+
+    def run(compiled: bool):
+        def go():
+            lp = compute_logprobs(*args, chunked=True, unmasked=True, compiled=compiled)
+            if compiled and not lp.compiled:
+                raise RuntimeError(
+                    f"it did not compile ({compiled_forward.failed(parts[0]) if parts else ''})"
+                )
+            return lp.logp
+
+        return go
+
+    if probes.probe(model, "compile_update", run(True), run(False)):
+        return None
+    return probes.failure(
+        model, "compile_update", "its compiled forward gives other log-probs than the eager one"
     )
 
 

@@ -627,6 +627,28 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
                 f"fast.graph_decode=on cannot run: {why}; set fast.graph_decode=auto or off"
             )
 
+    if f.compile_update == "on":
+        why = None
+        on_cpu = (
+            m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available)
+        )
+        if cfg.distributed.strategy == "fsdp":
+            why = (
+                f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, which each FSDP unit "
+                "gathers inside the forward"
+            )
+        elif m.gradient_checkpointing:
+            why = "model.gradient_checkpointing is on, and the compiled forward does not recompute layers"
+        elif on_cpu and f.unmasked_padding == "auto":
+            why = (
+                f"it compiles padded rows without a mask, and fast.unmasked_padding=auto keeps the mask off CUDA "
+                f"(model.device={m.device!r}): set fast.unmasked_padding=on as well"
+            )
+        if why is not None:
+            raise FastPathConfigError(
+                f"fast.compile_update=on cannot run: {why}; or set fast.compile_update=auto or off"
+            )
+
 
 def _check_device(name: str) -> None:
     """Raises ConfigError when model.device is not auto or a device string torch can parse."""

@@ -56,6 +56,13 @@ class FastConfig:
     kernel and no [rows, 1, length, length] mask is built. Checked once per model (a probe with rows of unequal
     length). `auto` takes it on CUDA only (CPU runs are unchanged); not yet measured on a GPU: on an H200 the
     masked rows' attention (cuDNN) took ~0.7 ms of host time a call, 24 calls a forward (docs/performance.md)."""
+    compile_update: str = "off"
+    """Update, padded rows without a mask (`unmasked_padding`): the decoder's forward, and so its backward, run
+    through torch.compile (one trace with dynamic sizes for every micro-batch; cohort.fastpath.compiled), so its
+    elementwise work is fused into fewer kernels launched from generated code. Needs the chunked head and an
+    unsharded model without gradient checkpointing; checked once per model against the eager forward. Off by
+    default until measured on a GPU; `auto` takes it on CUDA only. The first steps pay the compilation (several
+    traces: with and without gradients, policy and reference)."""
     segments: str = "auto"
     """Update: segment attention over one packed row of exactly the real tokens (needs the grouped layout, sdpa
     attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the
@@ -178,6 +185,17 @@ class FastConfig:
                 f"{prefix}drop_ended_fraction={self.drop_ended_fraction!r} must be in (0, 1]; it is the share of "
                 "ended rows that triggers dropping them (0.25 is a good default)"
             )
+        if self.compile_update == "on":
+            for name, bad, why in (
+                ("chunked_head", "off", "it compiles the decoder the chunked LM head splits off"),
+                ("unmasked_padding", "off", "it compiles padded rows without an attention mask"),
+                ("grouped", "on", "it compiles padded rows, which grouped=on never lays out"),
+            ):
+                if getattr(self, name) == bad:
+                    raise ValueError(
+                        f"{prefix}compile_update=on cannot run with {prefix}{name}={bad}: {why}; set {prefix}{name} "
+                        f"to auto, or {prefix}compile_update to auto or off"
+                    )
         if self.segments == "on" and self.grouped == "off":
             raise ValueError(
                 f"{prefix}segments=on needs the grouped layout, but {prefix}grouped=off; set {prefix}grouped to "

@@ -40,7 +40,7 @@ class UpdateStats:
     batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
     paths: dict[str, float] = field(default_factory=dict)
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded), with the
-    chunked head and with unmasked padded rows, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
+    chunked head, with unmasked padded rows and with the compiled decoder, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
 
     controls: dict[str, float] = field(default_factory=dict)
     """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
@@ -117,13 +117,14 @@ class UpdateMeter:
         self.gap = 0.0
         self.control_names: set[str] = set()
 
-    def path(self, name: str, chunked_head: bool, unmasked: bool = False) -> None:
-        """Counts one log-prob computation by the layout that ran it, whether the chunked head did and whether its
-        padded rows ran without a mask."""
+    def path(self, name: str, chunked_head: bool, unmasked: bool = False, compiled: bool = False) -> None:
+        """Counts one log-prob computation by the layout that ran it, whether the chunked head did, whether its
+        padded rows ran without a mask and whether its decoder forward ran compiled."""
         for p in LOGPROB_PATHS:
             self.paths.add(p, float(name == p), 1.0)
         self.paths.add("chunked_head", float(chunked_head), 1.0)
         self.paths.add("unmasked_padding", float(unmasked), 1.0)
+        self.paths.add("compile_update", float(compiled), 1.0)
 
     def sampler_gap(self, logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> None:
         """Keeps the largest |trainer - sampler| log-prob over the masked-in tokens."""
@@ -186,7 +187,10 @@ class UpdateMeter:
     ) -> UpdateStats:
         """Returns the UpdateStats of what was accumulated (measured_gap: the batch carried sampler log-probs)."""
         means = self.means
-        taken = {name: self.paths.get(name) for name in (*LOGPROB_PATHS, "chunked_head", "unmasked_padding")}
+        taken = {
+            name: self.paths.get(name)
+            for name in (*LOGPROB_PATHS, "chunked_head", "unmasked_padding", "compile_update")
+        }
         taken = {k: v for k, v in taken.items() if v is not None}
         taken["skip_zero_advantage"] = float(skip_zero)
         return UpdateStats(

@@ -416,7 +416,7 @@ class PolicyUpdater:
                 topk_ids=batch.topk_ids if with_topk else None,
             )
         if meter is not None:
-            meter.path(lp.path, lp.chunked_head, lp.unmasked)
+            meter.path(lp.path, lp.chunked_head, lp.unmasked, lp.compiled)
         return lp
 
     @staticmethod
