@@ -517,6 +517,8 @@ def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: boo
 
     if probes.probe(model, "compile_update", run(True), run(False)):
         return None
+    if parts is not None and compiled_forward.failed(parts[0]) is not None:
+        return f"compiling its forward failed ({compiled_forward.failed(parts[0])}; checked once per model)"
     return probes.failure(
         model, "compile_update", "its compiled forward gives other log-probs than the eager one"
     )

@@ -321,6 +321,17 @@ def test_unmasked_padded_rows_give_the_same_gradient_and_are_reported(model64, b
     assert stats.paths["padded"] == 1.0 and stats.paths["unmasked_padding"] == 1.0
 
 
+def test_a_compiled_update_gives_the_same_gradient_and_is_reported(monkeypatch, model64, batch):
+    from cohort.fastpath import compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # AOTAutograd's forward and backward, run eagerly
+    ref, _ = _gradient(model64, batch, "dapo", FastConfig.all("off"), 10**6, beta=0.1)
+    fast = FastConfig(grouped="off", unmasked_padding="on", compile_update="on")
+    got, stats = _gradient(model64, batch, "dapo", fast, 40, beta=0.1)
+    _assert_same(got, ref, "compiled")
+    assert stats.paths["compile_update"] == 1.0 and stats.paths["unmasked_padding"] == 1.0
+
+
 def test_oversized_group_is_split():
     G = 4
     micro = plan_micro_batches([0, 1, 2, 3], G, [10], [50, 50, 50, 50], token_budget=80)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from cohort.errors import first_line
 from cohort.fastpath.switches import say_once
 
 BACKEND: Any = "inductor"
@@ -56,6 +57,20 @@ def _limit() -> contextlib.AbstractContextManager:
     return config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT))
 
 
+def _reason(exc: BaseException) -> str:
+    """Returns what a compile failure says: its own type and, for a wrapped error (torch's BackendCompilerFailed),
+    the first line of the error at its root."""
+    root = exc
+    for _ in range(8):  # a short chain: the compiler's wrapper, perhaps one more
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if not isinstance(inner, BaseException) or inner is root:
+            break
+        root = inner
+    text = first_line(root) if str(root).strip() else ""
+    wrapped = f"{type(exc).__name__} from " if root is not exc else ""
+    return f"{wrapped}{type(root).__name__}: {text}".rstrip(": ")
+
+
 def failed(decoder: torch.nn.Module) -> str | None:
     """Returns why compiling `decoder`'s forward failed in this process (None: it has not failed)."""
     return _FAILED.get(decoder)
@@ -72,8 +87,7 @@ def hidden_states(
             with _limit():
                 return _compiled()(decoder, input_ids, position_ids)
         except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is exact
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            _FAILED[decoder] = reason
+            _FAILED[decoder] = reason = _reason(exc)
             name = type(model if model is not None else decoder).__name__
             say_once(
                 model,
