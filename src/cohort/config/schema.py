@@ -642,7 +642,8 @@ class TrainFields:
     steps: int = 100
     """Training steps (one generation batch each)."""
     micro_batch_tokens: int = 8192
-    """Token budget of one forward/backward (gradient accumulation splits larger minibatches)."""
+    """Token budget of one forward/backward (gradient accumulation splits larger minibatches), counted in the layout
+    the pass takes: a padded row's padding counts, a grouped prompt counts once."""
     seed: int = 0
     """Seed for sampling, shuffling and initialisation."""
     out_dir: str = "runs/cohort"

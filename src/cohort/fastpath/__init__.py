@@ -13,7 +13,9 @@ run, never its result; `FastConfig.all("off")` is the reference. Measured on thi
 | shared-prefix decoding | `attention.py` | reading a prompt's cache G times: rollout 1.12x faster on (b), 14 M | probe per model ("shared_prefix") | `shared_prefix` |
 | packed decode weights | `packed_linear.py` | MKL's slow few-row matmuls: rollout 1.14x faster at Qwen2.5-0.5B width (0.94x at 14 M, so not packed there) | probe per torch build ("packed_linear") | `packed_weights` |
 | preallocated KV cache | `kv_cache.py` | the cache copy at every decode step: rollout 1.08x faster on (b), 14 M | tests | `preallocated_kv` |
-| captured decode step (CUDA only) | `attention.py` (`StepPlan`), `kv_cache.py` (`StepLayer`); the step in `cohort/rollout/graph.py` | ~1,300 kernel launches a decode step from Python (0.5B): not measured yet, no GPU | probe per model ("graph_decode"); CPU tests of the uncaptured step | `graph_decode` |
+| captured decode step (CUDA only) | `attention.py` (`StepPlan`), `kv_cache.py` (`StepLayer`); the step in `cohort/rollout/graph.py` | ~1,300 kernel launches a decode step from Python (0.5B): 4.5 ms a step on an H200 against 24.9 eager | probe per model ("graph_decode"); CPU tests of the uncaptured step | `graph_decode` |
+| unmasked padded rows (CUDA under auto) | `cohort/logprobs.py` (`choose_unmasked`) | the [rows, 1, L, L] mask and the masked attention kernel of right-padded rows: not measured on a GPU | probe per model ("unmasked_padding"); float64 tests | `unmasked_padding` |
+| compiled update forward (off until measured) | `compiled.py` | the update's host-bound forward and backward (21,279 launches a step on an H200): not measured on a GPU | probe per model ("compile_update"); tests with tracing backends | `compile_update` |
 | heap bound | `memory.py` | heap fragmentation (1.9 GB resident for 0.5 GB live at a 152k vocabulary, round 3) | Linux/glibc only | `heap_bound` |
 
 `switches.py` holds the switchboard (`auto | on | off`, thresholds, `choose`); `probes.py` the one
