@@ -288,6 +288,18 @@ def test_padded_plan_covers_rows_once_within_budget_longest_first(seed):
     assert max(_padded_cost(m, G, plen, clen) for m in grouped) > budget
 
 
+def test_padded_micro_batches_are_as_few_as_the_budget_allows_and_even():
+    # 64 rows of 376-456 tokens under 8,192: a first-fit split gives 18, 19, 19 and 8 rows; four even ones do.
+    rng = random.Random(0)
+    G = 8
+    plen = [rng.randint(120, 200) for _ in range(8)]
+    clen = [256] * 64
+    micro = plan_micro_batches(list(range(64)), G, plen, clen, 8192, padded=True)
+    costs = [_padded_cost(m, G, plen, clen) for m in micro]
+    assert len(micro) == 4 == math.ceil(sum(p + 256 for p in plen for _ in range(G)) / 8192)
+    assert max(costs) <= 7100 and min(len(m) for m in micro) >= 15, (costs, [len(m) for m in micro])
+
+
 def test_a_padded_row_longer_than_the_budget_is_a_micro_batch_of_its_own():
     assert plan_micro_batches([0, 1, 2], 3, [10], [50, 5, 5], token_budget=40, padded=True) == [[0], [1, 2]]
 

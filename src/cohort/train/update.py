@@ -258,20 +258,35 @@ def plan_micro_batches(
 
 
 def _plan_padded(rows, group_size, prompt_lengths, completion_lengths, token_budget) -> list[list[int]]:
-    """Returns `rows` in micro-batches of padded rows (plan_micro_batches with padded=True)."""
+    """Returns `rows` in micro-batches of padded rows (plan_micro_batches with padded=True): as few as the budget
+    allows, as even as that many can be (the largest sets the peak memory, and a small last one saves no pass)."""
     cost = {r: prompt_lengths[r // group_size] + completion_lengths[r] for r in rows}
-    micro: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for r in sorted(rows, key=lambda r: -cost[r]):  # stable: equal costs keep their order
-        if current and max(longest, cost[r]) * (len(current) + 1) > token_budget:
+    order = sorted(rows, key=lambda r: -cost[r])  # stable: equal costs keep their order
+
+    def fill(budget: int) -> list[list[int]]:
+        micro: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for r in order:
+            if current and max(longest, cost[r]) * (len(current) + 1) > budget:
+                micro.append(current)
+                current, longest = [], 0
+            current.append(r)
+            longest = max(longest, cost[r])
+        if current:
             micro.append(current)
-            current, longest = [], 0
-        current.append(r)
-        longest = max(longest, cost[r])
-    if current:
-        micro.append(current)
-    return micro
+        return micro
+
+    fewest = fill(token_budget)
+    # The smallest budget that still needs no more micro-batches (their count only grows as the budget shrinks).
+    low, high = max(cost.values(), default=1), token_budget
+    while low < high:
+        mid = (low + high) // 2
+        if len(fill(mid)) <= len(fewest):
+            high = mid
+        else:
+            low = mid + 1
+    return fill(high) if high < token_budget else fewest
 
 
 class PolicyUpdater:
