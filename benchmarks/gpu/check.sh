@@ -111,10 +111,16 @@ run_step() {  # run_step NAME LIMIT_S COMMAND...: runs COMMAND under the step's 
 }
 
 # A. The test suite (each outcome logged as it comes by benchmarks/gpu/pytest_record.py: kept if cut short).
-# PYTEST_FIRST: test paths collected (and so started) first, e.g. the ones a previous run saw fail.
+# PYTEST_FIRST: test paths collected (and so started) first, e.g. the ones a previous run saw fail. By default the
+# files that took longest on an H200 (2026-11-28, 16 workers: 50-120 s each), so that the suite's tail is not one
+# of them started last.
 export GPU_CHECK_TESTLOG=$PARTS/tests.jsonl
+SLOWEST="tests/commands/test_demo.py tests/commands/test_pipeline.py tests/serve/test_serve_episodes.py
+  tests/test_ablation_script.py tests/serve/test_serve_async.py tests/episodes/test_tool_task_example.py
+  tests/runtime/test_distributed.py tests/runtime/test_collectives.py tests/test_cli_e2e.py
+  tests/commands/test_doctor.py"
 FIRST=()
-for path in ${PYTEST_FIRST:-}; do  # a path that is not there would stop the whole suite before its first test
+for path in ${PYTEST_FIRST-$SLOWEST}; do  # a path that is not there would stop the whole suite before its first test
   if [[ -e "${path%%::*}" ]]; then FIRST+=("$path"); else echo "PYTEST_FIRST: no $path here; left out" >&2; fi
 done
 step_pytest() {
