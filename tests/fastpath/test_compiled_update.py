@@ -132,3 +132,18 @@ def test_compile_update_settings_it_cannot_honour_are_refused_before_the_model_l
         with pytest.raises(FastPathConfigError, match=f"fast.compile_update=on cannot run: .*{fragment}"):
             load_config(None, cfg).validate()
     load_config(None, {**base, "fast": {"compile_update": "on", "unmasked_padding": "on"}}).validate()
+
+
+def test_running_out_of_memory_in_the_compiled_forward_is_not_taken_for_a_compile_failure(monkeypatch):
+    def out_of_memory(gm, example_inputs):
+        def run(*args):
+            raise torch.OutOfMemoryError("out of memory (made up)")
+
+        return run
+
+    monkeypatch.setattr(compiled, "BACKEND", out_of_memory)
+    model = tiny_model(seed=25)
+    decoder = model.model
+    with pytest.raises(torch.OutOfMemoryError, match="made up"):
+        compiled.hidden_states(decoder, torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), model=model)
+    assert compiled.failed(decoder) is None  # a later, smaller micro-batch still tries the compiled forward

@@ -86,6 +86,8 @@ def hidden_states(
         try:
             with _limit():
                 return _compiled()(decoder, input_ids, position_ids)
+        except torch.OutOfMemoryError:
+            raise  # the eager forward needs the memory too: say so, as it would
         except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is exact
             _FAILED[decoder] = reason = _reason(exc)
             name = type(model if model is not None else decoder).__name__
