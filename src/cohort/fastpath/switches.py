@@ -189,7 +189,6 @@ class FastConfig:
             for name, bad, why in (
                 ("chunked_head", "off", "it compiles the decoder the chunked LM head splits off"),
                 ("unmasked_padding", "off", "it compiles padded rows without an attention mask"),
-                ("grouped", "on", "it compiles padded rows, which grouped=on never lays out"),
             ):
                 if getattr(self, name) == bad:
                     raise ValueError(
