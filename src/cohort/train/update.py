@@ -3,7 +3,8 @@
 - π_old is only computed when the policy moves before a minibatch is used (μ > 1 or several minibatches);
   otherwise the ratio is taken against the detached current log-probs, which is the same number;
 - π_ref is only computed when beta > 0 (with LoRA, by switching the adapter off, not a second model);
-- micro-batches are built from whole groups bucketed by length under a token budget;
+- micro-batches fit a token budget counted in the layout their pass takes (`cohort.logprobs.pass_layout`): whole
+  groups bucketed by length for the grouped layouts, rows sorted by length for padded ones;
 - the fast paths (zero-advantage skipping, the log-prob layouts, the chunked LM head) follow the `fast`
   switches (`cohort.fastpath`) and the update reports which ones ran (UpdateStats.paths).
 With several processes the per-process losses use the global normalisers (`cohort.algo.loss_normalisers`)
