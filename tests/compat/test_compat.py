@@ -189,6 +189,15 @@ def test_trl_reference_sync_maps_onto_cohorts():
         at_zero.validate(need_data=False, reward_funcs=[len])
 
 
+def test_trl_torch_compile_maps_onto_the_compiled_update():
+    assert GRPOConfig(output_dir="x").to_train_config("m", 8).fast.compile_update == "off"
+    on = GRPOConfig(output_dir="x", torch_compile=True).to_train_config("m", 8)
+    assert on.fast.compile_update == "auto"  # CUDA only: a CPU run keeps its grouped update, uncompiled
+    on.validate(need_data=False, reward_funcs=[len])
+    with pytest.raises(ConfigError, match=r"GRPOConfig\(torch_compile='yes'\): give True or False"):
+        GRPOConfig(output_dir="x", torch_compile="yes").to_train_config("m", 8)
+
+
 def test_trl_defaults_are_accepted_unchanged():
     # A field cohort does not implement, at TRL's default, changes nothing and is accepted.
     args = GRPOConfig(output_dir="x", use_vllm=False, top_entropy_quantile=1.0, logging_steps=10)

@@ -153,6 +153,9 @@ class GRPOConfig:
                 f"GRPOConfig(multi_objective_aggregation={aggregation!r}): choose one of {list(modes)}"
             )
         out["algo.reward_mode"] = modes[aggregation]
+        if not isinstance(self.torch_compile, bool):
+            raise ConfigError(f"GRPOConfig(torch_compile={self.torch_compile!r}): give True or False")
+        out["fast.compile_update"] = "auto" if self.torch_compile else "off"
         if self.sync_ref_model:
             out["algo.ref_update_every"] = self.ref_model_sync_steps
             out["algo.ref_mixup_alpha"] = self.ref_model_mixup_alpha

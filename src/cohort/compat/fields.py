@@ -189,7 +189,12 @@ TRL_FIELDS: dict[str, Field] = {
         "sum_then_normalize -> sum; normalize_then_sum -> decoupled (GDPO)",
     ),
     "fp16": Field(False, None, "model.dtype=float16 (no loss scaling)"),
-    "torch_compile": Field(False, None, "not implemented"),
+    "torch_compile": Field(
+        False,
+        "fast.compile_update",
+        "True -> auto: on CUDA the update's decoder forward and backward through torch.compile (cohort's decode "
+        "step is a captured CUDA graph either way); False -> off",
+    ),
     "push_to_hub": Field(
         False, None, "not implemented: trainer.save_model() writes a save_pretrained folder"
     ),
