@@ -248,13 +248,18 @@ def _cost(micro, G, plen, clen):
     return longest * len(groups)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_plan_covers_rows_once_within_budget(seed):
+def _random_rows(seed: int) -> tuple[int, list[int], list[int], list[int]]:
+    """Returns (G, prompt lengths, completion lengths, 25 of the 36 rows) drawn from `seed`."""
     rng = random.Random(seed)
     G, B = 4, 9
     plen = [rng.randint(3, 40) for _ in range(B)]
     clen = [rng.randint(0, 30) for _ in range(B * G)]
-    rows = sorted(rng.sample(range(B * G), 25))
+    return G, plen, clen, sorted(rng.sample(range(B * G), 25))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plan_covers_rows_once_within_budget(seed):
+    G, plen, clen, rows = _random_rows(seed)
     budget = 200
     micro = plan_micro_batches(rows, G, plen, clen, budget)
     flat = [r for m in micro for r in m]
@@ -271,11 +276,7 @@ def _padded_cost(micro, G, plen, clen):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_padded_plan_covers_rows_once_within_budget_longest_first(seed):
-    rng = random.Random(seed)
-    G, B = 4, 9
-    plen = [rng.randint(3, 40) for _ in range(B)]
-    clen = [rng.randint(0, 30) for _ in range(B * G)]
-    rows = sorted(rng.sample(range(B * G), 25))
+    G, plen, clen, rows = _random_rows(seed)
     budget = 150
     micro = plan_micro_batches(rows, G, plen, clen, budget, padded=True)
     assert sorted(r for m in micro for r in m) == rows
