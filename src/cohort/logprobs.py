@@ -62,6 +62,8 @@ class LogProbs:
     """Whether padded rows ran without an attention mask (fast.unmasked_padding; False on the grouped paths)."""
     compiled: bool = False
     """Whether the decoder's forward ran through torch.compile (fast.compile_update)."""
+    layout_tokens: int = 0
+    """Tokens the forward ran on: rows x length of the layout, padding included (what micro_batch_tokens bounds)."""
 
 
 def completion_logprobs(
@@ -344,6 +346,7 @@ def compute_logprobs(
         parts is not None,
         unmasked and path == "padded",
         compiled and parts is not None and compiled_forward.failed(parts[0]) is None,
+        int(input_ids.numel()),
     )
 
 

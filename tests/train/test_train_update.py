@@ -317,11 +317,19 @@ def test_every_padded_forward_of_an_update_fits_the_token_budget(model64, batch,
         with_kwargs=True,
     )
     try:
-        _gradient(model64, batch, "dapo", fast, budget)
+        _, stats = _gradient(model64, batch, "dapo", fast, budget)
     finally:
         hook.remove()
     assert shapes
     assert all(rows == 1 or rows * width <= budget for rows, width in shapes), shapes
+    # The update reports its gradient passes and the largest of them (the rows of this batch fit 40 tokens).
+    assert stats.micro_batches > 1 and 0 < stats.micro_batch_tokens_max <= budget
+    assert stats.micro_batch_tokens_max in {rows * width for rows, width in shapes}
+    metrics = stats.metrics()
+    assert (metrics["micro_batches"], metrics["micro_batch_tokens_max"]) == (
+        stats.micro_batches,
+        stats.micro_batch_tokens_max,
+    )
 
 
 def test_unmasked_padded_rows_give_the_same_gradient_and_are_reported(model64, batch):

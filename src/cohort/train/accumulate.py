@@ -40,7 +40,13 @@ class UpdateStats:
     batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
     paths: dict[str, float] = field(default_factory=dict)
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded), with the
-    chunked head, with unmasked padded rows and with the compiled decoder, and whether zero-advantage skipping was on (1.0) or off (0.0)."""
+    chunked head, with unmasked padded rows and with the compiled decoder, and whether zero-advantage skipping
+    was on (1.0) or off (0.0)."""
+    micro_batches: int = 0
+    """Forward / backward passes with gradients over the update's optimizer steps (the busiest process's)."""
+    micro_batch_tokens_max: int = 0
+    """The largest of their layouts in tokens, padding included: what micro_batch_tokens bounds (a single row
+    longer than the budget is a micro-batch of its own)."""
 
     controls: dict[str, float] = field(default_factory=dict)
     """What the token controls did (entropy_mask/kept_frac, cov/selected_frac, sampler/is_ratio_* ...)."""
@@ -64,6 +70,8 @@ class UpdateStats:
         if self.logprob_gap is not None:
             out["sampler/logprob_gap"] = self.logprob_gap
         out.update({f"fast/{k}": v for k, v in self.paths.items()})
+        out["micro_batches"] = self.micro_batches
+        out["micro_batch_tokens_max"] = self.micro_batch_tokens_max
         out.update(self.controls)
         if self.entropy_coef is not None:
             out["entropy_coef"] = self.entropy_coef
@@ -116,10 +124,20 @@ class UpdateMeter:
         self.low_min, self.high_max = math.inf, -math.inf  # extremes of the per-micro-batch clip ratios
         self.gap = 0.0
         self.control_names: set[str] = set()
+        self.passes = self.largest = 0  # gradient passes and their largest layout (tokens)
 
-    def path(self, name: str, chunked_head: bool, unmasked: bool = False, compiled: bool = False) -> None:
+    def path(
+        self,
+        name: str,
+        chunked_head: bool,
+        unmasked: bool = False,
+        compiled: bool = False,
+        layout_tokens: int = 0,
+    ) -> None:
         """Counts one log-prob computation by the layout that ran it, whether the chunked head did, whether its
-        padded rows ran without a mask and whether its decoder forward ran compiled."""
+        padded rows ran without a mask and whether its decoder forward ran compiled, and its size in tokens."""
+        self.passes += 1
+        self.largest = max(self.largest, layout_tokens)
         for p in LOGPROB_PATHS:
             self.paths.add(p, float(name == p), 1.0)
         self.paths.add("chunked_head", float(chunked_head), 1.0)
@@ -168,8 +186,19 @@ class UpdateMeter:
 
     def merge_processes(self, all_gather_object: Callable[[Any], list[Any]], rank: int) -> None:
         """Merges every other process's token-weighted means, extremes and gap into this one (a collective)."""
-        mine = (self.means, self.extremes, self.low_min, self.high_max, self.gap, self.control_names)
-        for r, (means, extremes, low, high, gap, names) in enumerate(all_gather_object(mine)):
+        mine = (
+            self.means,
+            self.extremes,
+            self.low_min,
+            self.high_max,
+            self.gap,
+            self.control_names,
+            self.passes,
+            self.largest,
+        )
+        for r, (means, extremes, low, high, gap, names, passes, largest) in enumerate(
+            all_gather_object(mine)
+        ):
             if r == rank:
                 continue
             self.means.merge(means, skip=self.GLOBAL)
@@ -181,6 +210,7 @@ class UpdateMeter:
                 max(self.gap, gap),
             )
             self.control_names.update(names)
+            self.passes, self.largest = max(self.passes, passes), max(self.largest, largest)
 
     def stats(
         self, *, lr: float, skip_zero: bool, measured_gap: bool, entropy_coef: float | None
@@ -213,4 +243,6 @@ class UpdateMeter:
                 for k in sorted(self.control_names)
             },
             entropy_coef=entropy_coef,
+            micro_batches=self.passes,
+            micro_batch_tokens_max=self.largest,
         )
