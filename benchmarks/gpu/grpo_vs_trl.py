@@ -157,6 +157,9 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
                 "mean_length": m.get("completions/mean_length"),
                 "loss": m.get("loss"),
                 "fast": {k.removeprefix("fast/"): v for k, v in m.items() if k.startswith("fast/")},
+                # How the token budget split the update: passes with gradients, the largest in tokens.
+                "micro_batches": m.get("micro_batches"),
+                "micro_batch_tokens_max": m.get("micro_batch_tokens_max"),
                 # Every stage's seconds, for the whole-step profile (issue 39.3).
                 "times": {k.removeprefix("time/"): v for k, v in m.items() if k.startswith("time/")},
             }
@@ -400,6 +403,9 @@ def summarise_worker(rec: dict, warmup: int) -> dict:
         out["note"] = "no measured step finished: the warm-up step's time"
     if steps and "fast" in steps[-1]:
         out["fast"] = steps[-1]["fast"]
+    for key in ("micro_batches", "micro_batch_tokens_max"):
+        if steps and steps[-1].get(key) is not None:
+            out[key] = steps[-1][key]
     timed = [s["times"] for s in measured if s.get("times")]
     if timed:  # the median seconds of each stage over the measured steps: where a step's time goes
         out["stage_s"] = {k: statistics.median(t.get(k, 0.0) for t in timed) for k in sorted(timed[-1])}
