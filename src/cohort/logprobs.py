@@ -457,11 +457,7 @@ def _unmasked_unavailable(model: torch.nn.Module) -> str | None:
 
     Checked once per model on rows of unequal length: a model whose attention is not causal over the whole
     sequence (a bidirectional prefix, a mask it needs to be handed) gives other log-probs, or fails, without it."""
-    inner = unwrap(model)
-    vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
-    prompts = [[t % vocab for t in (1, 2, 3, 4, 5)], [t % vocab for t in (6, 7)]]
-    comps = [[t % vocab for t in c] for c in ([8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19])]
-    args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024, "padded")
+    args = _uneven_padded_rows(model)
 
     def run(unmasked: bool):
         return lambda: compute_logprobs(*args, chunked=False, unmasked=unmasked).logp
@@ -471,6 +467,15 @@ def _unmasked_unavailable(model: torch.nn.Module) -> str | None:
     return probes.failure(
         model, "unmasked_padding", "its padded rows give other log-probs without an attention mask"
     )
+
+
+def _uneven_padded_rows(model: torch.nn.Module) -> tuple:
+    """Returns compute_logprobs's positional arguments up to the path for the padded-row probes: two groups of two
+    whose rows differ in length, so that some are padded."""
+    vocab = unwrap(model).get_input_embeddings().weight.shape[0]  # type: ignore[operator]
+    prompts = [[t % vocab for t in (1, 2, 3, 4, 5)], [t % vocab for t in (6, 7)]]
+    comps = [[t % vocab for t in c] for c in ([8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19])]
+    return (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024, "padded")
 
 
 def _checkpointing(inner: torch.nn.Module) -> bool:
@@ -502,10 +507,7 @@ def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: boo
     parts = split_model(model)
     if parts is not None and compiled_forward.failed(parts[0]) is not None:
         return f"compiling its forward failed ({compiled_forward.failed(parts[0])})"
-    vocab = inner.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
-    prompts = [[t % vocab for t in (1, 2, 3, 4, 5)], [t % vocab for t in (6, 7)]]
-    comps = [[t % vocab for t in c] for c in ([8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19])]
-    args = (model, prompts, comps, 2, [0, 1, 2, 3], 1.0, False, 1024, "padded")
+    args = _uneven_padded_rows(model)
 
     def run(compiled: bool):
         def go():

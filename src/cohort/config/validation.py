@@ -604,11 +604,12 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
             "set fast.packed_weights=auto"
         )
 
+    off_cuda = m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available)
     if f.graph_decode == "on":
         why = None
         if cfg.rollout.engine != "builtin":
             why = f"the builtin engine samples with it, and rollout.engine={cfg.rollout.engine!r}"
-        elif m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available):
+        elif off_cuda:
             why = f"CUDA graphs need a CUDA GPU, and model.device={m.device!r} decodes on the CPU"
         elif cfg.distributed.strategy == "fsdp":
             why = (
@@ -629,9 +630,6 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
 
     if f.compile_update == "on":
         why = None
-        on_cpu = (
-            m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available)
-        )
         if cfg.distributed.strategy == "fsdp":
             why = (
                 f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, which each FSDP unit "
@@ -639,7 +637,7 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
             )
         elif m.gradient_checkpointing:
             why = "model.gradient_checkpointing is on, and the compiled forward does not recompute layers"
-        elif on_cpu and f.unmasked_padding == "auto":
+        elif off_cuda and f.unmasked_padding == "auto":
             why = (
                 f"it compiles padded rows without a mask, and fast.unmasked_padding=auto keeps the mask off CUDA "
                 f"(model.device={m.device!r}): set fast.unmasked_padding=on as well"

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from cohort.logprobs import PATHS as LOGPROB_PATHS
+from cohort.logprobs import LogProbs
 
 
 @dataclass
@@ -126,23 +127,16 @@ class UpdateMeter:
         self.control_names: set[str] = set()
         self.passes = self.largest = 0  # gradient passes and their largest layout (tokens)
 
-    def path(
-        self,
-        name: str,
-        chunked_head: bool,
-        unmasked: bool = False,
-        compiled: bool = False,
-        layout_tokens: int = 0,
-    ) -> None:
-        """Counts one log-prob computation by the layout that ran it, whether the chunked head did, whether its
-        padded rows ran without a mask and whether its decoder forward ran compiled, and its size in tokens."""
+    def path(self, lp: LogProbs) -> None:
+        """Counts one log-prob computation with gradients by the layout that ran it, whether the chunked head did,
+        whether its padded rows ran without a mask and its decoder compiled, and its size in tokens."""
         self.passes += 1
-        self.largest = max(self.largest, layout_tokens)
+        self.largest = max(self.largest, lp.layout_tokens)
         for p in LOGPROB_PATHS:
-            self.paths.add(p, float(name == p), 1.0)
-        self.paths.add("chunked_head", float(chunked_head), 1.0)
-        self.paths.add("unmasked_padding", float(unmasked), 1.0)
-        self.paths.add("compile_update", float(compiled), 1.0)
+            self.paths.add(p, float(lp.path == p), 1.0)
+        self.paths.add("chunked_head", float(lp.chunked_head), 1.0)
+        self.paths.add("unmasked_padding", float(lp.unmasked), 1.0)
+        self.paths.add("compile_update", float(lp.compiled), 1.0)
 
     def sampler_gap(self, logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> None:
         """Keeps the largest |trainer - sampler| log-prob over the masked-in tokens."""
@@ -217,11 +211,7 @@ class UpdateMeter:
     ) -> UpdateStats:
         """Returns the UpdateStats of what was accumulated (measured_gap: the batch carried sampler log-probs)."""
         means = self.means
-        taken = {
-            name: self.paths.get(name)
-            for name in (*LOGPROB_PATHS, "chunked_head", "unmasked_padding", "compile_update")
-        }
-        taken = {k: v for k, v in taken.items() if v is not None}
+        taken = self.paths.means()  # what `path` counted (nothing when no micro-batch ran)
         taken["skip_zero_advantage"] = float(skip_zero)
         return UpdateStats(
             loss=means.get("loss", 0.0),

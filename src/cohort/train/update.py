@@ -432,7 +432,7 @@ class PolicyUpdater:
                 topk_ids=batch.topk_ids if with_topk else None,
             )
         if meter is not None:
-            meter.path(lp.path, lp.chunked_head, lp.unmasked, lp.compiled, lp.layout_tokens)
+            meter.path(lp)
         return lp
 
     @staticmethod
