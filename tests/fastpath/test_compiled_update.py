@@ -79,7 +79,7 @@ def test_a_forward_that_cannot_compile_leaves_the_eager_one(monkeypatch):
     monkeypatch.setattr(compiled, "BACKEND", broken)
     model = tiny_model(seed=23)
     prompts, comps = rows(2, 6, seed=3)
-    with pytest.raises(FastPathError) as e, pytest.warns(UserWarning, match="using the eager forward"):
+    with pytest.raises(FastPathError) as e, pytest.warns(UserWarning, match="using the eager one"):
         lp_module.completion_logprobs(model, prompts, comps, G, fast=COMPILED)
     assert "fast.compile_update=on" in str(e.value) and "no compiler here" in str(e.value)
     # auto (taken on CUDA only: the choice is made as on a GPU, the forwards run here) falls back and says why once.

@@ -605,27 +605,16 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
         )
 
     off_cuda = m.device == "cpu" or m.device.startswith("mps") or (m.device == "auto" and not cuda_available)
-    if f.graph_decode == "on":
-        why = None
-        if cfg.rollout.engine != "builtin":
-            why = f"the builtin engine samples with it, and rollout.engine={cfg.rollout.engine!r}"
-        elif off_cuda:
-            why = f"CUDA graphs need a CUDA GPU, and model.device={m.device!r} decodes on the CPU"
-        elif cfg.distributed.strategy == "fsdp":
-            why = (
-                f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, and every forward of a "
-                "sharded model gathers them with collectives"
-            )
-        elif m.attn_implementation not in (None, "sdpa"):
-            why = f"it replaces sdpa's attention, and model.attn_implementation={m.attn_implementation!r}"
-        elif cfg.algo.dppo_topk > 0:
-            why = (
-                f"algo.dppo_topk={cfg.algo.dppo_topk} asks for each token's top-K log-probs, which the captured "
-                "step does not return"
+    if "on" in (f.graph_decode, f.compile_decode):
+        why = _graph_decode_refusal(cfg, off_cuda)
+        if why is not None and f.graph_decode == "on":
+            raise FastPathConfigError(
+                f"fast.graph_decode=on cannot run: {why}; set fast.graph_decode=auto or off"
             )
         if why is not None:
             raise FastPathConfigError(
-                f"fast.graph_decode=on cannot run: {why}; set fast.graph_decode=auto or off"
+                f"fast.compile_decode=on compiles the captured decode step, which cannot run: {why}; set "
+                "fast.compile_decode=auto or off"
             )
 
     if f.compile_update == "on":
@@ -646,6 +635,29 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
             raise FastPathConfigError(
                 f"fast.compile_update=on cannot run: {why}; or set fast.compile_update=auto or off"
             )
+
+
+def _graph_decode_refusal(cfg: Any, off_cuda: bool) -> str | None:
+    """Returns why the config alone shows the captured decode step cannot run (None: nothing does)."""
+    m = cfg.model
+    why = None
+    if cfg.rollout.engine != "builtin":
+        why = f"the builtin engine samples with it, and rollout.engine={cfg.rollout.engine!r}"
+    elif off_cuda:
+        why = f"CUDA graphs need a CUDA GPU, and model.device={m.device!r} decodes on the CPU"
+    elif cfg.distributed.strategy == "fsdp":
+        why = (
+            f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, and every forward of a "
+            "sharded model gathers them with collectives"
+        )
+    elif m.attn_implementation not in (None, "sdpa"):
+        why = f"it replaces sdpa's attention, and model.attn_implementation={m.attn_implementation!r}"
+    elif cfg.algo.dppo_topk > 0:
+        why = (
+            f"algo.dppo_topk={cfg.algo.dppo_topk} asks for each token's top-K log-probs, which the captured "
+            "step does not return"
+        )
+    return why
 
 
 def _check_device(name: str) -> None:

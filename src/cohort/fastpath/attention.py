@@ -44,6 +44,9 @@ from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+STEP_PLAN = "_cohort_step_plan"
+"""The attribute under which each attention module of a model holds a static decode step's plan
+(:func:`attach_step_plan`)."""
 NAME = "cohort_segments"
 """The attention implementation name cohort registers with transformers (segment and shared-prefix plans)."""
 BUCKET_RATIO = 0.75
@@ -320,7 +323,9 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Returns (attention output [B, L, H, D], None) following a SegmentPlan, PrefixPlan or StepPlan; plain sdpa
     otherwise."""
-    plan = plan_of(attention_mask)
+    plan = module.__dict__.get(STEP_PLAN)
+    if plan is None:
+        plan = plan_of(attention_mask)
     if isinstance(plan, PrefixPlan):
         return _prefix_decode(module, query, key, value, plan, scaling), None
     if isinstance(plan, StepPlan):
@@ -377,6 +382,24 @@ def plan_attention(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for c, impl in saved:
             c._attn_implementation_internal = impl
+
+
+@contextlib.contextmanager
+def attach_step_plan(model: torch.nn.Module, plan: StepPlan) -> Iterator[None]:
+    """Yields with `plan` held by every module of `model` that has a `layer_idx` (its attention modules), then
+    takes it away.
+
+    torch.compile traces an attribute of the module that calls the attention function, where it cannot trace
+    the look-up of a plan by its carrier mask (a weak-key dictionary): one graph break a layer otherwise."""
+    holders = [m for m in model.modules() if hasattr(m, "layer_idx")]
+    for m in holders:
+        setattr(m, STEP_PLAN, plan)
+    try:
+        yield
+    finally:
+        for m in holders:
+            if STEP_PLAN in m.__dict__:
+                delattr(m, STEP_PLAN)
 
 
 _HELD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

@@ -1,15 +1,19 @@
-"""The update's decoder forward through `torch.compile` (`fast.compile_update`).
+"""Functions run through `torch.compile` with a fallback: the update's decoder forward (`fast.compile_update`) and
+the static decode step (`fast.compile_decode`).
 
 On an H200 the update of a Qwen2.5-0.5B-shaped model waited on the host: 21,279 kernel launches in a step, each
 op dispatched from Python, for well under half a second of GPU work (docs/performance.md). torch.compile traces
 the decoder once, fuses its elementwise work (norms, rotary embeddings, activations, residual adds) into fewer
 kernels and launches them from generated code, for the forward and, through AOTAutograd, the backward.
 
-It is taken for padded rows without a mask (`fast.unmasked_padding`) only: the decoder's inputs are then ids and
-positions alone, so one trace with dynamic sizes serves every micro-batch, however many rows and tokens. A new
-grad mode, train / eval mode or autocast setting traces once more; a model is trusted only after the compiled
-forward reproduced the eager one (probe "compile_update"). A forward that fails to compile falls back to the
-eager forward for that model, with a warning once.
+The update's forward is taken for padded rows without a mask (`fast.unmasked_padding`) only: the decoder's inputs
+are then ids and positions alone, so one trace with dynamic sizes serves every micro-batch, however many rows and
+tokens. A new grad mode, train / eval mode or autocast setting traces once more; a model is trusted only after the
+compiled forward reproduced the eager one (probe "compile_update"). A forward that fails to compile falls back to
+the eager forward for that model, with a warning once.
+
+The decode step (cohort.rollout.graph) is captured as a CUDA graph, so its host work is gone already; what is left
+is the GPU's time in ~50 small kernels a layer, which fusing cuts.
 """
 
 from __future__ import annotations
@@ -31,8 +35,48 @@ RECOMPILE_LIMIT = 64
 """Traces kept per compiled function (torch's default of 8 is shared by every model of a process: a policy and its
 reference, each with and without gradients, in train and eval mode, under autocast or not, already make 8)."""
 
-_COMPILED: dict[Any, Callable] = {}  # backend -> the compiled function
-_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder -> why its compile failed
+
+class Compiled:
+    """`fn` compiled (one compiled function per backend), called through `call`: for an owner
+    (a model) whose compile failed, `fn` itself from then on."""
+
+    def __init__(self, fn: Callable, switch: str, what: str, *, dynamic: bool | None = True) -> None:
+        self.fn, self.switch, self.what = fn, switch, what
+        self.dynamic = dynamic  # torch.compile's: True every size, None those marked (maybe_mark_dynamic)
+        self._by_backend: dict[Any, Callable] = {}
+        self._failed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> why it failed
+
+    def compiled(self) -> Callable:
+        """Returns `fn` compiled with the current BACKEND (made on first use)."""
+        fn = self._by_backend.get(BACKEND)
+        if fn is None:
+            fn = self._by_backend[BACKEND] = torch.compile(self.fn, dynamic=self.dynamic, backend=BACKEND)
+        return fn
+
+    def failed(self, owner: Any) -> str | None:
+        """Returns why compiling for `owner` failed in this process (None: it has not failed)."""
+        return self._failed.get(owner)
+
+    def call(self, owner: Any, *args: Any, model: Any = None, recompile: bool = True) -> Any:
+        """Returns fn(*args) through the compiled function (through `fn` itself once compiling for `owner` failed;
+        `model` names it in the warning). recompile=False: a call that would trace anew fails over to `fn`
+        instead (inside a CUDA graph capture, where compiling cannot run)."""
+        if owner not in self._failed:
+            try:
+                with _limit(), _no_recompile(not recompile):
+                    return self.compiled()(*args)
+            except torch.OutOfMemoryError:
+                raise  # the eager function needs the memory too: say so, as it would
+            except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager function, which is exact
+                self._failed[owner] = reason = _reason(exc)
+                name = type(model if model is not None else owner).__name__
+                say_once(
+                    model if model is not None else owner,
+                    self.switch,
+                    f"compiling {self.what} of {name} failed ({reason}); "
+                    f"using the eager one (fast.{self.switch}=off says so up front)",
+                )
+        return self.fn(*args)
 
 
 def _hidden_states(
@@ -42,19 +86,18 @@ def _hidden_states(
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def _compiled() -> Callable:
-    fn = _COMPILED.get(BACKEND)
-    if fn is None:
-        # dynamic: the rows and the padded length change every micro-batch; one trace serves them all.
-        fn = _COMPILED[BACKEND] = torch.compile(_hidden_states, dynamic=True, backend=BACKEND)
-    return fn
-
-
 def _limit() -> contextlib.AbstractContextManager:
     config = getattr(getattr(torch, "_dynamo", None), "config", None)
     if config is None or not hasattr(config, "recompile_limit"):
         return contextlib.nullcontext()
     return config.patch(recompile_limit=max(config.recompile_limit, RECOMPILE_LIMIT))
+
+
+def _no_recompile(on: bool) -> contextlib.AbstractContextManager:
+    config = getattr(getattr(torch, "_dynamo", None), "config", None)
+    if not on or config is None or not hasattr(config, "error_on_recompile"):
+        return contextlib.nullcontext()
+    return config.patch(error_on_recompile=True)
 
 
 def _reason(exc: BaseException) -> str:
@@ -71,9 +114,13 @@ def _reason(exc: BaseException) -> str:
     return f"{wrapped}{type(root).__name__}: {text}".rstrip(": ")
 
 
+# dynamic: the rows and the padded length change every micro-batch; one trace serves them all.
+UPDATE_FORWARD = Compiled(_hidden_states, "compile_update", "the update's forward")
+
+
 def failed(decoder: torch.nn.Module) -> str | None:
     """Returns why compiling `decoder`'s forward failed in this process (None: it has not failed)."""
-    return _FAILED.get(decoder)
+    return UPDATE_FORWARD.failed(decoder)
 
 
 def hidden_states(
@@ -82,19 +129,4 @@ def hidden_states(
     """Returns the decoder's last hidden states [R, L, H] of unmasked rows `input_ids` [R, L] at `position_ids`
     [R, L], through the compiled forward (the eager one once compiling it failed for this decoder; `model` names
     it in the warning)."""
-    if decoder not in _FAILED:
-        try:
-            with _limit():
-                return _compiled()(decoder, input_ids, position_ids)
-        except torch.OutOfMemoryError:
-            raise  # the eager forward needs the memory too: say so, as it would
-        except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager forward, which is exact
-            _FAILED[decoder] = reason = _reason(exc)
-            name = type(model if model is not None else decoder).__name__
-            say_once(
-                model,
-                "compile_update",
-                f"compiling the update's forward of {name} failed ({reason}); "
-                "using the eager forward (fast.compile_update=off says so up front)",
-            )
-    return _hidden_states(decoder, input_ids, position_ids)
+    return UPDATE_FORWARD.call(decoder, decoder, input_ids, position_ids, model=model)

@@ -115,6 +115,13 @@ class FastConfig:
     replayed (cohort.rollout.graph): the ~1,300 kernel launches of a 0.5B model's step leave Python once. Needs
     sdpa attention, an unsharded model, rollouts within any sliding window and a once-per-model check against the
     eager decoding; `auto` takes it on CUDA only (so CPU runs are unchanged), `on` elsewhere is an error."""
+    compile_decode: str = "off"
+    """graph_decode: the captured step (forward, sampler, bookkeeping) is first traced by torch.compile with dynamic
+    sizes, so the graph replays fused kernels (cohort.rollout.graph.DECODE_STEP): at 0.5B a captured step is still
+    ~1,300 kernels of a few microseconds, most of them elementwise. Checked once per model against the eager
+    decoding; a step that fails to compile runs eagerly, with a warning. Off by default until measured on a GPU;
+    `auto` takes it wherever the captured step runs (CUDA). The first rollouts pay the compilation (a trace for
+    the probe, one for the run's precision)."""
     graph_decode_min_tokens: int = 16
     """auto: capture only rollouts of at least this many new tokens (capture costs a few eager steps)."""
     graph_decode_check_every: int = 8
@@ -195,6 +202,11 @@ class FastConfig:
                         f"{prefix}compile_update=on cannot run with {prefix}{name}={bad}: {why}; set {prefix}{name} "
                         f"to auto, or {prefix}compile_update to auto or off"
                     )
+        if self.compile_decode == "on" and self.graph_decode == "off":
+            raise ValueError(
+                f"{prefix}compile_decode=on compiles the captured decode step, but {prefix}graph_decode=off; set "
+                f"{prefix}graph_decode to auto or on, or {prefix}compile_decode to auto or off"
+            )
         if self.segments == "on" and self.grouped == "off":
             raise ValueError(
                 f"{prefix}segments=on needs the grouped layout, but {prefix}grouped=off; set {prefix}grouped to "

@@ -37,7 +37,7 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
-from cohort.rollout.graph import static_decode
+from cohort.rollout.graph import DECODE_STEP, static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
 
 _GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -153,6 +153,7 @@ class BuiltinEngine(RolloutEngine):
             )
         K = params.logprobs_topk
         if self._graph(model, device, P + T, T, K):
+            compiled = self._compiled(model, device)
             try:
                 tokens, lengths, ended, logps = static_decode(
                     model,
@@ -167,6 +168,7 @@ class BuiltinEngine(RolloutEngine):
                     capture=True,
                     check_every=f.graph_decode_check_every,
                     on_finished=on_finished,
+                    compiled=compiled,
                 )
             except torch.cuda.OutOfMemoryError:
                 raise  # not the graph's fault: the eager path would need the same memory
@@ -188,6 +190,7 @@ class BuiltinEngine(RolloutEngine):
                         preallocated_kv=True,
                         packed_weights=False,
                         graph_decode=True,
+                        compile_decode=compiled and DECODE_STEP.failed(model) is None,
                     )
                 return tokens, lengths, ended, logps
         prealloc = choose(f.preallocated_kv, "preallocated_kv", model)
@@ -286,6 +289,7 @@ class BuiltinEngine(RolloutEngine):
                 preallocated_kv=prealloc,
                 packed_weights=packed > 0,
                 graph_decode=False,
+                compile_decode=False,
             )
         if K > 0 and top is not None:
             top.update(ids=top_ids, logprobs=top_lps)
@@ -347,6 +351,48 @@ class BuiltinEngine(RolloutEngine):
                 model, "graph_decode", "the captured decode step does not reproduce the eager decoding"
             )
         return None
+
+    def _compiled(self, model: torch.nn.Module, device: torch.device) -> bool:
+        """Returns whether this rollout's static step runs through torch.compile (fast.compile_decode)."""
+        return choose(
+            self.fast.compile_decode,
+            "compile_decode",
+            model,
+            worth=device.type == "cuda",
+            unavailable=lambda: self._compile_unavailable(model, device),
+        )
+
+    def _compile_unavailable(self, model: torch.nn.Module, device: torch.device) -> str | None:
+        """Returns why the compiled decode step cannot sample this model (None: it can): compiling it failed in
+        this process, or (checked once per model) its greedy decoding of two prompts of different lengths, captured
+        on CUDA, strays from the eager decoding by more than the precision's rounding."""
+        failed = DECODE_STEP.failed(model)
+        if failed is not None:
+            return f"compiling it failed ({failed})"
+        vocab, prompts = _probe_prompts(model)
+        params = SamplingParams(max_completion_length=6, greedy=True)
+        eager = BuiltinEngine(
+            eos_token_ids=[vocab],
+            pad_token_id=self.pad_token_id,
+            fast=self.fast.replace(packed_weights="off", graph_decode="off", compile_decode="off"),
+        )
+
+        def compiled():
+            return static_decode(
+                model, prompts, 2, params, None, device, eos_token_ids=[vocab], pad_token_id=self.pad_token_id,
+                shared=True, capture=device.type == "cuda", check_every=2, compiled=True,
+            )  # fmt: skip
+
+        def plain():
+            return eager._decode(model, prompts, 2, params, None, device, shared=False)
+
+        agree = _decodes_like_forward(model, prompts, 2)
+        if not probes.probe(model, "compile_decode", compiled, plain, agree=agree):
+            return probes.failure(
+                model, "compile_decode", "the compiled decode step does not reproduce the eager decoding"
+            )
+        failed = DECODE_STEP.failed(model)  # the probe fell back to the eager step: it checked that one
+        return None if failed is None else f"compiling it failed ({failed})"
 
     def _sharing_unavailable(
         self, model: torch.nn.Module, device: torch.device, span_needed: int

@@ -26,6 +26,10 @@ Under autocast, each Linear's weight and bias are cast once per rollout to the a
 forward with `torch.func.functional_call` (`cast_linears`): the graph holds no weight casts, and the result is
 bitwise what autocast computes (autocast rounds the same way, and leaves a tensor already in its dtype alone).
 The graph is captured anew every rollout, so updated weights, LoRA adapters and a sampling copy stay current.
+
+With `fast.compile_decode` the step (forward, sampler and bookkeeping) is traced once by `torch.compile` with
+dynamic sizes and the generated kernels are what the graph captures: a captured step has no host work left, but
+at 0.5B it is still ~1,300 kernels of a few microseconds each, most of them elementwise work that fusing removes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from typing import Any
 
 import torch
 
-from cohort.fastpath.attention import StepPlan, plan_attention, plan_carrier
+from cohort.fastpath.attention import StepPlan, attach_step_plan, plan_attention, plan_carrier
+from cohort.fastpath.compiled import Compiled
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
 from cohort.models import cache_kwargs, forward_accepts
 from cohort.rollout.base import SamplingParams, left_pad, prefill
@@ -103,9 +108,11 @@ class StaticDecoder:
         pad_token_id: int,
         noise: torch.Tensor | None = None,
         weights: dict[str, torch.Tensor] | None = None,
+        compiled: bool = False,
     ) -> None:
         self.model, self.params, self.pad = model, params, pad_token_id
         self.weights = weights or {}
+        self.compiled = compiled
         T = params.max_completion_length
         tok0, lp0 = first
         N, device = tok0.shape[0], tok0.device
@@ -125,40 +132,57 @@ class StaticDecoder:
         self.logps[:, 0] = lp0
         self._record(tok0, self.plan.step)  # column 0: EOS from the prefill's own sample
         self.graph: torch.cuda.CUDAGraph | None = None
+        # Known before the first step, so that no step (nor its trace) asks the model's signature again. The
+        # ids and positions are views taken inside the step: a view made outside would reach a compiled step as
+        # a second input aliasing a buffer it writes.
+        self.inputs: dict[str, Any] = {"attention_mask": self.carrier, **cache_kwargs(model, self.cache)}
+        if forward_accepts(model, "logits_to_keep"):
+            self.inputs["logits_to_keep"] = 1
+        if compiled:
+            self._mark_dynamic_sizes()
+
+    def _mark_dynamic_sizes(self) -> None:
+        """Marks for torch.compile the sizes that change from one rollout to the next (rows, prompts, prompt length,
+        new tokens), and only those: with every size symbolic (dynamic=True), the 4 sizes of each layer's 4 cache
+        tensors were symbols of their own, and a 6-layer step took a minute of symbolic reasoning to trace."""
+        plan = self.plan
+        sizes: list[tuple[torch.Tensor | None, tuple[int, ...]]] = [
+            (self.tok, (0,)), (self.pos, (0,)), (self.lengths, (0,)), (self.ended, (0,)), (self.noise, (0,)),
+            (self.tokens, (0, 1)), (self.logps, (0, 1)),
+            (plan.columns, (0,)), (plan.own_bias, (3,)), (plan.prompt_bias, (0, 3)),
+        ]  # fmt: skip
+        for k, v in plan.prompt_kv:
+            sizes += [(k, (0, 2)), (v, (0, 2))]
+        for layer in self.cache.layers:
+            keys, values = _filled(layer)
+            sizes += [(keys, (0, 2)), (values, (0, 2))]
+        for t, dims in sizes:
+            if t is None:
+                continue
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+            base = t._base
+            if base is not None and base.dim() == t.dim():  # a view of the same rank (a buffer's filled part)
+                for d in dims:
+                    torch._dynamo.maybe_mark_dynamic(base, d)
 
     def _record(self, tok: torch.Tensor, column: torch.Tensor) -> None:
         hit = (tok[:, None] == self.eos[None, :]).any(-1) & ~self.ended  # [N]
         self.lengths.copy_(torch.where(hit, column + 1, self.lengths))
         self.ended.logical_or_(hit)
 
-    def step(self) -> None:
-        """Decodes one column for every row in place: no host sync, no shape or Python value that changes."""
-        plan = self.plan
-        plan.refresh()
-        inputs = {
-            "input_ids": self.tok[:, None],
-            "attention_mask": self.carrier,
-            "position_ids": self.pos[:, None],
-            **cache_kwargs(self.model, self.cache),
-        }
-        if forward_accepts(self.model, "logits_to_keep"):
-            inputs["logits_to_keep"] = 1
-        if self.weights:
-            out = torch.func.functional_call(
-                self.model, self.weights, (), inputs, strict=False, tie_weights=False
-            )
+    def step(self, *, recompile: bool = True) -> None:
+        """Decodes one column for every row in place: no host sync, no shape or Python value that changes.
+        Compiled (`compiled`), unless compiling failed for this model; recompile=False: a call that would trace
+        anew runs the eager step instead (a CUDA graph capture cannot compile)."""
+        if self.compiled:
+            DECODE_STEP.call(self.model, self, recompile=recompile)
         else:
-            out = self.model(**inputs)
-        logits = out.logits[:, -1, :]  # [N, V]
-        tok, lp = race_sample(logits, self.params, self.noise)
-        column = (plan.step + 1).view(1, 1).expand(tok.shape[0], 1)  # [N, 1]
-        done = self.ended[:, None]  # [N, 1] rows that ended before this column write pad
-        self.tokens.scatter_(1, column, torch.where(done, self.pad, tok[:, None]))
-        self.logps.scatter_(1, column, torch.where(done, 0.0, lp[:, None]))
-        self._record(tok, plan.step + 1)
-        self.tok.copy_(tok)
-        self.pos.add_(1)
-        plan.step.add_(1)
+            _advance(self)
+
+    def compiled_ran(self) -> bool:
+        """Returns whether the step ran compiled (asked for and not failed for this model)."""
+        return self.compiled and DECODE_STEP.failed(self.model) is None
 
     def draw_noise(self, generator: torch.Generator | None) -> None:
         """Fills the noise buffer with Exp(1) draws from `generator` (outside any graph; nothing when greedy)."""
@@ -169,20 +193,21 @@ class StaticDecoder:
         """Returns how many real steps ran as warm-up (on a side stream) before the step was captured."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self.draw_noise(generator)
-                self.step()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with contextlib.ExitStack() as scope:
             if torch.is_autocast_enabled("cuda"):
-                # autocast's cast cache would hand the graph tensors freed when the capture's autocast ends
+                # autocast's cast cache would hand the graph tensors freed when the capture's autocast ends; the
+                # warm-up runs under the same setting, so a compiled step's trace serves the capture unchanged
                 dtype = torch.get_autocast_dtype("cuda")
                 scope.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self.draw_noise(generator)
+                    self.step()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
             # thread_local: CUDA work of another thread (a prefetching loader, say) does not break the capture
             scope.enter_context(torch.cuda.graph(graph, capture_error_mode="thread_local"))
-            self.step()
+            self.step(recompile=False)
         self.graph = graph
         return warmup
 
@@ -237,6 +262,35 @@ class StaticDecoder:
         return heard | ended
 
 
+def _advance(decoder: StaticDecoder) -> None:
+    """Decodes one column of every row of `decoder` in place (the step itself, compiled or not)."""
+    plan = decoder.plan
+    plan.refresh()
+    inputs = {"input_ids": decoder.tok[:, None], "position_ids": decoder.pos[:, None], **decoder.inputs}
+    if decoder.weights:
+        out = torch.func.functional_call(
+            decoder.model, decoder.weights, (), inputs, strict=False, tie_weights=False
+        )
+    else:
+        out = decoder.model(**inputs)
+    logits = out.logits[:, -1, :]  # [N, V]
+    tok, lp = race_sample(logits, decoder.params, decoder.noise)
+    column = (plan.step + 1).view(1, 1).expand(tok.shape[0], 1)  # [N, 1]
+    done = decoder.ended[:, None]  # [N, 1] rows that ended before this column write pad
+    decoder.tokens.scatter_(1, column, torch.where(done, decoder.pad, tok[:, None]))
+    decoder.logps.scatter_(1, column, torch.where(done, 0.0, lp[:, None]))
+    decoder._record(tok, plan.step + 1)
+    decoder.tok.copy_(tok)
+    decoder.pos.add_(1)
+    plan.step.add_(1)
+
+
+DECODE_STEP = Compiled(_advance, "compile_decode", "the decode step", dynamic=None)
+"""The step through torch.compile, the sizes that change between rollouts marked dynamic (_mark_dynamic_sizes): one
+trace serves rollouts of every prompt length, batch and length (a new autocast or dtype traces once more, and so
+does a size of 1: one prompt, or one sample a prompt)."""
+
+
 class _Done:
     """Stands for a CUDA event on a CPU, where every copy has already happened."""
 
@@ -263,6 +317,7 @@ def open_decoder(
     eos_token_ids: list[int],
     pad_token_id: int,
     shared: bool,
+    compiled: bool = False,
 ) -> Iterator[StaticDecoder]:
     """Yields the StaticDecoder of G samples per prompt after the prefill and column 0, with cohort's attention
     selected and, under autocast, the Linear weights cast (both undone on exit). shared: the G samples of a
@@ -285,7 +340,7 @@ def open_decoder(
     first = race_sample(logits, params, noise)
     pos = attn.sum(-1).repeat_interleave(G)  # [N]
     with plan_attention(model), cast_linears(model, device.type) as weights:
-        yield StaticDecoder(
+        decoder = StaticDecoder(
             model,
             prompt_kv,
             prompt_mask,
@@ -296,7 +351,10 @@ def open_decoder(
             pad_token_id,
             noise=noise,
             weights=weights,
+            compiled=compiled,
         )
+        with attach_step_plan(model, decoder.plan):
+            yield decoder
 
 
 def static_decode(
@@ -313,10 +371,12 @@ def static_decode(
     capture: bool,
     check_every: int = 8,
     on_finished: Callable[[int, list[int]], None] | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns (tokens [N, T], lengths [N], ended-with-EOS [N] bool, log-probs [N, T]) of G samples per prompt,
     decoded by the static step (captured as a CUDA graph when `capture`; eagerly otherwise, which is how a CPU
-    tests it). shared: the G samples of a prompt read one copy of its prompt's keys."""
+    tests it). shared: the G samples of a prompt read one copy of its prompt's keys; compiled: the step runs
+    through torch.compile (falling back to the eager step, with a warning, where that fails)."""
     with open_decoder(
         model,
         prompt_ids,
@@ -327,5 +387,6 @@ def static_decode(
         eos_token_ids=eos_token_ids,
         pad_token_id=pad_token_id,
         shared=shared,
+        compiled=compiled,
     ) as decoder:
         return decoder.run(generator, capture=capture, check_every=check_every, on_finished=on_finished)
