@@ -1,5 +1,6 @@
-"""Milliseconds per decode step: cohort's builtin engine eager and captured (fast.graph_decode) against
-transformers' `generate` with its compiled static cache and with its eager dynamic cache.
+"""Milliseconds per decode step: cohort's builtin engine eager, captured (fast.graph_decode) and captured after
+torch.compile (`compiled`: fast.compile_decode) against transformers' `generate` with its compiled static cache and
+with its eager dynamic cache.
 
     python benchmarks/gpu/decode.py --out decode.json                        # on a GPU: the 0.5b shape
     python benchmarks/gpu/decode.py --shapes 0.5b,14L1024 --out decode.json  # and a second shape
@@ -14,7 +15,8 @@ A rollout's time is measured end to end (CUDA synchronised, `time.perf_counter`)
 median of --repeats. ms per decode step = (rollout - prefill) / (new tokens - 1): a rollout of T tokens runs
 T - 1 decode forwards after its prefill. cohort's prefill is the median eager rollout of one new token (the same
 prompts, so the same prefill and setup); the captured engine's capture therefore counts in its decode steps,
-as it does in every rollout. transformers' prefill ends where its first logits processor call starts (one sync
+as it does in every rollout (the compiled engine's compilation falls in its warm-up rollout, `warmup_s`: a
+trace for the probe, without autocast, and one for the run). transformers' prefill ends where its first logits processor call starts (one sync
 there), so its prefill of 64 expanded rows is not counted against it.
 
 Also an equality check: greedy decoding of 4 prompts x G = 2 x 32 tokens in float32 without autocast, captured
@@ -38,8 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from benchmarks.gpu.models import SHAPES, random_model, random_prompts  # noqa: E402
 
-ENGINES = ("captured", "hf-static", "eager", "hf-eager")
+ENGINES = ("captured", "hf-static", "compiled", "eager", "hf-eager")
 """Measured engines in the order they run: the captured step and its target first, should the time run out."""
+COHORT = {"captured": ("on", "off"), "compiled": ("on", "on"), "eager": ("off", "off")}
+"""cohort's engines: (fast.graph_decode, fast.compile_decode)."""
 PRECISIONS = ("bf16", "fp32-autocast")
 
 
@@ -51,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shapes", default="0.5b", help=f"comma list of shapes ({', '.join(SHAPES)}); the first")
     p.add_argument(
         "--second-shape-engines",
-        default="captured,hf-static,eager",
+        default="captured,hf-static,compiled,eager",
         help="engines for shapes after the first (bf16 only), comma list",
     )
     p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma list of bf16, fp32-autocast")
@@ -141,15 +145,17 @@ def precision_scope(precision: str, device: str):
     return contextlib.nullcontext()
 
 
-def cohort_rollout(model, prompts, args, graph: str, tokens: int, greedy: bool = False):
-    """Returns a function running one cohort rollout of `tokens` new tokens (graph_decode `graph`)."""
+def cohort_rollout(model, prompts, args, graph: str, tokens: int, greedy: bool = False, compile_step: str = "off"):
+    """Returns a function running one cohort rollout of `tokens` new tokens (graph_decode `graph`, compile_decode
+    `compile_step`)."""
     import torch
 
     from cohort.fastpath import FastConfig
     from cohort.rollout import BuiltinEngine, SamplingParams
 
     vocab = model.config.vocab_size
-    engine = BuiltinEngine(eos_token_ids=[vocab], pad_token_id=0, fast=FastConfig(graph_decode=graph))
+    fast = FastConfig(graph_decode=graph, compile_decode=compile_step)
+    engine = BuiltinEngine(eos_token_ids=[vocab], pad_token_id=0, fast=fast)
     params = SamplingParams(max_completion_length=tokens, temperature=1.0, greedy=greedy)
 
     def run():
@@ -210,15 +216,17 @@ def hf_rollout(model, prompts, args, static: bool, sync):
     return run
 
 
-def measure_cohort(model, prompts, args, graph: str, prefill: float, sync) -> dict:
+def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> dict:
     """Returns one cohort engine's ms per decode step and what its rollouts took."""
-    run = cohort_rollout(model, prompts, args, graph, args.tokens)
+    graph, compile_step = COHORT[engine]
+    run = cohort_rollout(model, prompts, args, graph, args.tokens, compile_step=compile_step)
     warm_s, batch = timed(run, sync)
-    times, paths = [], []
+    times, paths, compiled = [], [], []
     for _ in range(args.repeats):
         t, batch = timed(run, sync)
         times.append(t)
         paths.append(batch.paths.get("graph_decode"))
+        compiled.append(batch.paths.get("compile_decode"))
     rollout = statistics.median(times)
     lengths = [len(c) for c in batch.completion_ids]
     return {
@@ -228,6 +236,7 @@ def measure_cohort(model, prompts, args, graph: str, prefill: float, sync) -> di
         "warmup_s": warm_s,
         "prefill_s": prefill,
         "graph_decode": paths,
+        "compile_decode": compiled,
         "paths": dict(batch.paths),
         "mean_length": statistics.mean(lengths),
     }
@@ -320,23 +329,22 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
             if args.budget_s and time.perf_counter() - run.t0 > args.budget_s:
                 run.add({**rec, "skipped": f"past the {args.budget_s:.0f} s budget"})
                 continue
-            if engine == "captured" and not cuda:
+            if engine in ("captured", "compiled") and not cuda:
                 run.add({**rec, "skipped": "CUDA graphs need a CUDA GPU (graph_decode stays off on a CPU)"})
                 continue
             try:
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                if engine in ("captured", "eager") and prefill is None:
+                if engine in COHORT and prefill is None:
                     one = cohort_rollout(model, prompts, args, "off", 1)
                     timed(one, sync)
                     prefill = statistics.median(timed(one, sync)[0] for _ in range(3))
                 t0 = time.perf_counter()
-                if engine == "captured":
-                    rec.update(measure_cohort(model, prompts, args, "on", prefill, sync))
-                    if not all(rec["graph_decode"]):
-                        rec["error"] = f"batch.paths['graph_decode'] was {rec['graph_decode']}, not all True"
-                elif engine == "eager":
-                    rec.update(measure_cohort(model, prompts, args, "off", prefill, sync))
+                if engine in COHORT:
+                    rec.update(measure_cohort(model, prompts, args, engine, prefill, sync))
+                    for path, wanted in (("graph_decode", "on"), ("compile_decode", "on")):
+                        if COHORT[engine][path == "compile_decode"] == wanted and not all(rec[path]):
+                            rec["error"] = f"batch.paths[{path!r}] was {rec[path]}, not all True"
                 elif engine in ("hf-static", "hf-eager"):
                     rec.update(measure_hf(model, prompts, args, engine == "hf-static", sync))
                     if engine == "hf-static" and not cuda:
@@ -351,7 +359,7 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
             except Exception as e:  # noqa: BLE001 - one engine failing leaves the others' figures
                 rec["error"] = f"{type(e).__name__}: {e}"[:2000]
                 rec["traceback"] = traceback.format_exc()[-3000:]
-                if engine == "captured":
+                if engine in ("captured", "compiled"):
                     rec["probe"] = probe_detail(model, torch.device(args.device))
             run.add(rec)
     del model
@@ -388,7 +396,8 @@ def probe_detail(model, device) -> dict:
 
 
 def summarise(run: Run) -> None:
-    """Adds the ratios per (shape, precision): captured / HF static, captured / eager, HF static / HF eager."""
+    """Adds the ratios per (shape, precision): captured and compiled / HF static, captured / eager, compiled /
+    captured, eager / HF static."""
     by: dict[tuple, dict] = {}
     for r in run.data["results"]:
         if "ms_per_step" in r and "error" not in r:
@@ -396,7 +405,13 @@ def summarise(run: Run) -> None:
     out = []
     for (shape, precision), ms in by.items():
         row = {"shape": shape, "precision": precision, **{f"{k}_ms": v for k, v in ms.items()}}
-        for num, den in (("captured", "hf-static"), ("captured", "eager"), ("eager", "hf-static")):
+        for num, den in (
+            ("captured", "hf-static"),
+            ("compiled", "hf-static"),
+            ("captured", "eager"),
+            ("compiled", "captured"),
+            ("eager", "hf-static"),
+        ):
             if num in ms and den in ms:
                 row[f"{num}/{den}"] = ms[num] / ms[den]
         out.append(row)

@@ -75,15 +75,16 @@ def decode_table(decode: dict | None) -> list[str]:
     if not decode or "error" in decode and "results" not in decode:
         return [*lines, f"not measured: {decode.get('error') if decode else 'decode.json is missing'}", ""]
     lines += [
-        "| shape | precision | cohort eager | cohort captured | HF static (compiled) | HF eager | "
-        "captured / HF static | captured / eager |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | precision | cohort eager | cohort captured | cohort captured, compiled | HF static (compiled) | "
+        "HF eager | captured / HF static | compiled / HF static | captured / eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in decode.get("summary", []):
         lines.append(
             f"| {row['shape']} | {row['precision']} | {fmt(row.get('eager_ms'))} | {fmt(row.get('captured_ms'))} | "
-            f"{fmt(row.get('hf-static_ms'))} | {fmt(row.get('hf-eager_ms'))} | "
-            f"{fmt(row.get('captured/hf-static'), suffix='x')} | {fmt(row.get('captured/eager'), suffix='x')} |"
+            f"{fmt(row.get('compiled_ms'))} | {fmt(row.get('hf-static_ms'))} | {fmt(row.get('hf-eager_ms'))} | "
+            f"{fmt(row.get('captured/hf-static'), suffix='x')} | {fmt(row.get('compiled/hf-static'), suffix='x')} | "
+            f"{fmt(row.get('captured/eager'), suffix='x')} |"
         )
     problems = [r for r in decode.get("results", []) if "error" in r or "skipped" in r]
     for r in problems:

@@ -165,12 +165,23 @@ def test_a_step_that_would_trace_anew_inside_a_capture_runs_eagerly(monkeypatch)
     assert "Recompil" in DECODE_STEP.failed(model)
 
 
-def test_the_probe_passes_a_model_the_compiled_step_decodes(monkeypatch):
-    monkeypatch.setattr(compiled, "BACKEND", Recorder())
+def test_the_probe_passes_a_model_the_compiled_step_decodes_and_its_trace_serves_the_run(monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr(compiled, "BACKEND", recorder)
     model = tiny_model(seed=9)
     engine = make_test_engine("builtin", fast=FastConfig(packed_weights="off"))
     assert engine._compile_unavailable(model, CPU) is None
-    assert probes.results(model)["compile_decode"] is True
+    assert probes.results(model)["compile_decode"] is True and recorder.graphs == 1
+    # a greedy rollout in the probe's precision (an evaluation's, in bf16 weights on a GPU) keeps its trace: no
+    # probe size was tied to another it happened to equal (a sampled rollout is a trace of its own)
+    _decode(
+        model,
+        random_prompts(3, seed=2, min_len=4, max_len=9),
+        4,
+        SamplingParams(max_completion_length=T, greedy=True),
+        compiled_step=True,
+    )
+    assert recorder.graphs == 1
 
 
 def test_compile_decode_is_off_by_default_and_reported(monkeypatch):

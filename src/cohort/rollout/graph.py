@@ -143,8 +143,8 @@ class StaticDecoder:
 
     def _mark_dynamic_sizes(self) -> None:
         """Marks for torch.compile the sizes that change from one rollout to the next (rows, prompts, prompt length,
-        new tokens), and only those: with every size symbolic (dynamic=True), the 4 sizes of each layer's 4 cache
-        tensors were symbols of their own, and a 6-layer step took a minute of symbolic reasoning to trace."""
+        new tokens), and only those. With every size dynamic (dynamic=True), sizes equal on the first call share a
+        symbol: 2 prompts and 2 KV heads tied the batch to the head count, a new trace for every other batch."""
         plan = self.plan
         sizes: list[tuple[torch.Tensor | None, tuple[int, ...]]] = [
             (self.tok, (0,)), (self.pos, (0,)), (self.lengths, (0,)), (self.ended, (0,)), (self.noise, (0,)),
