@@ -145,7 +145,9 @@ def precision_scope(precision: str, device: str):
     return contextlib.nullcontext()
 
 
-def cohort_rollout(model, prompts, args, graph: str, tokens: int, greedy: bool = False, compile_step: str = "off"):
+def cohort_rollout(
+    model, prompts, args, graph: str, tokens: int, greedy: bool = False, compile_step: str = "off"
+):
     """Returns a function running one cohort rollout of `tokens` new tokens (graph_decode `graph`, compile_decode
     `compile_step`)."""
     import torch
