@@ -129,7 +129,7 @@ step_pytest() {
     python3 -m pytest -q -p no:cacheprovider -p benchmarks.gpu.pytest_record "${FIRST[@]}" "${PYTEST_ARGS[@]}"
 }
 
-# B. Decode: ms per decode step, eager vs captured vs transformers' static and eager generate.
+# B. Decode: ms per decode step, cohort eager vs captured vs captured and compiled vs transformers' static and eager generate.
 step_decode() {
   run_step decode "$DECODE_S" bash -c \
     'exec python3 benchmarks/gpu/decode.py "$@" --budget-s $((LIMIT - 25)) --out "'"$PARTS"'/decode.json"' _ \

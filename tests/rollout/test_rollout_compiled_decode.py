@@ -63,9 +63,9 @@ def _assert_same(a, b, atol=0.0):
     [
         # aot_eager: the functional graph inductor lowers (the buffers the step writes become its outputs)
         (SamplingParams(max_completion_length=T, greedy=True), False, "aot_eager"),
-        (SamplingParams(max_completion_length=T, temperature=0.8, top_p=0.9), True, "recorder"),
+        (SamplingParams(max_completion_length=T, temperature=0.8, top_k=9, top_p=0.9), True, "recorder"),
     ],
-    ids=["greedy-own-prompts", "top_p-shared-prefix"],
+    ids=["greedy-own-prompts", "top_k_top_p-shared-prefix"],
 )
 def test_the_compiled_step_decodes_what_the_eager_step_decodes(monkeypatch, params, shared, backend):
     monkeypatch.setattr(compiled, "BACKEND", Recorder() if backend == "recorder" else backend)
