@@ -146,13 +146,18 @@ def test_a_step_that_cannot_compile_runs_eagerly_and_says_why_once(monkeypatch):
 
 def test_a_step_that_would_trace_anew_inside_a_capture_runs_eagerly(monkeypatch):
     # A CUDA graph capture cannot compile: step(recompile=False) runs the eager step instead of tracing.
-    monkeypatch.setattr(compiled, "BACKEND", Recorder())
+    recorder = Recorder()
+    monkeypatch.setattr(compiled, "BACKEND", recorder)
     model = tiny_model(seed=8)
     prompts = random_prompts(2, seed=6)
     params = SamplingParams(max_completion_length=T, greedy=True)
     kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True}
     with torch.no_grad(), open_decoder(model, prompts, 2, params, None, CPU, compiled=True, **kw) as decoder:
-        decoder.step()  # traced greedy, without autocast
+        decoder.step()  # traced greedy, without autocast (a warm-up step)
+    other = random_prompts(3, seed=7)  # another rollout's sizes: the trace serves them, recompiling forbidden or not
+    with torch.no_grad(), open_decoder(model, other, 2, params, None, CPU, compiled=True, **kw) as decoder:
+        decoder.step(recompile=False)
+        assert decoder.compiled_ran() and recorder.graphs == 1
     with (
         torch.no_grad(),
         torch.autocast("cpu", dtype=torch.bfloat16),  # a setting the trace does not cover
