@@ -154,7 +154,9 @@ def test_a_step_that_would_trace_anew_inside_a_capture_runs_eagerly(monkeypatch)
     kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True}
     with torch.no_grad(), open_decoder(model, prompts, 2, params, None, CPU, compiled=True, **kw) as decoder:
         decoder.step()  # traced greedy, without autocast (a warm-up step)
-    other = random_prompts(3, seed=7)  # another rollout's sizes: the trace serves them, recompiling forbidden or not
+    other = random_prompts(
+        3, seed=7
+    )  # another rollout's sizes: the trace serves them, recompiling forbidden or not
     with torch.no_grad(), open_decoder(model, other, 2, params, None, CPU, compiled=True, **kw) as decoder:
         decoder.step(recompile=False)
         assert decoder.compiled_ran() and recorder.graphs == 1
