@@ -117,7 +117,7 @@ class StaticDecoder:
         tok0, lp0 = first
         N, device = tok0.shape[0], tok0.device
         self.T, self.device = T, device
-        self.plan = StepPlan(prompt_kv, prompt_mask, T)
+        self.plan = StepPlan(prompt_kv, prompt_mask, T, width=N // prompt_kv[0][0].shape[0])
         self.carrier = plan_carrier(device, self.plan)
         self.cache = step_cache(getattr(model, "config", None), N, T, prompt_kv, self.plan.step)
         self.eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)  # [E]
@@ -287,8 +287,8 @@ def _advance(decoder: StaticDecoder) -> None:
 
 DECODE_STEP = Compiled(_advance, "compile_decode", "the decode step", dynamic=None)
 """The step through torch.compile, the sizes that change between rollouts marked dynamic (_mark_dynamic_sizes): one
-trace serves rollouts of every prompt length, batch and length (a new autocast or dtype traces once more, and so
-does a size of 1: one prompt, or one sample a prompt)."""
+trace serves rollouts of every prompt length, batch and length (a new G, autocast, dtype or greedy setting traces
+once more, and so does a size of 1: one prompt)."""
 
 
 class _Done:
