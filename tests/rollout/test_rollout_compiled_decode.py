@@ -157,9 +157,8 @@ def test_a_step_that_would_trace_anew_inside_a_capture_runs_eagerly(monkeypatch)
     kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True}
     with torch.no_grad(), open_decoder(model, prompts, 2, params, None, CPU, compiled=True, **kw) as decoder:
         decoder.step()  # traced greedy, without autocast (a warm-up step)
-    other = random_prompts(
-        3, seed=7
-    )  # another rollout's sizes: the trace serves them, recompiling forbidden or not
+    # another rollout's sizes: the trace serves them, recompiling forbidden or not
+    other = random_prompts(3, seed=7)
     with torch.no_grad(), open_decoder(model, other, 2, params, None, CPU, compiled=True, **kw) as decoder:
         decoder.step(recompile=False)
         assert decoder.compiled_ran() and recorder.graphs == 1
@@ -190,14 +189,12 @@ def test_compile_decode_is_off_by_default_and_reported(monkeypatch):
     engine = make_test_engine("builtin", fast=FastConfig(packed_weights="off", compile_decode="auto"))
     with torch.no_grad():
         out = engine.generate(model, random_prompts(2, seed=1), 2, params)
-    assert (
-        out.paths["compile_decode"] is False and out.paths["graph_decode"] is False
-    )  # a CPU: today's engine
+    # a CPU: today's engine
+    assert out.paths["compile_decode"] is False and out.paths["graph_decode"] is False
     monkeypatch.setattr(compiled, "BACKEND", lambda gm, example_inputs: 1 / 0)
     with pytest.warns(UserWarning, match="compiling the decode step"):
-        why = engine._compile_unavailable(
-            model, CPU
-        )  # the probe's step fell back to eager: not what it checks
+        # the probe's step fell back to eager, which is not what it checks
+        why = engine._compile_unavailable(model, CPU)
     assert why.startswith("compiling it failed (BackendCompilerFailed from ZeroDivisionError")
     # auto, weighed as on a GPU, falls back and says why once; on refuses
     cuda = torch.device("cuda", 0)
