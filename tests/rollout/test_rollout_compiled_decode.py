@@ -209,6 +209,23 @@ def test_compile_decode_is_off_by_default_and_reported(monkeypatch):
         strict._compiled(model, cuda)
 
 
+def test_an_engine_asked_for_the_compiled_step_where_it_cannot_run_says_so():
+    # shared_prefix=on: its probe builds a plain engine from these switches (compile on, the static step off)
+    engine = make_test_engine(
+        "builtin", fast=FastConfig(packed_weights="off", shared_prefix="on", compile_decode="on")
+    )
+    params = SamplingParams(max_completion_length=T, temperature=1.0)
+    with (
+        torch.no_grad(),
+        pytest.raises(
+            FastPathError,
+            match=r"fast.compile_decode=on compiles the captured decode step, which this rollout cannot take "
+            r"\(it decodes on cpu, and CUDA graphs need a CUDA GPU\)",
+        ),
+    ):
+        engine.generate(tiny_model(seed=13), random_prompts(2, seed=1), 2, params)
+
+
 def test_compile_decode_settings_it_cannot_honour_are_refused_before_the_model_loads(tiny_model_dir):
     with pytest.raises(ValueError, match="fast.compile_decode=on compiles the captured decode step, but "):
         FastConfig(compile_decode="on", graph_decode="off").validate()

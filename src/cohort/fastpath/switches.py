@@ -120,8 +120,9 @@ class FastConfig:
     sizes, so the graph replays fused kernels (cohort.rollout.graph.DECODE_STEP): at 0.5B a captured step is still
     ~1,300 kernels of a few microseconds, most of them elementwise. Checked once per model against the eager
     decoding; a step that fails to compile runs eagerly, with a warning. Off by default until measured on a GPU;
-    `auto` takes it wherever the captured step runs (CUDA). The first rollouts pay the compilation (a trace for
-    the probe, one for the run's precision)."""
+    `auto` takes it wherever the captured step runs (CUDA); `on` takes the captured step whatever
+    `graph_decode_min_tokens` says, and is an error where it cannot run. The first rollouts pay the compilation (a
+    trace for the probe, one for the run's sampling)."""
     graph_decode_min_tokens: int = 16
     """auto: capture only rollouts of at least this many new tokens (capture costs a few eager steps)."""
     graph_decode_check_every: int = 8

@@ -152,7 +152,18 @@ class BuiltinEngine(RolloutEngine):
                 unavailable=lambda: self._sharing_unavailable(model, device, P + T),
             )
         K = params.logprobs_topk
-        if self._graph(model, device, P + T, T, K):
+        graph = self._graph(model, device, P + T, T, K)
+        if not graph and f.compile_decode == "on":  # graph_decode is auto here: on refuses, off is refused
+            reason = (
+                "capturing it failed earlier in this process"
+                if model in _GRAPH_FAILED
+                else self._graph_unavailable(model, device, P + T, K)
+            )
+            raise FastPathError(
+                "fast.compile_decode=on compiles the captured decode step, which this rollout cannot take "
+                f"({reason}); set fast.compile_decode=auto or off"
+            )
+        if graph:
             compiled = self._compiled(model, device)
             try:
                 tokens, lengths, ended, logps = static_decode(
@@ -311,7 +322,9 @@ class BuiltinEngine(RolloutEngine):
             f.graph_decode,
             "graph_decode",
             model,
-            worth=device.type == "cuda" and new_tokens >= f.graph_decode_min_tokens,
+            # compile_decode=on asks for the captured step whatever its length threshold says
+            worth=device.type == "cuda"
+            and (new_tokens >= f.graph_decode_min_tokens or f.compile_decode == "on"),
             unavailable=lambda: self._graph_unavailable(model, device, span_needed, logprobs_topk),
         )
 
@@ -328,29 +341,9 @@ class BuiltinEngine(RolloutEngine):
         reason = reason or _window_unavailable(model, span_needed)
         if reason is not None:
             return reason
-        vocab, prompts = _probe_prompts(model)
-        params = SamplingParams(max_completion_length=6, greedy=True)
-        eager = BuiltinEngine(
-            eos_token_ids=[vocab],  # never sampled: every step is decoded
-            pad_token_id=self.pad_token_id,
-            fast=self.fast.replace(packed_weights="off", graph_decode="off"),
+        return self._probe_static_step(
+            model, device, "graph_decode", "the captured decode step", capture=True
         )
-
-        def captured():
-            return static_decode(
-                model, prompts, 2, params, None, device, eos_token_ids=[vocab], pad_token_id=self.pad_token_id,
-                shared=True, capture=True, check_every=2,
-            )  # fmt: skip
-
-        def plain():
-            return eager._decode(model, prompts, 2, params, None, device, shared=False)
-
-        agree = _decodes_like_forward(model, prompts, 2)
-        if not probes.probe(model, "graph_decode", captured, plain, agree=agree):
-            return probes.failure(
-                model, "graph_decode", "the captured decode step does not reproduce the eager decoding"
-            )
-        return None
 
     def _compiled(self, model: torch.nn.Module, device: torch.device) -> bool:
         """Returns whether this rollout's static step runs through torch.compile (fast.compile_decode)."""
@@ -369,30 +362,54 @@ class BuiltinEngine(RolloutEngine):
         failed = DECODE_STEP.failed(model)
         if failed is not None:
             return f"compiling it failed ({failed})"
+        reason = self._probe_static_step(
+            model,
+            device,
+            "compile_decode",
+            "the compiled decode step",
+            capture=device.type == "cuda",
+            compiled=True,
+        )
+        failed = DECODE_STEP.failed(model)  # the probe fell back to the eager step: it checked that one
+        return reason if failed is None else f"compiling it failed ({failed})"
+
+    def _probe_static_step(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        name: str,
+        what: str,
+        *,
+        capture: bool,
+        compiled: bool = False,
+    ) -> str | None:
+        """Returns None when the static step (captured, compiled as asked) decodes two prompts of different lengths
+        greedily as the eager engine does (check `name`, once per model), else why not (`what` names the step)."""
         vocab, prompts = _probe_prompts(model)
         params = SamplingParams(max_completion_length=6, greedy=True)
-        eager = BuiltinEngine(
-            eos_token_ids=[vocab],
-            pad_token_id=self.pad_token_id,
-            fast=self.fast.replace(packed_weights="off", graph_decode="off", compile_decode="off"),
-        )
+        eager = self._probe_engine(vocab)
 
-        def compiled():
+        def fast():
             return static_decode(
                 model, prompts, 2, params, None, device, eos_token_ids=[vocab], pad_token_id=self.pad_token_id,
-                shared=True, capture=device.type == "cuda", check_every=2, compiled=True,
+                shared=True, check_every=2, capture=capture, compiled=compiled,
             )  # fmt: skip
 
         def plain():
             return eager._decode(model, prompts, 2, params, None, device, shared=False)
 
-        agree = _decodes_like_forward(model, prompts, 2)
-        if not probes.probe(model, "compile_decode", compiled, plain, agree=agree):
-            return probes.failure(
-                model, "compile_decode", "the compiled decode step does not reproduce the eager decoding"
-            )
-        failed = DECODE_STEP.failed(model)  # the probe fell back to the eager step: it checked that one
-        return None if failed is None else f"compiling it failed ({failed})"
+        if probes.probe(model, name, fast, plain, agree=_decodes_like_forward(model, prompts, 2)):
+            return None
+        return probes.failure(model, name, f"{what} does not reproduce the eager decoding")
+
+    def _probe_engine(self, vocab: int) -> BuiltinEngine:
+        """Returns the plain engine a probe compares with: this one's switches, without packing or the static step,
+        and an EOS id outside the vocabulary (never sampled: every step is decoded)."""
+        return BuiltinEngine(
+            eos_token_ids=[vocab],
+            pad_token_id=self.pad_token_id,
+            fast=self.fast.replace(packed_weights="off", graph_decode="off", compile_decode="off"),
+        )
 
     def _sharing_unavailable(
         self, model: torch.nn.Module, device: torch.device, span_needed: int
@@ -413,12 +430,7 @@ class BuiltinEngine(RolloutEngine):
             return reason
         vocab, prompts = _probe_prompts(model)
         params = SamplingParams(max_completion_length=4, greedy=True)
-        # An EOS id outside the vocabulary: every step is decoded, whatever the model prefers.
-        probe = BuiltinEngine(
-            eos_token_ids=[vocab],
-            pad_token_id=self.pad_token_id,
-            fast=self.fast.replace(packed_weights="off", graph_decode="off"),
-        )
+        probe = self._probe_engine(vocab)
 
         def run(shared: bool):
             return lambda: probe._decode(model, prompts, 2, params, None, device, shared=shared)
