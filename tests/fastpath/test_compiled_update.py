@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _compile import Recorder
 from _tiny import random_prompts, tiny_model
 
 from cohort import logprobs as lp_module
@@ -18,17 +19,6 @@ from cohort.fastpath.switches import FastPathConfigError
 
 G = 2
 COMPILED = FastConfig(grouped="off", unmasked_padding="on", compile_update="on")
-
-
-class Recorder:
-    """A torch.compile backend that records each graph it is handed and runs it as traced."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 def rows(batch: int, longest: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:

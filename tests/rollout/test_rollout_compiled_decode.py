@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _compile import Recorder
 from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
 
 from cohort.config import load_config
@@ -20,17 +21,6 @@ from cohort.rollout.graph import DECODE_STEP, _advance, open_decoder, static_dec
 
 CPU = torch.device("cpu")
 T = 8
-
-
-class Recorder:
-    """A torch.compile backend that counts the graphs it is handed and runs each as traced."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        return gm.forward
 
 
 @pytest.fixture(autouse=True)
