@@ -505,25 +505,27 @@ def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: boo
             "auto takes them on CUDA only; set it to on)"
         )
     parts = split_model(model)
-    if parts is not None and compiled_forward.failed(parts[0]) is not None:
-        return f"compiling its forward failed ({compiled_forward.failed(parts[0])})"
+
+    def failed() -> str | None:
+        return compiled_forward.failed(parts[0]) if parts is not None else None
+
+    if failed() is not None:
+        return f"compiling its forward failed ({failed()})"
     args = _uneven_padded_rows(model)
 
     def run(compiled: bool):
         def go():
             lp = compute_logprobs(*args, chunked=True, unmasked=True, compiled=compiled)
             if compiled and not lp.compiled:
-                raise RuntimeError(
-                    f"it did not compile ({compiled_forward.failed(parts[0]) if parts else ''})"
-                )
+                raise RuntimeError(f"it did not compile ({failed() or ''})")
             return lp.logp
 
         return go
 
     if probes.probe(model, "compile_update", run(True), run(False)):
         return None
-    if parts is not None and compiled_forward.failed(parts[0]) is not None:
-        return f"compiling its forward failed ({compiled_forward.failed(parts[0])}; checked once per model)"
+    if failed() is not None:
+        return f"compiling its forward failed ({failed()}; checked once per model)"
     return probes.failure(
         model, "compile_update", "its compiled forward gives other log-probs than the eager one"
     )
