@@ -11,8 +11,8 @@ of 120-200 random tokens, G = 8 samples each (64 rows), 256 new tokens at temper
 never sampled, so every row decodes every step. Each precision runs on its own model: bfloat16 weights
 (`bf16`) and float32 weights under bf16 autocast (`fp32-autocast`, cohort's CUDA default).
 
-A rollout's time is measured end to end (CUDA synchronised, `time.perf_counter`), one warm-up rollout then the
-median of --repeats. ms per decode step = (rollout - prefill) / (new tokens - 1): a rollout of T tokens runs
+A rollout's time is measured end to end (CUDA synchronised, `time.perf_counter`), one warm-up rollout (of
+WARMUP_TOKENS for the eager engines, which capture and compile nothing) then the median of --repeats. ms per decode step = (rollout - prefill) / (new tokens - 1): a rollout of T tokens runs
 T - 1 decode forwards after its prefill. cohort's prefill is the median eager rollout of one new token (the same
 prompts, so the same prefill and setup); the captured engine's capture therefore counts in its decode steps,
 as it does in every rollout (the compiled engine's compilation falls in its warm-up rollout, `warmup_s`: a
@@ -44,6 +44,10 @@ ENGINES = ("captured", "hf-static", "compiled", "eager", "hf-eager")
 """Measured engines in the order they run: the captured step and its target first, should the time run out."""
 COHORT = {"captured": ("on", "off"), "compiled": ("on", "on"), "eager": ("off", "off")}
 """cohort's engines: (fast.graph_decode, fast.compile_decode)."""
+SHORT_WARMUP = ("eager", "hf-eager")
+"""Engines with nothing to capture or compile: a warm-up rollout of WARMUP_TOKENS new tokens is enough to load their
+kernels and fill the allocator (a full one costs 6-9 s at the 0.5b shape on an H200, for nothing measured)."""
+WARMUP_TOKENS = 16
 PRECISIONS = ("bf16", "fp32-autocast")
 
 
@@ -218,11 +222,21 @@ def hf_rollout(model, prompts, args, static: bool, sync):
     return run
 
 
+def warmup_tokens(args) -> int:
+    """Returns the new tokens of a short warm-up rollout (SHORT_WARMUP's engines)."""
+    return min(WARMUP_TOKENS, args.tokens)
+
+
 def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> dict:
     """Returns one cohort engine's ms per decode step and what its rollouts took."""
     graph, compile_step = COHORT[engine]
     run = cohort_rollout(model, prompts, args, graph, args.tokens, compile_step=compile_step)
-    warm_s, batch = timed(run, sync)
+    warm = (
+        run
+        if engine not in SHORT_WARMUP
+        else cohort_rollout(model, prompts, args, graph, warmup_tokens(args))
+    )
+    warm_s, batch = timed(warm, sync)
     times, paths, compiled = [], [], []
     for _ in range(args.repeats):
         t, batch = timed(run, sync)
@@ -236,6 +250,7 @@ def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> d
         "rollout_s": rollout,
         "rollouts_s": times,
         "warmup_s": warm_s,
+        "warmup_tokens": args.tokens if engine not in SHORT_WARMUP else warmup_tokens(args),
         "prefill_s": prefill,
         "graph_decode": paths,
         "compile_decode": compiled,
@@ -247,7 +262,9 @@ def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> d
 def measure_hf(model, prompts, args, static: bool, sync) -> dict:
     """Returns transformers generate's ms per decode step (static: its compiled static cache on CUDA)."""
     run = hf_rollout(model, prompts, args, static, sync)
-    warm_s, _ = timed(run, sync)  # on CUDA with a static cache this compiles the decode forward
+    # on CUDA with a static cache the warm-up compiles the decode forward for the cache's length: a full rollout
+    short = argparse.Namespace(**{**vars(args), "tokens": warmup_tokens(args)})
+    warm_s, _ = timed(run if static else hf_rollout(model, prompts, short, static, sync), sync)
     times, after = [], []
     for _ in range(args.repeats):
         t, (decode_s, steps, shape) = timed(run, sync)
@@ -259,6 +276,7 @@ def measure_hf(model, prompts, args, static: bool, sync) -> dict:
         "rollout_s": rollout,
         "rollouts_s": times,
         "warmup_s": warm_s,
+        "warmup_tokens": args.tokens if static else warmup_tokens(args),
         "prefill_s": rollout - statistics.median(after) * steps,
         "decode_steps": steps,
         "output_shape": list(shape),

@@ -144,6 +144,7 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
     params = list(trainer.model.parameters())
     rec.update(param_dtype=str(params[0].dtype), parameters=sum(p.numel() for p in params))
     cuda = spec["device"].startswith("cuda")
+    rec["setup_s"] = round(time.perf_counter() - spec["started"], 1)
     for _ in range(spec["warmup"] + spec["steps"]):
         t0 = time.perf_counter()
         m = trainer.step().metrics
@@ -167,9 +168,11 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
         rec["peak_cuda_mib"] = peak_cuda_mib(spec["device"])
         write_record(out, rec)
     if spec.get("profile"):
+        t0 = time.perf_counter()
         rec["split_s"] = split_step(trainer, cuda)
         write_record(out, rec)
         rec["profile"] = profiled_step(trainer, cuda)
+        rec["profile_wall_s"] = round(time.perf_counter() - t0, 1)  # the two steps and the profile's reading
         write_record(out, rec)
 
 
@@ -323,6 +326,7 @@ def run_trl(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
     class StepTimer(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
             self.t = time.perf_counter()
+            rec["setup_s"] = round(self.t - spec["started"], 1)
 
         def on_step_end(self, args, state, control, **kw):
             if cuda:
@@ -347,7 +351,9 @@ def run_trl(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
 
 def worker(spec_path: str, out: str) -> None:
     """Runs one (framework, precision) in this process and writes its record to `out`."""
+    started = time.perf_counter()
     spec = json.loads(Path(spec_path).read_text())
+    spec["started"] = started  # a run's setup_s (imports, model load, trainer) counts from here
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from transformers.utils import logging as hf_logging
@@ -412,7 +418,7 @@ def summarise_worker(rec: dict, warmup: int) -> dict:
     out["steps_stage_s"] = [
         {k: round(v, 3) for k, v in s["times"].items() if v is not None} for s in steps if s.get("times")
     ]
-    for k in ("error", "timed_out", "trl", "split_s", "profile"):
+    for k in ("error", "timed_out", "trl", "setup_s", "split_s", "profile", "profile_wall_s"):
         if k in rec:
             out[k] = rec[k]
     return out

@@ -505,30 +505,27 @@ def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: boo
             "auto takes them on CUDA only; set it to on)"
         )
     parts = split_model(model)
-
-    def failed() -> str | None:
-        return compiled_forward.failed(parts[0]) if parts is not None else None
-
-    if failed() is not None:
-        return f"compiling its forward failed ({failed()})"
+    if parts is None:
+        return "its decoder and LM head could not be told apart (the compiled forward is the decoder's)"
     args = _uneven_padded_rows(model)
 
     def run(compiled: bool):
         def go():
             lp = compute_logprobs(*args, chunked=True, unmasked=True, compiled=compiled)
             if compiled and not lp.compiled:
-                raise RuntimeError(f"it did not compile ({failed() or ''})")
+                raise RuntimeError("it did not compile")
             return lp.logp
 
         return go
 
-    if probes.probe(model, "compile_update", run(True), run(False)):
-        return None
-    if failed() is not None:
-        return f"compiling its forward failed ({failed()}; checked once per model)"
-    return probes.failure(
-        model, "compile_update", "its compiled forward gives other log-probs than the eager one"
-    )
+    def probe() -> str | None:
+        if probes.probe(model, "compile_update", run(True), run(False)):
+            return None
+        return probes.failure(
+            model, "compile_update", "its compiled forward gives other log-probs than the eager one"
+        )
+
+    return compiled_forward.UPDATE_FORWARD.unavailable(parts[0], probe)
 
 
 def _segments_match(model, name: str, prompts, comps) -> bool:

@@ -35,7 +35,12 @@ def _run(model, prompts, comps, fast):
     return lp, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "recorder"])
+@pytest.mark.parametrize(
+    "backend",
+    # inductor: the real compiler's kernels for the forward and, through AOTAutograd, the backward (tens of seconds
+    # of C++ compiling on a CPU, once)
+    ["aot_eager", "recorder", pytest.param("inductor", marks=pytest.mark.slow)],
+)
 def test_compiled_padded_rows_give_the_eager_log_probs_and_gradients(monkeypatch, backend):
     monkeypatch.setattr(compiled, "BACKEND", Recorder() if backend == "recorder" else backend)
     model = tiny_model(seed=21).double()
@@ -43,11 +48,15 @@ def test_compiled_padded_rows_give_the_eager_log_probs_and_gradients(monkeypatch
     got, got_grad = _run(model, prompts, comps, COMPILED)
     ref, ref_grad = _run(model, prompts, comps, COMPILED.replace(compile_update="off"))
     assert got.compiled and not ref.compiled and got.unmasked and got.path == "padded"
+    assert compiled.failed(model.model) is None  # compiled, not fallen back to the eager forward
     assert probes.results(model)["compile_update"] is True
-    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=1e-10)
-    torch.testing.assert_close(got.entropy, ref.entropy, rtol=0, atol=1e-10)
+    # The backends that run the traced graph as it is: float64's rounding. Inductor's fused kernels round
+    # differently where the model computes in float32 whatever its weights' dtype (Qwen2's RMSNorm): ~1e-8 apart.
+    atol = 1e-6 if backend == "inductor" else 1e-10
+    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=atol)
+    torch.testing.assert_close(got.entropy, ref.entropy, rtol=0, atol=atol)
     for name, g in ref_grad.items():
-        torch.testing.assert_close(got_grad[name], g, rtol=0, atol=1e-10)
+        torch.testing.assert_close(got_grad[name], g, rtol=0, atol=atol)
 
 
 def test_one_trace_serves_micro_batches_of_every_size(monkeypatch):

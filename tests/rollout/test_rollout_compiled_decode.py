@@ -82,6 +82,26 @@ def test_the_compiled_step_under_autocast_decodes_what_the_eager_step_decodes(mo
     _assert_same(got, eager, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_inductor_s_own_kernels_decode_what_the_eager_step_decodes(monkeypatch):
+    """The real compiler, once: inductor's lowering, fusion and generated kernels (C++ here, Triton's on a GPU, from
+    the same scheduler) run the step, buffers written in place included. About 20 s of compiling on a CPU."""
+    monkeypatch.setattr(compiled, "BACKEND", "inductor")
+    model = tiny_model(seed=3, logit_scale=4.0).double()
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
+    params = SamplingParams(max_completion_length=T, temperature=0.8, top_k=9, top_p=0.9)
+    eager, g_eager = _decode(model, prompts, 3, params, compiled_step=False, eos=7)
+    got, g_got = _decode(model, prompts, 3, params, compiled_step=True, eos=7)
+    assert DECODE_STEP.failed(model) is None  # inductor ran it: no fallback to the eager step
+    # the same tokens; the log-probs are float32 (the sampler's), and fused kernels round them (and Qwen2's norm,
+    # float32 whatever the weights) differently: a float32 ulp or two apart
+    _assert_same(got, eager, atol=1e-6)
+    assert bool(got[2].any())  # EOS mid-rollout
+    assert torch.equal(g_got.get_state(), g_eager.get_state())
+    again, _ = _decode(model, random_prompts(2, seed=9, min_len=3, max_len=8), 3, params, compiled_step=True)
+    assert DECODE_STEP.failed(model) is None and again[0].shape[0] == 6  # another batch, the same kernels
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 def test_the_step_traces_as_one_graph(autocast):
     """No graph break: a break would cut the step into pieces that fuse apart (the plan's look-up by its carrier
@@ -134,7 +154,7 @@ def test_a_step_that_cannot_compile_runs_eagerly_and_says_why_once(monkeypatch):
     _assert_same(got, eager)
     assert "no compiler here" in DECODE_STEP.failed(model)
     engine = make_test_engine("builtin", fast=FastConfig(packed_weights="off"))
-    assert "compiling it failed" in engine._compile_unavailable(model, CPU)
+    assert "compiling the decode step failed" in engine._compile_unavailable(model, CPU)
 
 
 def test_a_step_that_would_trace_anew_inside_a_capture_runs_eagerly(monkeypatch):
@@ -185,11 +205,12 @@ def test_compile_decode_is_off_by_default_and_reported(monkeypatch):
     with pytest.warns(UserWarning, match="compiling the decode step"):
         # the probe's step fell back to eager, which is not what it checks
         why = engine._compile_unavailable(model, CPU)
-    assert why.startswith("compiling it failed (BackendCompilerFailed from ZeroDivisionError")
+    assert why.startswith("compiling the decode step failed (BackendCompilerFailed from ZeroDivisionError")
     # auto, weighed as on a GPU, falls back and says why once; on refuses
     cuda = torch.device("cuda", 0)
     with pytest.warns(
-        UserWarning, match="fast path 'compile_decode' off for Qwen2ForCausalLM: compiling it failed"
+        UserWarning,
+        match="fast path 'compile_decode' off for Qwen2ForCausalLM: compiling the decode step failed",
     ):
         assert not engine._compiled(model, cuda)
     strict = make_test_engine("builtin", fast=FastConfig(packed_weights="off", compile_decode="on"))

@@ -57,6 +57,17 @@ class Compiled:
         """Returns why compiling for `owner` failed in this process (None: it has not failed)."""
         return self._failed.get(owner)
 
+    def unavailable(self, owner: Any, probe: Callable[[], str | None]) -> str | None:
+        """Returns why `fn` compiled cannot serve `owner` (None: it can): a compile for it that failed before, else
+        what `probe()` (the once-per-model check) found, else a compile that failed during the probe, which then
+        checked the eager function it fell back to and so proved nothing."""
+        why = self.failed(owner)
+        if why is not None:
+            return f"compiling {self.what} failed ({why})"
+        reason = probe()
+        why = self.failed(owner)
+        return reason if why is None else f"compiling {self.what} failed ({why}; checked once per model)"
+
     def call(self, owner: Any, *args: Any, model: Any = None, recompile: bool = True) -> Any:
         """Returns fn(*args) through the compiled function (through `fn` itself once compiling for `owner` failed;
         `model` names it in the warning). recompile=False: a call that would trace anew fails over to `fn`

@@ -359,19 +359,17 @@ class BuiltinEngine(RolloutEngine):
         """Returns why the compiled decode step cannot sample this model (None: it can): compiling it failed in
         this process, or (checked once per model) its greedy decoding of two prompts of different lengths, captured
         on CUDA, strays from the eager decoding by more than the precision's rounding."""
-        failed = DECODE_STEP.failed(model)
-        if failed is not None:
-            return f"compiling it failed ({failed})"
-        reason = self._probe_static_step(
+        return DECODE_STEP.unavailable(
             model,
-            device,
-            "compile_decode",
-            "the compiled decode step",
-            capture=device.type == "cuda",
-            compiled=True,
+            lambda: self._probe_static_step(
+                model,
+                device,
+                "compile_decode",
+                "the compiled decode step",
+                capture=device.type == "cuda",
+                compiled=True,
+            ),
         )
-        failed = DECODE_STEP.failed(model)  # the probe fell back to the eager step: it checked that one
-        return reason if failed is None else f"compiling it failed ({failed})"
 
     def _probe_static_step(
         self,
