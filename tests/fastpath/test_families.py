@@ -13,12 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
+from _compile import Recorder
+from torch._dynamo.utils import counters
 
-from cohort.fastpath import FastConfig, probes
+from cohort.fastpath import FastConfig, compiled, probes
 from cohort.logprobs import completion_logprobs
 from cohort.models import full_attention_span
 from cohort.rollout import make_engine
 from cohort.rollout.base import SamplingParams
+from cohort.rollout.graph import DECODE_STEP, static_decode
 
 V, PAD, EOS, G = 64, 0, 1, 3
 _TOKENS = {"vocab_size": V, "pad_token_id": PAD, "eos_token_id": EOS, "bos_token_id": None}
@@ -116,6 +119,43 @@ def test_fast_paths_are_taken_and_exact(family):
     # Both once-per-model checks passed: these families train with segments and decode with sharing.
     assert taken == {"shared_prefix": True, "logprobs": "segments", "chunked_head": True}
     assert probes.results(model)["segments"] is True and probes.results(model)["shared_prefix"] is True
+
+
+@pytest.mark.slow  # a trace of each family's step: 9-20 s each
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "olmo2", "gpt_neox", "gpt2", "gemma3"])
+def test_the_static_decode_step_decodes_each_family_exactly_as_is_and_compiled(family, monkeypatch):
+    """The captured decode step (graph_decode) and its compiled form (compile_decode) run on a GPU only; their step
+    runs here uncaptured. On each family it must decode the eager engine's greedy tokens and log-probs, and trace as
+    one graph through AOTAutograd, once for the whole rollout: a family that failed here would be refused by the
+    probes on a GPU, and decode there several times slower without an error to show for it."""
+    monkeypatch.setattr(compiled, "BACKEND", Recorder(then="aot_eager"))
+    torch._dynamo.reset()  # Dynamo keeps traces per code object: count this family's alone
+    counters.clear()
+    model = _build(family).double()
+    prompts, params = _prompts(), SamplingParams(max_completion_length=10, greedy=True)
+    cpu = torch.device("cpu")
+    plain = make_engine(
+        "builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=FastConfig(shared_prefix="off")
+    )
+    with torch.no_grad():
+        tokens, lengths, ended, logps = plain._decode(model, prompts, G, params, None, cpu, shared=False)
+    assert int(lengths.max()) > 1
+    for compiled_step in (False, True):
+        with torch.no_grad():
+            got = static_decode(
+                model, prompts, G, params, None, cpu, eos_token_ids=[EOS], pad_token_id=PAD, shared=True,
+                capture=False, compiled=compiled_step,
+            )  # fmt: skip
+        assert torch.equal(got[1], lengths) and torch.equal(got[2], ended), compiled_step
+        for r, n in enumerate(lengths.tolist()):
+            assert torch.equal(got[0][r, :n], tokens[r, :n]), (compiled_step, r)
+            torch.testing.assert_close(got[3][r, :n], logps[r, :n], rtol=0, atol=1e-10)
+    assert DECODE_STEP.failed(model) is None  # compiled, not fallen back to the eager step
+    # One frame traced for all ten steps, into one graph without a break (Gemma3's trace restarts once inside
+    # Dynamo, over a Python float it first kept symbolic: a slower trace, still one graph).
+    assert counters["frames"]["total"] == 1 and counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_neo"])
