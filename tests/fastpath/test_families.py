@@ -121,8 +121,12 @@ def test_fast_paths_are_taken_and_exact(family):
     assert probes.results(model)["segments"] is True and probes.results(model)["shared_prefix"] is True
 
 
+STEP_FAMILIES = ["llama", "qwen3", "phi3", "olmo2", "gpt_neox", "gpt2", "gemma3"]
+"""Families whose decode step the static step (graph_decode, compile_decode) is checked on."""
+
+
 @pytest.mark.slow  # a trace of each family's step: 9-20 s each
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "olmo2", "gpt_neox", "gpt2", "gemma3"])
+@pytest.mark.parametrize("family", STEP_FAMILIES)
 def test_the_static_decode_step_decodes_each_family_exactly_as_is_and_compiled(family, monkeypatch):
     """The captured decode step (graph_decode) and its compiled form (compile_decode) run on a GPU only; their step
     runs here uncaptured. On each family it must decode the eager engine's greedy tokens and log-probs, and trace as
@@ -156,6 +160,27 @@ def test_the_static_decode_step_decodes_each_family_exactly_as_is_and_compiled(f
     assert counters["frames"]["total"] == 1 and counters["stats"]["unique_graphs"] == 1
     assert not counters["graph_break"], dict(counters["graph_break"])
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures a CUDA graph: needs a CUDA GPU")
+@pytest.mark.parametrize("family", STEP_FAMILIES)
+def test_on_a_gpu_each_family_takes_the_captured_step_and_replays_the_uncaptured_one(family):
+    device = torch.device("cuda")
+    model = _build(family).to(device)
+    prompts, params = _prompts(), SamplingParams(max_completion_length=10, greedy=True)
+    fast = FastConfig(graph_decode="on", graph_decode_min_tokens=0)
+    with torch.no_grad():
+        out = make_engine("builtin", eos_token_ids=[EOS], pad_token_id=PAD, fast=fast).generate(
+            model, prompts, G, params
+        )
+    assert out.paths["graph_decode"] is True  # its probe passed: the family decodes captured on a GPU
+    kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True, "check_every": 4}
+    with torch.no_grad():
+        plain, captured = (
+            static_decode(model, prompts, G, params, None, device, capture=c, **kw) for c in (False, True)
+        )
+    for a, b in zip(plain, captured):
+        assert torch.equal(a, b)  # the same kernels, replayed
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3", "gpt_neo"])
