@@ -317,14 +317,18 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     s_prompt = grouped @ kp.transpose(-1, -2) + plan.prompt_bias  # [B, Hkv, width*rep, P]
     s_prompt = s_prompt.view(B, kv_heads, width, rep, P).transpose(1, 2).reshape(n, kv_heads, rep, P)
     s_own = q @ key.transpose(-1, -2) + plan.own_bias  # [n, Hkv, rep, T]
+    # (a cat reading the prompt part in place would not save its copy on a GPU: CUDA's cat copies inputs of more
+    # than four dimensions one by one)
     scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + T], softmax in float32 or wider
     probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
     own = probs[..., P:] @ value  # [n, Hkv, rep, D]
     p_prompt = (
         probs[..., :P].reshape(B, width, kv_heads, rep, P).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, P)
     )
-    shared = (p_prompt @ vp).view(B, kv_heads, width, rep, dim).transpose(1, 2).reshape(n, kv_heads, rep, dim)
-    return (shared + own).reshape(n, 1, heads, dim)
+    shared = (p_prompt @ vp).view(B, kv_heads, width, rep, dim).transpose(1, 2)  # [B, width, Hkv, rep, D]
+    # One kernel: the add reads the group layout in place (a row-major copy of it first was a second kernel a layer,
+    # of ~50 in a GPU's step); the row-major operand first, so the sum comes out row-major and the reshape is a view.
+    return (own.view(B, width, kv_heads, rep, dim) + shared).reshape(n, 1, heads, dim)
 
 
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
