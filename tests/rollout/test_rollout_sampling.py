@@ -199,14 +199,17 @@ def test_rows_that_are_no_distribution_become_uniform_for_multinomial_and_the_ot
             torch.tensor([float("inf"), 0.0, 0.0, 0.0]),
             torch.tensor([0.5, -0.1, 0.3, 0.3]),
             torch.zeros(4),
+            torch.tensor([0.5, float("-inf"), 0.3, 0.3]),
+            torch.tensor([float("inf"), float("-inf"), 0.3, 0.3]),  # a sum of NaN
+            torch.tensor([0.5, -0.0, 0.3, 0.2]),  # -0.0 is no negative entry
         ]
     )
     with pytest.raises(RuntimeError):  # what CUDA's multinomial turns into a device-side assert
         torch.multinomial(probs, 1)
     safe = drawable(probs)
-    assert torch.equal(safe[0], good)  # a distribution is left as it is
-    assert torch.equal(safe[1:], torch.ones(4, 4))  # the four bad rows: uniform
-    assert torch.multinomial(safe, 1).shape == (5, 1)  # accepted
+    assert torch.equal(safe[0], good) and torch.equal(safe[7], probs[7])  # distributions are left as they are
+    assert torch.equal(safe[1:7], torch.ones(6, 4))  # the six bad rows: uniform
+    assert torch.multinomial(safe, 1).shape == (8, 1)  # accepted
 
 
 @pytest.mark.parametrize("accelerator_branch", [True, False], ids=["multinomial", "inverse-cdf"])
