@@ -56,7 +56,10 @@ def _equal_rollouts(a, b, atol=1e-10):
 
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("G", [1, 4])
-def test_greedy_static_steps_reproduce_todays_engine(model64, shared, G):
+@pytest.mark.parametrize("head", [12, 16], ids=["head12", "head16-scale-in-the-bias-add"])
+def test_greedy_static_steps_reproduce_todays_engine(model64, shared, G, head):
+    if head != 12:  # model64's heads are 12 wide; 16 scales by a power of two, which the step applies later
+        model64 = tiny_model(seed=3, hidden_size=4 * head, logit_scale=4.0).double()
     prompts = random_prompts(3, seed=1, min_len=2, max_len=7)  # left padding
     eos = _eos_mid_rollout(model64, prompts, G)
     engine = make_test_engine(
@@ -362,3 +365,34 @@ def test_the_probe_judges_each_decoding_against_a_forward_over_its_own_tokens(dt
     # and a decoding whose rows ended or hold a token outside the vocabulary cannot agree
     ended = (fast[0], fast[1] - 1, torch.ones_like(fast[2]), fast[3])
     assert not agree(ended, plain, tolerance(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_power_of_two_scale_applied_to_the_scores_changes_no_bit(monkeypatch, dtype, width):
+    """Head sizes 16, 64 and 256 scale the attention scores by a power of two, which the static step applies in its
+    bias add instead of to the query (a kernel less a layer): the scores, and so the output, bit for bit."""
+    from types import SimpleNamespace
+
+    from cohort.fastpath import attention
+
+    g = torch.Generator().manual_seed(0)
+    B, Hkv, rep, D, P, Tc = 2, 2, 3, 16, 5, 7
+    n = B * width
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    prompt_kv = [(rand(B, Hkv, P, D), rand(B, Hkv, P, D))]
+    mask = torch.ones(B, P, dtype=torch.long)
+    mask[0, :2] = 0  # left padding
+    plan = attention.StepPlan(prompt_kv, mask, Tc, width)
+    plan.step.fill_(4)
+    plan.refresh()
+    query, key, value = rand(n, Hkv * rep, 1, D), rand(n, Hkv, Tc, D), rand(n, Hkv, Tc, D)
+    module = SimpleNamespace(layer_idx=0)
+    assert attention.scales_exactly(D**-0.5) and not attention.scales_exactly(12**-0.5)
+    folded = attention._step_decode(module, query, key, value, plan, None)
+    monkeypatch.setattr(attention, "scales_exactly", lambda scaling: False)
+    plain = attention._step_decode(module, query, key, value, plan, None)
+    assert torch.equal(folded, plain)

@@ -33,6 +33,7 @@ prompt's cache G times was most of attention's time and memory traffic.
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -273,9 +274,9 @@ def _prefix_decode(module, query, key, value, plan: PrefixPlan, scaling):
 class StepPlan:
     """The shapes-fixed attention of a static decode step (cohort.rollout.graph): every row of a group reads its
     prompt's keys [B, Hkv, P, D] (one copy per group, or one per row: groups of 1) and its own keys, held in a
-    buffer of all T own positions that the cache writes at the device index `step`; `own_bias` masks the columns
-    after `step`. No shape, index or value of it is a Python number that changes between steps, so the step can
-    be captured once and replayed."""
+    buffer of all T own positions that the cache writes at the device index `step`; `bias` [N, 1, 1, P + T] masks
+    each row's padded prompt positions and its own columns after `step`. No shape, index or value of it is a
+    Python number that changes between steps, so the step can be captured once and replayed."""
 
     def __init__(
         self,
@@ -290,36 +291,51 @@ class StepPlan:
         self.width = width
         device = prompt_mask.device
         zero = torch.zeros((), dtype=prompt_kv[0][0].dtype, device=device)
-        self.prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))[
-            :, None, None, :
-        ]  # [B, 1, 1, P]
+        prompt_bias = torch.where(prompt_mask.bool(), zero, float("-inf"))  # [B, P]
+        P = prompt_bias.shape[1]
         self.step = torch.zeros((), dtype=torch.long, device=device)  # own column of the token being fed
         self.columns = torch.arange(capacity, device=device)  # [T]
-        self.own_bias = torch.zeros(1, 1, 1, capacity, dtype=zero.dtype, device=device)  # [1, 1, 1, T]
+        # One mask for the scores of prompt and own keys side by side: one add a layer, not one for each part.
+        self.bias = torch.zeros(
+            prompt_bias.shape[0] * width, 1, 1, P + capacity, dtype=zero.dtype, device=device
+        )  # [N, 1, 1, P + T]
+        self.bias[:, 0, 0, :P] = prompt_bias.repeat_interleave(width, dim=0)
         self.refresh()
 
     def refresh(self) -> None:
-        """Rewrites own_bias in place for the current `step` (0 up to it, -inf after), without a host sync."""
-        self.own_bias.copy_(torch.where(self.columns <= self.step, 0.0, float("-inf"))[None, None, None, :])
+        """Rewrites the own columns of `bias` in place for the current `step` (0 up to it, -inf after), without a
+        host sync."""
+        P = self.bias.shape[-1] - self.columns.shape[0]
+        self.bias[..., P:].copy_(torch.where(self.columns <= self.step, 0.0, float("-inf")))
+
+
+def scales_exactly(scaling: float) -> bool:
+    """Returns whether `scaling` is a power of two (head size 16, 64, 256: 1 / sqrt(head size)), which scales a dot
+    product's rounded result bit for bit as it scales one of its operands."""
+    return math.frexp(scaling)[0] == 0.5
 
 
 def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     """Returns the attention output [N, 1, H, D] of a static decode step: prompt keys (one copy per group) and
-    the T own keys of each row (key, value: [N, Hkv, T, D], unwritten columns zero and masked by own_bias)."""
+    the T own keys of each row (key, value: [N, Hkv, T, D], unwritten columns zero and masked by the plan's bias)."""
     n, heads, _, dim = query.shape
     kp, vp = plan.prompt_kv[module.layer_idx]  # [B, Hkv, P, D]
     B, kv_heads, P = kp.shape[0], kp.shape[1], kp.shape[2]
     width, rep = plan.width, heads // kv_heads
     scaling = dim**-0.5 if scaling is None else scaling
-    q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim) * scaling  # [n, Hkv, rep, D]
+    later = scales_exactly(scaling)  # then applied in the bias add: the query needs no kernel of its own
+    q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim)  # [n, Hkv, rep, D]
+    if not later:
+        q = q * scaling
     # Rows of a group are contiguous and none is ever dropped: grouping them is a view, not an index copy.
-    grouped = q.view(B, width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
-    s_prompt = grouped @ kp.transpose(-1, -2) + plan.prompt_bias  # [B, Hkv, width*rep, P]
+    grouped = q.reshape(B, width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
+    s_prompt = grouped @ kp.transpose(-1, -2)  # [B, Hkv, width*rep, P]
     s_prompt = s_prompt.view(B, kv_heads, width, rep, P).transpose(1, 2).reshape(n, kv_heads, rep, P)
-    s_own = q @ key.transpose(-1, -2) + plan.own_bias  # [n, Hkv, rep, T]
+    s_own = q @ key.transpose(-1, -2)  # [n, Hkv, rep, T]
     # (a cat reading the prompt part in place would not save its copy on a GPU: CUDA's cat copies inputs of more
     # than four dimensions one by one)
-    scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + T], softmax in float32 or wider
+    scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + T]
+    scores = torch.add(plan.bias, scores, alpha=scaling) if later else scores + plan.bias
     probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
     own = probs[..., P:] @ value  # [n, Hkv, rep, D]
     p_prompt = (

@@ -149,7 +149,7 @@ class StaticDecoder:
         sizes: list[tuple[torch.Tensor | None, tuple[int, ...]]] = [
             (self.tok, (0,)), (self.pos, (0,)), (self.lengths, (0,)), (self.ended, (0,)), (self.noise, (0,)),
             (self.tokens, (0, 1)), (self.logps, (0, 1)),
-            (plan.columns, (0,)), (plan.own_bias, (3,)), (plan.prompt_bias, (0, 3)),
+            (plan.columns, (0,)), (plan.bias, (0, 3)),
         ]  # fmt: skip
         for k, v in plan.prompt_kv:
             sizes += [(k, (0, 2)), (v, (0, 2))]
