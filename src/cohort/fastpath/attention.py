@@ -323,9 +323,9 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     B, kv_heads, P = kp.shape[0], kp.shape[1], kp.shape[2]
     width, rep = plan.width, heads // kv_heads
     scaling = dim**-0.5 if scaling is None else scaling
-    later = scales_exactly(scaling)  # then applied in the bias add: the query needs no kernel of its own
+    scale_scores = scales_exactly(scaling)  # then applied in the bias add: the query needs no kernel of its own
     q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim)  # [n, Hkv, rep, D]
-    if not later:
+    if not scale_scores:
         q = q * scaling
     # Rows of a group are contiguous and none is ever dropped: grouping them is a view, not an index copy.
     grouped = q.reshape(B, width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
@@ -335,7 +335,7 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     # (a cat reading the prompt part in place would not save its copy on a GPU: CUDA's cat copies inputs of more
     # than four dimensions one by one)
     scores = torch.cat([s_prompt, s_own], dim=-1)  # [n, Hkv, rep, P + T]
-    scores = torch.add(plan.bias, scores, alpha=scaling) if later else scores + plan.bias
+    scores = torch.add(plan.bias, scores, alpha=scaling) if scale_scores else scores + plan.bias
     probs = scores.to(torch.promote_types(scores.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
     own = probs[..., P:] @ value  # [n, Hkv, rep, D]
     p_prompt = (

@@ -137,8 +137,9 @@ def drawable(probs: torch.Tensor) -> torch.Tensor:
     """Returns probs [n, V] with each row that is no distribution (a NaN, an inf or a negative entry, or a sum
     of 0) replaced by a uniform one, without a host sync: what torch.multinomial on CUDA accepts."""
     # Two passes over the [n, V] rows, not seven (elementwise isfinite and >= 0, their and, all, sum, ones_like): a
-    # NaN or an inf makes the row's sum non-finite, a negative entry its minimum negative. Probabilities sum to at
-    # most V, so a finite row never overflows its sum. On a GPU's decode step each pass reads the whole vocabulary.
+    # NaN or an inf makes the row's sum non-finite, a negative entry its minimum negative. Entries of at most 1
+    # (probabilities, or weights scaled by their row's largest) sum to at most V: a finite row never overflows its
+    # sum. On a GPU's decode step each pass reads the whole vocabulary.
     total = probs.sum(-1, keepdim=True)  # [n, 1]
     ok = torch.isfinite(total) & (total > 0) & (probs.amin(-1, keepdim=True) >= 0)  # [n, 1]
     return torch.where(ok, probs, 1.0)  # [n, V]
