@@ -349,6 +349,23 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     return (own.view(B, width, kv_heads, rep, dim) + shared).reshape(n, 1, heads, dim)
 
 
+FLASH_FIRST = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+"""sdpa's backends in the order fast.flash_first asks for (torch.nn.attention.SDPBackend names)."""
+
+
+@contextlib.contextmanager
+def flash_first(setting: str, device: torch.device) -> Iterator[bool]:
+    """Yields whether sdpa tries FlashAttention and memory-efficient attention before cuDNN's inside the block
+    (fast.flash_first: `auto` on CUDA only, `on` anywhere, `off` never); torch's own order is back after it."""
+    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+        yield False
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, name) for name in FLASH_FIRST], set_priority=True):
+        yield True
+
+
 def custom_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Returns (attention output [B, L, H, D], None) following a SegmentPlan, PrefixPlan or StepPlan; plain sdpa
     otherwise."""

@@ -63,6 +63,13 @@ class FastConfig:
     unsharded model without gradient checkpointing; checked once per model against the eager forward. Off by
     default until measured on a GPU; `auto` takes it on CUDA only. The first steps pay the compilation (several
     traces: with and without gradients, policy and reference)."""
+    flash_first: str = "auto"
+    """Update: PyTorch's attention (sdpa) tries FlashAttention, then memory-efficient attention, before cuDNN's,
+    which PyTorch puts first on Hopper and Blackwell GPUs with a recent cuDNN. On an H200 each cuDNN attention call
+    of the update took ~0.7 ms of host time (its plan for the call's shapes, which change every micro-batch), 312
+    forward calls a step, while the update waited on the host (docs/performance.md). Each backend computes exact
+    attention (rounding apart); the backward runs the forward's. `auto` takes it on CUDA only (a CPU's sdpa has no
+    cuDNN); not yet measured on a GPU."""
     segments: str = "auto"
     """Update: segment attention over one packed row of exactly the real tokens (needs the grouped layout, sdpa
     attention and a once-per-model check; with model.gradient_checkpointing the recomputed layers follow the

@@ -38,7 +38,7 @@ from cohort.config import AlgoConfig, ClipCov, KLCov
 from cohort.config.kinds import kind_name
 from cohort.errors import NonFiniteError, TrainingError
 from cohort.fastpath import FastConfig
-from cohort.fastpath.attention import hold_attention
+from cohort.fastpath.attention import flash_first, hold_attention
 from cohort.fastpath.skipping import skip_unavailable, zero_advantage_rows
 from cohort.fastpath.switches import choose
 from cohort.logprobs import completion_logprobs, pass_layout
@@ -758,8 +758,11 @@ class PolicyUpdater:
     # ------------------------------------------------------------------ the update
     def update(self, batch: PolicyBatch, generator: torch.Generator | None = None) -> UpdateStats:
         """Returns the UpdateStats of μ × num_minibatches optimizer steps on `batch`."""
-        with checkpointing_layers(self.model):
-            return self._update(batch, generator)
+        # The attention backend order holds for the backwards too, and so for recomputed layers (checkpointing).
+        with checkpointing_layers(self.model), flash_first(self.fast.flash_first, self.device) as flash:
+            stats = self._update(batch, generator)
+        stats.paths["flash_first"] = float(flash)
+        return stats
 
     def _update(self, batch: PolicyBatch, generator: torch.Generator | None) -> UpdateStats:
         a = self.algo
