@@ -42,7 +42,7 @@ class UpdateStats:
     paths: dict[str, float] = field(default_factory=dict)
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded), with the
     chunked head, with unmasked padded rows and with the compiled decoder, and whether zero-advantage skipping
-    was on (1.0) or off (0.0)."""
+    and FlashAttention first (fast.flash_first) were on (1.0) or off (0.0)."""
     micro_batches: int = 0
     """Forward / backward passes with gradients over the update's optimizer steps (the busiest process's)."""
     micro_batch_tokens_max: int = 0
