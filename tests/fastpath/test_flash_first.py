@@ -4,6 +4,8 @@ changes nothing on a CPU, whose sdpa has no cuDNN backend."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from _tiny import random_prompts, tiny_model
@@ -18,6 +20,8 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
 
 def _order() -> list[int]:
+    if not hasattr(torch._C, "_get_sdp_priority_order"):  # a torch before sdpa's priority order
+        pytest.skip("this torch has no sdpa priority order to read")
     return list(torch._C._get_sdp_priority_order())
 
 
@@ -92,3 +96,20 @@ def test_a_bad_value_is_refused_before_the_model_loads():
     assert (
         load_config(None, {**base, "fast": {"flash_first": False}}).fast.flash_first == "off"
     )  # YAML's bare off
+
+
+def test_a_torch_that_cannot_reorder_leaves_cudnn_out_instead(monkeypatch):
+    import torch.nn.attention as attention_api
+
+    asked = []
+
+    @contextlib.contextmanager
+    def old_sdpa_kernel(backends):  # the signature before set_priority
+        asked.append(list(backends))
+        yield
+
+    monkeypatch.setattr(attention_api, "sdpa_kernel", old_sdpa_kernel)
+    with flash_first("on", CPU) as taken:
+        assert taken
+    names = [b.name for b in asked[0]]
+    assert names == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]

@@ -33,6 +33,7 @@ prompt's cache G times was most of attention's time and memory traffic.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -362,7 +363,12 @@ def flash_first(setting: str, device: torch.device) -> Iterator[bool]:
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([getattr(SDPBackend, name) for name in FLASH_FIRST], set_priority=True):
+    order = [getattr(SDPBackend, name) for name in FLASH_FIRST]
+    if "set_priority" in inspect.signature(sdpa_kernel).parameters:
+        scope = sdpa_kernel(order, set_priority=True)
+    else:  # a torch that cannot reorder: cuDNN's attention left out instead
+        scope = sdpa_kernel([b for b in order if b != SDPBackend.CUDNN_ATTENTION])
+    with scope:
         yield True
 
 
