@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _captured import refused_configs
 from _compile import Recorder
 from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
 
@@ -242,15 +243,7 @@ def test_compile_decode_settings_it_cannot_honour_are_refused_before_the_model_l
         FastConfig(compile_decode="on", graph_decode="off").validate()
     with pytest.raises(ValueError, match="fast.compile_decode='yes' is not valid"):
         FastConfig(compile_decode="yes").validate()
-    base = {"model": {"name_or_path": str(tiny_model_dir), "device": "cpu"}, "data": {"task": "addition"}}
-    for over, why in [
-        ({}, "CUDA graphs need a CUDA GPU, and model.device='cpu'"),
-        ({"model": {"device": "cuda", "attn_implementation": "eager"}}, "model.attn_implementation='eager'"),
-        ({"rollout": {"engine": "hf"}}, "rollout.engine='hf'"),
-    ]:
-        cfg = {**base, "fast": {"compile_decode": "on"}}
-        for k, v in over.items():
-            cfg[k] = {**cfg.get(k, {}), **v}
+    for cfg, why in refused_configs(tiny_model_dir, {"compile_decode": "on"}):
         with pytest.raises(
             FastPathConfigError, match=rf"fast.compile_decode=on compiles the captured decode step, .*{why}"
         ):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _captured import refused_configs
 from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -248,15 +249,7 @@ def test_graph_decode_is_off_on_a_cpu_and_refused_when_on(model64, tiny_model_di
     with pytest.raises(FastPathError, match=r"fast.graph_decode=on.*CUDA graphs need a CUDA GPU"):
         with torch.no_grad():
             on.generate(model64, prompts, 2, params)
-    base = {"model": {"name_or_path": str(tiny_model_dir), "device": "cpu"}, "data": {"task": "addition"}}
-    for over, why in [
-        ({}, "CUDA graphs need a CUDA GPU, and model.device='cpu'"),
-        ({"model": {"device": "cuda", "attn_implementation": "eager"}}, "model.attn_implementation='eager'"),
-        ({"rollout": {"engine": "hf"}}, "rollout.engine='hf'"),
-    ]:
-        cfg = {**base, "fast": {"graph_decode": "on"}}
-        for k, v in over.items():
-            cfg[k] = {**cfg.get(k, {}), **v}
+    for cfg, why in refused_configs(tiny_model_dir, {"graph_decode": "on"}):
         with pytest.raises(FastPathConfigError, match=rf"fast.graph_decode=on cannot run: .*{why}"):
             load_config(None, cfg).validate()
     with pytest.raises(

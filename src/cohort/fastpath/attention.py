@@ -324,9 +324,8 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     B, kv_heads, P = kp.shape[0], kp.shape[1], kp.shape[2]
     width, rep = plan.width, heads // kv_heads
     scaling = dim**-0.5 if scaling is None else scaling
-    scale_scores = scales_exactly(
-        scaling
-    )  # then applied in the bias add: the query needs no kernel of its own
+    # a power of two is applied in the bias add below: the query needs no kernel of its own
+    scale_scores = scales_exactly(scaling)
     q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim)  # [n, Hkv, rep, D]
     if not scale_scores:
         q = q * scaling
