@@ -108,6 +108,17 @@ def peak_cuda_mib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
 
 
+def segment_counts(cuda: bool) -> tuple[int, int]:
+    """Returns how many memory segments the CUDA caching allocator has taken from and given back to the driver
+    so far in this process ((0, 0) on a CPU)."""
+    if not cuda:
+        return 0, 0
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    return stats.get("segment.all.allocated", 0), stats.get("segment.all.freed", 0)
+
+
 def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
     """Runs cohort's GRPOTrainer for the spec's steps, writing `rec` after each."""
     import torch
@@ -146,10 +157,12 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
     cuda = spec["device"].startswith("cuda")
     rec["setup_s"] = round(time.perf_counter() - spec["started"], 1)
     for _ in range(spec["warmup"] + spec["steps"]):
+        before = segment_counts(cuda)
         t0 = time.perf_counter()
         m = trainer.step().metrics
         if cuda:
             torch.cuda.synchronize()
+        after = segment_counts(cuda)
         rec["steps"].append(
             {
                 "seconds": time.perf_counter() - t0,
@@ -163,6 +176,10 @@ def run_cohort(spec: dict, rows: list[dict], rec: dict, out: str) -> None:
                 "micro_batch_tokens_max": m.get("micro_batch_tokens_max"),
                 # Every stage's seconds, for the whole-step profile (issue 39.3).
                 "times": {k.removeprefix("time/"): v for k, v in m.items() if k.startswith("time/")},
+                # Memory the caching allocator took from (cudaMalloc) and gave back to (cudaFree) the driver
+                # during the step: each costs host time, and a cudaFree waits for the device.
+                "segments_allocated": after[0] - before[0] if cuda else None,
+                "segments_freed": after[1] - before[1] if cuda else None,
             }
         )
         rec["peak_cuda_mib"] = peak_cuda_mib(spec["device"])
@@ -412,6 +429,10 @@ def summarise_worker(rec: dict, warmup: int) -> dict:
     for key in ("micro_batches", "micro_batch_tokens_max"):
         if steps and steps[-1].get(key) is not None:
             out[key] = steps[-1][key]
+    for key in ("segments_allocated", "segments_freed"):  # per measured step
+        counts = [s[key] for s in measured if s.get(key) is not None]
+        if counts:
+            out[key] = counts
     timed = [s["times"] for s in measured if s.get("times")]
     if timed:  # the median seconds of each stage over the measured steps: where a step's time goes
         out["stage_s"] = {k: statistics.median(t.get(k, 0.0) for t in timed) for k in sorted(timed[-1])}

@@ -157,6 +157,13 @@ def grpo_table(grpo: dict | None) -> list[str]:
             lines.append(
                 f"- {r['framework']} {r['precision']}{' ' + r['variant'] if r.get('variant') else ''}: {'; '.join(str(n).splitlines()[0][:200] for n in notes)}"
             )
+    for r in grpo["runs"]:
+        if r.get("segments_allocated") is not None:  # the caching allocator's cudaMalloc / cudaFree calls
+            name = f"{r['framework']} {r.get('shape', '')} {r['precision']}{' ' + r['variant'] if r.get('variant') else ''}"
+            lines.append(
+                f"- {' '.join(name.split())}: segments taken from / given back to the driver a measured step: "
+                f"{r['segments_allocated']} / {r.get('segments_freed')}"
+            )
     return [*lines, ""]
 
 

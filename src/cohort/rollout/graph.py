@@ -26,6 +26,9 @@ Under autocast, each Linear's weight and bias are cast once per rollout to the a
 forward with `torch.func.functional_call` (`cast_linears`): the graph holds no weight casts, and the result is
 bitwise what autocast computes (autocast rounds the same way, and leaves a tensor already in its dtype alone).
 The graph is captured anew every rollout, so updated weights, LoRA adapters and a sampling copy stay current.
+Its memory is a pool of its own (`torch.cuda.MemPool`), handed back to the driver when the rollout ends; unlike
+`torch.cuda.graph`, a capture leaves the caching allocator's other blocks cached (`capture_needs_room` says when
+it must not).
 
 With `fast.compile_decode` the step (forward, sampler and bookkeeping) is traced once by `torch.compile` with
 dynamic sizes and the generated kernels are what the graph captures: a captured step has no host work left, but
@@ -35,6 +38,7 @@ at 0.5B it is still ~1,300 kernels of a few microseconds each, most of them elem
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -128,10 +132,12 @@ class StaticDecoder:
         self.tok = tok0.clone()  # [N] the token fed next
         self.pos = pos.clone()  # [N] its position
         self.noise = None if params.greedy else noise  # [N, V]
+        self.vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
         self.tokens[:, 0] = tok0
         self.logps[:, 0] = lp0
         self._record(tok0, self.plan.step)  # column 0: EOS from the prefill's own sample
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.pool: Any = None  # torch.cuda.MemPool of the captured graph
         # Known before the first step, so that no step (nor its trace) asks the model's signature again. The
         # ids and positions are views taken inside the step: a view made outside would reach a compiled step as
         # a second input aliasing a buffer it writes.
@@ -191,8 +197,9 @@ class StaticDecoder:
 
     def capture(self, warmup: int = 2, generator: torch.Generator | None = None) -> int:
         """Returns how many real steps ran as warm-up (on a side stream) before the step was captured."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        device = self.device
+        stream = capture_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
         with contextlib.ExitStack() as scope:
             if torch.is_autocast_enabled("cuda"):
@@ -204,12 +211,43 @@ class StaticDecoder:
                 for _ in range(warmup):
                     self.draw_noise(generator)
                     self.step()
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            # thread_local: CUDA work of another thread (a prefetching loader, say) does not break the capture
-            scope.enter_context(torch.cuda.graph(graph, capture_error_mode="thread_local"))
-            self.step(recompile=False)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            # Not torch.cuda.graph: it empties the allocator's whole cache (and the pinned host cache) before every
+            # capture, so each rollout handed back, and the update then asked the driver again for, every block
+            # the step's other work had cached (~380 cudaMalloc and cudaFree a GRPO step on an H200). The cache is
+            # emptied only where the device may lack room for the graph's memory (a capture cannot reclaim it).
+            estimate = max(_POOL_BYTES.get(device, 0), pool_estimate(self.tokens.shape[0], self.vocab))
+            if capture_needs_room(torch.cuda.mem_get_info(device)[0], estimate):
+                torch.cuda.empty_cache()
+            with torch.cuda.device(device):
+                self.pool = torch.cuda.MemPool()  # this rollout's graph memory, handed back by close()
+            before = torch.cuda.memory_reserved(device)
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+                try:
+                    # thread_local: CUDA work of another thread (a prefetching loader, say) does not break it
+                    self.step(recompile=False)
+                finally:
+                    graph.capture_end()
+            _POOL_BYTES[device] = torch.cuda.memory_reserved(device) - before
         self.graph = graph
         return warmup
+
+    def close(self) -> None:
+        """Releases the captured graph, then its memory pool, once the device has run every replay (the pool's
+        blocks go back to the driver: nothing is held between rollouts)."""
+        graph, pool = self.graph, self.pool
+        self.graph = self.pool = None
+        if pool is None:
+            return
+        if graph is None:
+            # the capture failed: the allocator may still count it as a user of the pool, which a freed pool's
+            # check would then abort on; the pool is kept (what the failed capture allocated; once per model)
+            _FAILED_POOLS.append(pool)
+            return
+        torch.cuda.current_stream(self.device).synchronize()
+        graph.reset()
+        del graph, pool
 
     def run(
         self,
@@ -285,6 +323,38 @@ def _advance(decoder: StaticDecoder) -> None:
     plan.step.add_(1)
 
 
+_STREAMS: dict[tuple[torch.device, int], Any] = {}
+
+
+def capture_stream(device: torch.device) -> Any:
+    """Returns the side stream this thread warms up and captures on for `device`, the same one every rollout.
+    The caching allocator keeps a freed block for reuse on the stream that freed it: a new stream each rollout
+    would leave a step's worth of cached blocks behind on each of the streams torch cycles through."""
+    key = (device, threading.get_ident())
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device)
+    return _STREAMS[key]
+
+
+_POOL_BYTES: dict[torch.device, int] = {}
+"""Bytes the last captured step's memory pool took on each device (what the next capture is assumed to need)."""
+_FAILED_POOLS: list[Any] = []
+"""Memory pools of captures that failed, kept rather than freed (see StaticDecoder.close)."""
+
+
+def pool_estimate(rows: int, vocab: int) -> int:
+    """Returns a first guess, in bytes, of a captured step's memory pool: the sampler's [rows, vocab] float32
+    temporaries (the float logits, log-softmax, probabilities, a top-p sort's values and indices: ~8 of them)."""
+    return 32 * rows * vocab
+
+
+def capture_needs_room(free_bytes: int, estimate: int) -> bool:
+    """Returns whether to empty the allocator's cache before capturing: the device's free memory is under twice
+    the graph's estimated pool plus 256 MiB. While a capture is under way the allocator may not hand cached blocks
+    back to the driver, so a capture short of memory fails where an eager step would have reclaimed them."""
+    return free_bytes < 2 * estimate + (256 << 20)
+
+
 DECODE_STEP = Compiled(_advance, "compile_decode", "the decode step", dynamic=None)
 """The step through torch.compile, the sizes that change between rollouts marked dynamic (_mark_dynamic_sizes): one
 trace serves rollouts of every prompt length, batch and length (a new G, autocast, dtype or greedy setting traces
@@ -353,8 +423,11 @@ def open_decoder(
             weights=weights,
             compiled=compiled,
         )
-        with attach_step_plan(model, decoder.plan):
-            yield decoder
+        try:
+            with attach_step_plan(model, decoder.plan):
+                yield decoder
+        finally:
+            decoder.close()
 
 
 def static_decode(
