@@ -24,8 +24,10 @@ MiB = 1 << 20
 
 
 def test_the_cache_is_emptied_only_when_free_memory_may_not_hold_the_pool():
-    estimate = pool_estimate(64, 151_936)
+    estimate = pool_estimate(64, 151_936, heads=14, span=456)
     assert estimate == 32 * 64 * 151_936  # ~311 MB: the sampler's [rows, vocab] float32 temporaries
+    long_context = pool_estimate(64, 151_936, heads=14, span=32_768)
+    assert long_context == 16 * 64 * 14 * 32_768  # ~470 MB: a layer's attention scores outgrow the sampler's
     need = 2 * estimate + 256 * MiB
     assert not capture_needs_room(100 << 30, estimate)  # a mostly empty GPU
     assert not capture_needs_room(need, estimate)

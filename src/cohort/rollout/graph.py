@@ -216,7 +216,11 @@ class StaticDecoder:
             # capture, so each rollout handed back, and the update then asked the driver again for, every block
             # the step's other work had cached (~380 cudaMalloc and cudaFree a GRPO step on an H200). The cache is
             # emptied only where the device may lack room for the graph's memory (a capture cannot reclaim it).
-            estimate = max(_POOL_BYTES.get(device, 0), pool_estimate(self.tokens.shape[0], self.vocab))
+            span, config = self.plan.bias.shape[-1], getattr(self.model, "config", None)
+            heads = int(getattr(config, "num_attention_heads", 0) or 0)
+            estimate = max(
+                _POOL_BYTES.get(device, 0), pool_estimate(self.tokens.shape[0], self.vocab, heads, span)
+            )
             if capture_needs_room(torch.cuda.mem_get_info(device)[0], estimate):
                 torch.cuda.empty_cache()
             with torch.cuda.device(device):
@@ -342,10 +346,11 @@ _FAILED_POOLS: list[Any] = []
 """Memory pools of captures that failed, kept rather than freed (see StaticDecoder.close)."""
 
 
-def pool_estimate(rows: int, vocab: int) -> int:
-    """Returns a first guess, in bytes, of a captured step's memory pool: the sampler's [rows, vocab] float32
-    temporaries (the float logits, log-softmax, probabilities, a top-p sort's values and indices: ~8 of them)."""
-    return 32 * rows * vocab
+def pool_estimate(rows: int, vocab: int, heads: int, span: int) -> int:
+    """Returns a first guess, in bytes, of a captured step's memory pool: the larger of the sampler's [rows, vocab]
+    float32 temporaries (the float logits, log-softmax, probabilities, a top-p sort's values and indices: ~8 of
+    them) and a layer's attention scores [rows, heads, span] (~4 float32 copies: scores, masked, softmax, cast)."""
+    return max(32 * rows * vocab, 16 * rows * heads * span)
 
 
 def capture_needs_room(free_bytes: int, estimate: int) -> bool:
