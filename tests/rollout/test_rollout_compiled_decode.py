@@ -114,7 +114,7 @@ def test_the_step_traces_as_one_graph(autocast):
     with (
         torch.no_grad(),
         torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
-        open_decoder(model, random_prompts(2, seed=3), 2, params, g, CPU, **kw) as decoder,
+        open_decoder(model, random_prompts(2, seed=3), 2, params, g, CPU, compiled=True, **kw) as decoder,
     ):
         decoder.draw_noise(g)
         explained = torch._dynamo.explain(_advance)(decoder)

@@ -15,8 +15,8 @@ from cohort.config import load_config
 from cohort.fastpath import FastConfig, FastPathError
 from cohort.fastpath.switches import FastPathConfigError
 from cohort.models import cache_kwargs
-from cohort.rollout import SamplingParams
-from cohort.rollout.graph import cast_linears, open_decoder, race_sample, static_decode
+from cohort.rollout import SamplingParams, graph
+from cohort.rollout.graph import cast_linears, open_decoder, race_sample, shared_input_casts, static_decode
 from cohort.rollout.sampling import drawable, filter_logits
 
 CPU = torch.device("cpu")
@@ -218,6 +218,84 @@ def test_cast_linears_is_bitwise_what_autocast_computes():
     assert torch.equal(plain, cast.logits)
     with cast_linears(model, "cpu") as weights:
         assert weights == {}  # no autocast: nothing to cast
+
+
+def _casts_in_a_step(model, prompts, params, shared):
+    """Returns (the rollout, the casts (`_to_copy`) one mid-rollout step dispatched) under CPU bf16 autocast."""
+
+    class Casts(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Casts.n += func.overloadpacket.__name__ == "_to_copy"
+            return func(*args, **(kwargs or {}))
+
+    kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": shared}
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with open_decoder(model, prompts, 3, params, g, CPU, **kw) as decoder:
+            decoder.draw_noise(g)
+            decoder.step()
+            with Casts():
+                decoder.draw_noise(g)
+                decoder.step()
+        g = torch.Generator().manual_seed(5)
+        out = static_decode(model, prompts, 3, params, g, CPU, capture=False, check_every=3, **kw)
+    return out, Casts.n
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("head", [12, 16], ids=["head12", "head16-scale-in-the-bias-add"])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_under_autocast_the_step_casts_each_tensor_once_and_computes_the_same_values(
+    monkeypatch, shared, head, greedy
+):
+    """float32 weights under bf16 autocast (CUDA's default): the prompt's keys, the own keys' buffers, the query and
+    the probabilities are cast once to bf16, and the Linears that read one tensor share its cast, where autocast
+    would cast inside every product; the same rounding, so the same tokens and log-probs bit for bit."""
+    model = tiny_model(seed=3, hidden_size=4 * head, logit_scale=4.0)  # float32, 4 heads
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
+    params = SamplingParams(max_completion_length=T, greedy=greedy, temperature=1.0, top_p=0.9)
+    narrowed, casts = _casts_in_a_step(model, prompts, params, shared)
+    monkeypatch.setattr(graph, "autocast_dtype", lambda device: None)  # autocast casting inside each product
+    plain, plain_casts = _casts_in_a_step(model, prompts, params, shared)
+    for a, b in zip(narrowed, plain):
+        assert torch.equal(a, b)
+    layers = model.config.num_hidden_layers
+    # a layer: q, k, v and gate, up inputs 5 -> 2; the query 2 -> 1; the prompt's keys 1 -> 0; probabilities 2 -> 1;
+    # the own keys' cast moves from each read of the whole buffer to the write of the new column
+    assert plain_casts - casts == 6 * layers
+
+
+def test_shared_input_casts_cast_each_tensor_once_and_anew_after_an_in_place_change():
+    lin = [torch.nn.Linear(8, 8) for _ in range(4)]
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    casts = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_to_copy" and args[0].shape == x.shape:
+                casts.append(args[0])
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.ModuleList(lin)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x.clone()
+        expected = [lin[0](y), lin[1](y)]
+        y.add_(1)
+        expected += [lin[2](y), lin[3](y)]
+        y = x.clone()
+        with shared_input_casts(model, torch.bfloat16) as forget, Count():
+            got = [lin[0](y), lin[1](y)]
+            y.add_(1)  # changed in place: its earlier cast is stale
+            got += [lin[2](y), lin[3](y)]
+            forget()
+        with torch.autocast("cpu", enabled=False), shared_input_casts(model, torch.bfloat16):
+            outside = lin[0](x)  # no autocast: the Linear computes in float32 as it would
+    assert len(casts) == 2
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert outside.dtype == torch.float32 and torch.equal(outside, lin[0](x).detach())
+    assert all(not m._forward_pre_hooks for m in lin)  # the hooks go with the block
 
 
 def test_steps_after_every_row_ended_change_nothing_and_each_eos_is_heard(model64):

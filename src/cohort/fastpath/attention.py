@@ -301,13 +301,28 @@ class StepPlan:
             prompt_bias.shape[0] * width, 1, 1, P + capacity, dtype=zero.dtype, device=device
         )  # [N, 1, 1, P + T]
         self.bias[:, 0, 0, :P] = prompt_bias.repeat_interleave(width, dim=0)
+        self.low: torch.dtype | None = None  # the autocast dtype the products run in (see narrow)
         self.refresh()
+
+    def narrow(self, dtype: torch.dtype) -> None:
+        """Holds the prompt's keys and values in `dtype` (autocast's, where it is narrower) and casts each step's
+        query and probabilities to it once: autocast would cast them to it inside every product that reads them
+        (the prompt's keys at each step, the query twice), with the same rounding, so every value is unchanged.
+        The mask keeps the scores' dtype."""
+        self.low = dtype
+        self.prompt_kv = [(_narrowed(k, dtype), _narrowed(v, dtype)) for k, v in self.prompt_kv]
 
     def refresh(self) -> None:
         """Rewrites the own columns of `bias` in place for the current `step` (0 up to it, -inf after), without a
         host sync."""
         P = self.bias.shape[-1] - self.columns.shape[0]
         self.bias[..., P:].copy_(torch.where(self.columns <= self.step, 0.0, float("-inf")))
+
+
+def _narrowed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Returns `t` in `dtype` where it is a wider float (as it is otherwise)."""
+    wider = t.is_floating_point() and t.dtype.itemsize > dtype.itemsize
+    return t.to(dtype) if wider else t
 
 
 def scales_exactly(scaling: float) -> bool:
@@ -329,6 +344,9 @@ def _step_decode(module, query, key, value, plan: StepPlan, scaling):
     q = query[:, :, 0, :].reshape(n, kv_heads, rep, dim)  # [n, Hkv, rep, D]
     if not scale_scores:
         q = q * scaling
+    # once, after the scaling: what autocast would do in each product (StepPlan.narrow)
+    if plan.low is not None:
+        q = _narrowed(q, plan.low)
     # Rows of a group are contiguous and none is ever dropped: grouping them is a view, not an index copy.
     grouped = q.reshape(B, width, kv_heads, rep, dim).permute(0, 2, 1, 3, 4).reshape(B, kv_heads, -1, dim)
     s_prompt = grouped @ kp.transpose(-1, -2)  # [B, Hkv, width*rep, P]

@@ -25,6 +25,10 @@ write pad).
 Under autocast, each Linear's weight and bias are cast once per rollout to the autocast dtype and handed to the
 forward with `torch.func.functional_call` (`cast_linears`): the graph holds no weight casts, and the result is
 bitwise what autocast computes (autocast rounds the same way, and leaves a tensor already in its dtype alone).
+For the same reason the step casts each other tensor a product reads once, where autocast would cast it inside
+every product: the prompt's keys and the own keys' buffers are held in autocast's dtype (`StepPlan.narrow`), the
+query and the attention probabilities are cast once, and the Linears that read one tensor share its cast
+(`shared_input_casts`): 5 casts a layer where autocast made 11, every value the same.
 The graph is captured anew every rollout, so updated weights, LoRA adapters and a sampling copy stay current.
 Its memory is a pool of its own (`torch.cuda.MemPool`), handed back to the driver when the rollout ends; unlike
 `torch.cuda.graph`, a capture leaves the caching allocator's other blocks cached (`capture_needs_room` says when
@@ -70,6 +74,40 @@ def race_sample(
         probs = logp_all.exp()  # [n, V]
     tokens = (drawable(probs) / noise).argmax(dim=-1)  # [n]; multinomial's one-sample draw, without its sync
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """Returns the dtype autocast computes products in on `device`'s type (None when it is off)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
+@contextlib.contextmanager
+def shared_input_casts(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[Callable[[], None]]:
+    """Yields a function that forgets the casts made so far; inside the block, under autocast, each Linear of
+    `model` gets its input already cast to `dtype`, cast once per input tensor: the projections that read one
+    tensor (query, key and value; gate and up) share one cast, where autocast would make one each with the same
+    rounding. A tensor changed in place since its cast is cast anew."""
+    last: list[Any] = []  # [input, its version, its cast]
+
+    def hook(module: torch.nn.Module, args: tuple) -> tuple | None:
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype.itemsize <= dtype.itemsize:
+            return None
+        if not torch.is_autocast_enabled(x.device.type):
+            return None  # a Linear run outside autocast computes in its own dtype
+        if not (last and last[0] is x and last[1] == x._version):
+            last[:] = [x, x._version, x.to(dtype)]
+        return (last[2], *args[1:])
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        yield last.clear
+    finally:
+        for handle in handles:
+            handle.remove()
+        last.clear()
 
 
 @contextlib.contextmanager
@@ -122,8 +160,11 @@ class StaticDecoder:
         N, device = tok0.shape[0], tok0.device
         self.T, self.device = T, device
         self.plan = StepPlan(prompt_kv, prompt_mask, T, width=N // prompt_kv[0][0].shape[0])
+        low = autocast_dtype(device)
+        if low is not None:
+            self.plan.narrow(low)  # the own keys' buffers take the narrowed prompt keys' dtype below
         self.carrier = plan_carrier(device, self.plan)
-        self.cache = step_cache(getattr(model, "config", None), N, T, prompt_kv, self.plan.step)
+        self.cache = step_cache(getattr(model, "config", None), N, T, self.plan.prompt_kv, self.plan.step)
         self.eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)  # [E]
         self.tokens = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)  # [N, T]
         self.logps = torch.zeros(N, T, dtype=torch.float32, device=device)  # [N, T]
@@ -138,6 +179,7 @@ class StaticDecoder:
         self._record(tok0, self.plan.step)  # column 0: EOS from the prefill's own sample
         self.graph: torch.cuda.CUDAGraph | None = None
         self.pool: Any = None  # torch.cuda.MemPool of the captured graph
+        self.forget_casts: Callable[[], None] | None = None  # see shared_input_casts
         # Known before the first step, so that no step (nor its trace) asks the model's signature again. The
         # ids and positions are views taken inside the step: a view made outside would reach a compiled step as
         # a second input aliasing a buffer it writes.
@@ -185,6 +227,8 @@ class StaticDecoder:
             DECODE_STEP.call(self.model, self, recompile=recompile)
         else:
             _advance(self)
+        if self.forget_casts is not None:
+            self.forget_casts()  # a step's temporaries (a capture's, in its graph's pool) are not held after it
 
     def compiled_ran(self) -> bool:
         """Returns whether the step ran compiled (asked for and not failed for this model)."""
@@ -414,7 +458,14 @@ def open_decoder(
         )
     first = race_sample(logits, params, noise)
     pos = attn.sum(-1).repeat_interleave(G)  # [N]
-    with plan_attention(model), cast_linears(model, device.type) as weights:
+    low = autocast_dtype(device)
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(plan_attention(model))
+        weights = scope.enter_context(cast_linears(model, device.type))
+        # a compiled step needs no hooks: the compiler merges casts of one tensor itself
+        forget = (
+            scope.enter_context(shared_input_casts(model, low)) if low is not None and not compiled else None
+        )
         decoder = StaticDecoder(
             model,
             prompt_kv,
@@ -428,6 +479,7 @@ def open_decoder(
             weights=weights,
             compiled=compiled,
         )
+        decoder.forget_casts = forget
         try:
             with attach_step_plan(model, decoder.plan):
                 yield decoder
