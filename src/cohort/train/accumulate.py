@@ -108,6 +108,25 @@ class WeightedMeans:
                 self.weights[name] = self.weights.get(name, 0.0) + other.weights[name]
 
 
+def read_floats(values: list[Any]) -> list[float]:
+    """Returns `values` (tensors of one element, or numbers) as the floats float() reads, those on an accelerator
+    read in one transfer (one wait for the device, where float() would wait once for each)."""
+    out: list[Any] = [
+        None if isinstance(v, torch.Tensor) and v.device.type != "cpu" else float(v) for v in values
+    ]
+    remote = [v for v, o in zip(values, out) if o is None]
+    if remote:
+        read = iter(read_together(remote))
+        out = [next(read) if o is None else o for o in out]
+    return out
+
+
+def read_together(tensors: list[torch.Tensor]) -> list[float]:
+    """Returns one-element tensors of one device as the floats float() reads, in one transfer: float64 holds every
+    float32, float16 and bfloat16 value and every count up to 2**53 exactly."""
+    return torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist()
+
+
 def _extreme(name: str) -> Callable[[float, float], float]:
     return min if name.endswith("_min") else max
 
@@ -126,6 +145,8 @@ class UpdateMeter:
         self.gap = 0.0
         self.control_names: set[str] = set()
         self.passes = self.largest = 0  # gradient passes and their largest layout (tokens)
+        self.pending: list[tuple] = []  # queue_micro_batch's, until read_micro_batches
+        self.pending_gaps: list[torch.Tensor] = []
 
     def path(self, lp: LogProbs) -> None:
         """Counts one log-prob computation with gradients by the layout that ran it, whether the chunked head did,
@@ -139,10 +160,47 @@ class UpdateMeter:
         self.paths.add("compile_update", float(lp.compiled), 1.0)
 
     def sampler_gap(self, logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> None:
-        """Keeps the largest |trainer - sampler| log-prob over the masked-in tokens."""
+        """Keeps the largest |trainer - sampler| log-prob over the masked-in tokens (read with the next
+        `read_micro_batches`)."""
         diff = (logp.detach().float() - sampled.float()).abs() * mask
         if diff.numel():
-            self.gap = max(self.gap, float(diff.max()))
+            self.pending_gaps.append(diff.max())
+
+    def queue_micro_batch(
+        self,
+        loss: torch.Tensor,
+        mask: torch.Tensor,
+        metrics: dict[str, Any],
+        entropy: torch.Tensor | None,
+        controls: dict[str, float] | None = None,
+    ) -> None:
+        """Queues a micro-batch's loss, masked-in tokens, loss metrics, mean entropy and token-control metrics for
+        `read_micro_batches`: nothing is read from the device here, so the host goes on to the next micro-batch
+        while this one's backward runs."""
+        entropy_sum = None if entropy is None else (entropy.detach() * mask).sum()  # divided once read
+        self.pending.append((loss.detach(), mask.sum(), dict(metrics), entropy_sum, controls))
+
+    def read_micro_batches(self) -> float:
+        """Returns the queued micro-batches' loss summed in order, after adding each one's measurements as
+        `micro_batch` and `controls` would have when it ran; every device value is read in one transfer."""
+        flat: list[Any] = list(self.pending_gaps)
+        for loss, ntok, metrics, entropy_sum, _ in self.pending:
+            flat += [loss, ntok, *metrics.values()] + ([entropy_sum] if entropy_sum is not None else [])
+        values = iter(read_floats(flat))
+        for _ in self.pending_gaps:
+            self.gap = max(self.gap, next(values))
+        total = 0.0
+        for _, _, metrics, entropy_sum, controls in self.pending:
+            total += next(values)
+            ntok = next(values)
+            read = {k: next(values) for k in metrics}
+            if controls is not None:
+                self.controls(controls, ntok)
+            mean_entropy = next(values) / max(ntok, 1.0) if entropy_sum is not None else None
+            self.micro_batch(read, ntok, mean_entropy)
+        self.pending.clear()
+        self.pending_gaps.clear()
+        return total
 
     def controls(self, metrics: dict[str, float], tokens: float) -> None:
         """Adds a micro-batch's token-control metrics: names ending _min / _max as extremes, the rest as means."""
@@ -153,20 +211,18 @@ class UpdateMeter:
             else:
                 self.means.add(k, val, tokens)
 
-    def micro_batch(
-        self, metrics: dict[str, Any], tokens: float, entropy: torch.Tensor | None, mask: torch.Tensor
-    ) -> None:
+    def micro_batch(self, metrics: dict[str, float], tokens: float, mean_entropy: float | None) -> None:
         """Adds a micro-batch's loss metrics and mean entropy, weighted by its `tokens` masked-in tokens; a loss's
         own metrics (vespo/phi_seq_mean, kl_tau/penalty_mean) are reported with the controls'."""
         for k, v in metrics.items():
-            self.means.add(k, float(v), tokens)
+            self.means.add(k, v, tokens)
             if k not in ("kl", "ratio/mean") and not k.startswith("clip_ratio/"):
                 self.control_names.add(k)
         if "clip_ratio/low_mean" in metrics and tokens > 0:
-            self.low_min = min(self.low_min, float(metrics["clip_ratio/low_mean"]))
-            self.high_max = max(self.high_max, float(metrics["clip_ratio/high_mean"]))
-        if entropy is not None:
-            self.means.add("entropy", float((entropy.detach() * mask).sum() / max(tokens, 1.0)), tokens)
+            self.low_min = min(self.low_min, metrics["clip_ratio/low_mean"])
+            self.high_max = max(self.high_max, metrics["clip_ratio/high_mean"])
+        if mean_entropy is not None:
+            self.means.add("entropy", mean_entropy, tokens)
 
     def optimizer_step(
         self, *, loss: float, grad_norm: float, rows_computed_frac: float, entropy_coef: float | None

@@ -826,7 +826,6 @@ class PolicyUpdater:
                 mb_rows, work, micros = planned.rows, planned.work, planned.micro_batches
                 num_items, num_seq, step_tokens = planned.num_items, planned.num_sequences, planned.tokens
                 self.optimizer.zero_grad(set_to_none=False)
-                total_loss = 0.0
                 # The entropy bonus is a mean over the optimizer step's loss tokens, every process's.
                 if self.entropy_on:
                     apply_coef = self._applied_entropy_coef()
@@ -915,11 +914,10 @@ class PolicyUpdater:
                             entropy_sum += float((ent.detach() * active).sum())
                             entropy_count += float(active.sum())
                     loss.backward()
-                    total_loss += float(loss.detach())
-                    ntok = float(mask.sum())  # once, after the backward pass is queued
-                    if ctl:
-                        meter.controls(ctl.metrics, ntok)
-                    meter.micro_batch(metrics, ntok, lp.entropy, mask)
+                    # read after the step's last backward is queued: a read here would make the host wait for
+                    # this backward before it queues the next micro-batch's forward
+                    meter.queue_micro_batch(loss, mask, metrics, lp.entropy, ctl.metrics if ctl else None)
+                total_loss = meter.read_micro_batches()
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 if self.max_grad_norm and self.max_grad_norm > 0:
                     gn = full_value(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
