@@ -267,6 +267,23 @@ def test_under_autocast_the_step_casts_each_tensor_once_and_computes_the_same_va
     assert plain_casts - casts == 6 * layers
 
 
+def test_under_autocast_a_lora_model_computes_the_same_values(monkeypatch):
+    """peft's LoRA layers wrap a Linear and call two more: the shared casts leave every value as autocast's."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        tiny_model(seed=3, logit_scale=4.0),
+        peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False),
+    ).eval()
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
+    params = SamplingParams(max_completion_length=T, temperature=1.0, top_p=0.9)
+    narrowed, casts = _casts_in_a_step(model, prompts, params, True)
+    monkeypatch.setattr(graph, "autocast_dtype", lambda device: None)
+    plain, plain_casts = _casts_in_a_step(model, prompts, params, True)
+    for a, b in zip(narrowed, plain):
+        assert torch.equal(a, b)
+    assert casts < plain_casts
+
+
 def test_shared_input_casts_cast_each_tensor_once_and_anew_after_an_in_place_change():
     lin = [torch.nn.Linear(8, 8) for _ in range(4)]
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
