@@ -29,6 +29,7 @@ For the same reason the step casts each other tensor a product reads once, where
 every product: the prompt's keys and the own keys' buffers are held in autocast's dtype (`StepPlan.narrow`), the
 query and the attention probabilities are cast once, and the Linears that read one tensor share its cast
 (`shared_input_casts`): 5 casts a layer where autocast made 11, every value the same.
+
 The graph is captured anew every rollout, so updated weights, LoRA adapters and a sampling copy stay current.
 Its memory is a pool of its own (`torch.cuda.MemPool`), handed back to the driver when the rollout ends; unlike
 `torch.cuda.graph`, a capture leaves the caching allocator's other blocks cached (`capture_needs_room` says when
