@@ -220,19 +220,23 @@ def test_cast_linears_is_bitwise_what_autocast_computes():
         assert weights == {}  # no autocast: nothing to cast
 
 
-def _casts_in_a_step(model, prompts, params, shared):
-    """Returns (the rollout, the casts (`_to_copy`) one mid-rollout step dispatched) under CPU bf16 autocast."""
+def _casts_in_a_step(model, prompts, params, shared, grad_mode=torch.inference_mode):
+    """Returns (the rollout, the casts one mid-rollout step dispatched) under CPU bf16 autocast and
+    `grad_mode` (the engines sample under inference mode)."""
 
     class Casts(TorchDispatchMode):
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Casts.n += func.overloadpacket.__name__ == "_to_copy"
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            # under inference mode the mode sees `to` itself (no-ops included), under no_grad its `_to_copy`
+            if func.overloadpacket.__name__ in ("to", "_to_copy") and out.dtype != args[0].dtype:
+                Casts.n += 1
+            return out
 
     kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": shared}
     g = torch.Generator().manual_seed(5)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with grad_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         with open_decoder(model, prompts, 3, params, g, CPU, **kw) as decoder:
             decoder.draw_noise(g)
             decoder.step()
@@ -247,8 +251,11 @@ def _casts_in_a_step(model, prompts, params, shared):
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("head", [12, 16], ids=["head12", "head16-scale-in-the-bias-add"])
 @pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize(
+    "grad_mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"]
+)
 def test_under_autocast_the_step_casts_each_tensor_once_and_computes_the_same_values(
-    monkeypatch, shared, head, greedy
+    monkeypatch, shared, head, greedy, grad_mode
 ):
     """float32 weights under bf16 autocast (CUDA's default): the prompt's keys, the own keys' buffers, the query and
     the probabilities are cast once to bf16, and the Linears that read one tensor share its cast, where autocast
@@ -256,9 +263,9 @@ def test_under_autocast_the_step_casts_each_tensor_once_and_computes_the_same_va
     model = tiny_model(seed=3, hidden_size=4 * head, logit_scale=4.0)  # float32, 4 heads
     prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
     params = SamplingParams(max_completion_length=T, greedy=greedy, temperature=1.0, top_p=0.9)
-    narrowed, casts = _casts_in_a_step(model, prompts, params, shared)
+    narrowed, casts = _casts_in_a_step(model, prompts, params, shared, grad_mode)
     monkeypatch.setattr(graph, "autocast_dtype", lambda device: None)  # autocast casting inside each product
-    plain, plain_casts = _casts_in_a_step(model, prompts, params, shared)
+    plain, plain_casts = _casts_in_a_step(model, prompts, params, shared, grad_mode)
     for a, b in zip(narrowed, plain):
         assert torch.equal(a, b)
     layers = model.config.num_hidden_layers

@@ -89,7 +89,9 @@ def shared_input_casts(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[C
     """Yields a function that forgets the casts made so far; inside the block, under autocast, each Linear of
     `model` gets its input already cast to `dtype`, cast once per input tensor: the projections that read one
     tensor (query, key and value; gate and up) share one cast, where autocast would make one each with the same
-    rounding. A tensor changed in place since its cast is cast anew."""
+    rounding. A tensor changed in place since its cast is cast anew, where torch counts its changes (an inference
+    tensor, made under torch.inference_mode as the engines sample, has no such count: models change no projection's
+    input in place between the projections that read it)."""
     last: list[Any] = []  # [input, its version, its cast]
 
     def hook(module: torch.nn.Module, args: tuple) -> tuple | None:
@@ -98,8 +100,9 @@ def shared_input_casts(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[C
             return None
         if not torch.is_autocast_enabled(x.device.type):
             return None  # a Linear run outside autocast computes in its own dtype
-        if not (last and last[0] is x and last[1] == x._version):
-            last[:] = [x, x._version, x.to(dtype)]
+        version = None if x.is_inference() else x._version
+        if not (last and last[0] is x and last[1] == version):
+            last[:] = [x, version, x.to(dtype)]
         return (last[2], *args[1:])
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
