@@ -166,10 +166,8 @@ KW = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True}
 
 def _captured_rollout(model, prompts, fake: FakeCuda):
     g = torch.Generator().manual_seed(7)
-    with (
-        torch.inference_mode(),
-        open_decoder(model, prompts, 3, PARAMS, g, CPU, **KW) as decoder,
-    ):  # as engines sample
+    # under inference mode, as the engines sample
+    with torch.inference_mode(), open_decoder(model, prompts, 3, PARAMS, g, CPU, **KW) as decoder:
         fake.replay_step = decoder.step
         out = decoder.run(g, capture=True, check_every=4)
         events_inside = list(fake.events)
