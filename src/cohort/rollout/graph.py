@@ -139,8 +139,9 @@ class StaticDecoder:
 
     Built from the prefill: `prompt_kv` per layer [B', Hkv, P, D] (B' = B with a shared prefix, N = B*G without),
     `prompt_mask` [B', P], `first` the tokens and log-probs of column 0 [N], `pos` [N] the position of column 0's
-    token, `noise` the [N, V] buffer the draws go through (None: greedy), `weights` what `cast_linears` gave.
-    `step()` decodes one more column of every row; `run()` decodes the rollout."""
+    token, `noise` the [N, V] buffer the draws go through (None: greedy), `weights` what `cast_linears` gave,
+    `low` the autocast dtype the step runs under (None: no autocast), `forget_casts` what `shared_input_casts`
+    yielded. `step()` decodes one more column of every row; `run()` decodes the rollout."""
 
     def __init__(
         self,
@@ -155,6 +156,8 @@ class StaticDecoder:
         noise: torch.Tensor | None = None,
         weights: dict[str, torch.Tensor] | None = None,
         compiled: bool = False,
+        low: torch.dtype | None = None,
+        forget_casts: Callable[[], None] | None = None,
     ) -> None:
         self.model, self.params, self.pad = model, params, pad_token_id
         self.weights = weights or {}
@@ -164,7 +167,6 @@ class StaticDecoder:
         N, device = tok0.shape[0], tok0.device
         self.T, self.device = T, device
         self.plan = StepPlan(prompt_kv, prompt_mask, T, width=N // prompt_kv[0][0].shape[0])
-        low = autocast_dtype(device)
         if low is not None:
             self.plan.narrow(low)  # the own keys' buffers take the narrowed prompt keys' dtype below
         self.carrier = plan_carrier(device, self.plan)
@@ -177,13 +179,12 @@ class StaticDecoder:
         self.tok = tok0.clone()  # [N] the token fed next
         self.pos = pos.clone()  # [N] its position
         self.noise = None if params.greedy else noise  # [N, V]
-        self.vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
         self.tokens[:, 0] = tok0
         self.logps[:, 0] = lp0
         self._record(tok0, self.plan.step)  # column 0: EOS from the prefill's own sample
         self.graph: torch.cuda.CUDAGraph | None = None
         self.pool: Any = None  # torch.cuda.MemPool of the captured graph
-        self.forget_casts: Callable[[], None] | None = None  # see shared_input_casts
+        self.forget_casts = forget_casts  # see shared_input_casts
         # Known before the first step, so that no step (nor its trace) asks the model's signature again. The
         # ids and positions are views taken inside the step: a view made outside would reach a compiled step as
         # a second input aliasing a buffer it writes.
@@ -266,8 +267,9 @@ class StaticDecoder:
             # emptied only where the device may lack room for the graph's memory (a capture cannot reclaim it).
             span, config = self.plan.bias.shape[-1], getattr(self.model, "config", None)
             heads = int(getattr(config, "num_attention_heads", 0) or 0)
+            vocab = int(getattr(config, "vocab_size", 0) or 0)
             estimate = max(
-                _POOL_BYTES.get(device, 0), pool_estimate(self.tokens.shape[0], self.vocab, heads, span)
+                _POOL_BYTES.get(device, 0), pool_estimate(self.tokens.shape[0], vocab, heads, span)
             )
             if capture_needs_room(torch.cuda.mem_get_info(device)[0], estimate):
                 torch.cuda.empty_cache()
@@ -482,8 +484,9 @@ def open_decoder(
             noise=noise,
             weights=weights,
             compiled=compiled,
+            low=low,
+            forget_casts=forget,
         )
-        decoder.forget_casts = forget
         try:
             with attach_step_plan(model, decoder.plan):
                 yield decoder
