@@ -19,15 +19,17 @@ what `reset` returns, how a reward reads `environments`):
 Every example runs on a tiny Qwen2 with cohort's Hermes tool template (the `tool_model_dir` fixture of
 tests/train/test_train_episodes.py, with 2048 positions since a prompt with two tool schemas is ~1150 tokens). For the
 tool loop to be observable, the `caller` fixture turns a copy of it into a model that writes, at the start of every
-assistant turn, one fixed tool-call text (one added token) and then ends the turn: each rollout calls the tool in every
-turn, `max_tool_calling_iterations=1` bounds the episode, and every number below is deterministic. One step, CPU;
-each run takes ~1 s.
+assistant turn, one fixed tool call (the template's `<tool_call>` and `</tool_call>` tokens around an added token
+holding the JSON; the three calls of the tools example as one added token) and then ends the turn: each rollout calls
+the tool in every turn, `max_tool_calling_iterations=1` bounds the episode, and every number below is
+deterministic. One step, CPU; each run takes ~1 s.
 
 Each example is parametrised over `cohort` and `trl`: the SAME script, with the import changed, on the same model
 folder and the same `processing_class` (TRL parses the tool calls of a chat template it does not recognise only with a
 `response_template` on the tokenizer, so the tests set TRL's own Qwen3 one). The TRL runs are the reference: an
 assertion that holds for both is TRL 1.16's observable behaviour, which the drop-in matches. Facts observed on TRL
-1.16 (transformers 5.24), each asserted below for both trainers unless said otherwise:
+1.16 (transformers 5.24; 5.25 too, except the one-token turn its parser no longer reads), each asserted below for
+both trainers unless said otherwise:
 
 1. a string from `reset()` is appended, with no separator, to the last user message; without a dataset that message
    is empty, so the string is the prompt; reward functions get those prompts;
@@ -89,23 +91,41 @@ def _call_text(*calls: tuple[str, dict]) -> str:
     )
 
 
-CALLS = {
-    "increment": _call_text(("increment", {"step": 1})),
-    "tools": _call_text(
-        ("multiply", {"a": 3, "b": 4}), ("async_add", {"a": 3, "b": 4}), ("multiply", {"a": 3})
+def _call_pieces(name: str, arguments: dict) -> tuple[str, str, str]:
+    """Returns one call as a model writes it: the template's opening token, the JSON body, the closing token."""
+    return ("<tool_call>", f"\n{json.dumps({'name': name, 'arguments': arguments})}\n", "</tool_call>")
+
+
+CALLS: dict[str, tuple[str, ...]] = {
+    "increment": _call_pieces("increment", {"step": 1}),
+    # Three calls in one turn repeat the template's tokens, which a bigram model cannot sequence: one added token
+    # writes the whole text (see the caller fixture for what that costs on transformers >= 5.25).
+    "tools": (
+        _call_text(("multiply", {"a": 3, "b": 4}), ("async_add", {"a": 3, "b": 4}), ("multiply", {"a": 3})),
     ),
-    "move": _call_text(("move", {"action": "up"})),
-    "echo": _call_text(("echo", {"message": "Hello World!"})),
+    "move": _call_pieces("move", {"action": "up"}),
+    "echo": _call_pieces("echo", {"message": "Hello World!"}),
 }
-"""What each caller model writes at the start of every assistant turn (the third tools call lacks `b`: it fails)."""
+"""The tokens each caller model writes at the start of every assistant turn, in order (the third tools call lacks
+`b`: it fails)."""
+
+
+def _spells_template_tokens(name: str) -> bool:
+    """Returns whether caller `name` writes the template's `<tool_call>` inside an added token of its own."""
+    return any("<tool_call>" in piece and piece != "<tool_call>" for piece in CALLS[name])
 
 
 @pytest.fixture(scope="module")
 def caller(tool_model_dir, tmp_path_factory):
     """Returns a function giving the folder of a copy of the tool model that, at the start of each assistant turn,
-    writes CALLS[name] (one added token) and then ends the turn. A bigram model: attention and MLP outputs are zero,
-    so each next token depends on the current one only; the generation prompt's last token (a newline) is followed by
-    the call token with probability ~1, and the call token by the end of turn."""
+    writes the tokens of CALLS[name] and then ends the turn. A bigram model: attention and MLP outputs are zero, so
+    each next token depends on the current one only; the generation prompt's last token (a newline) is followed by
+    the first call token with probability ~1, each call token by the next, the last by the end of turn.
+
+    A single call is written as a real model writes it: the template's `<tool_call>` and `</tool_call>` tokens
+    around an added token holding the JSON. transformers 5.25 parses generated token ids (TRL passes them) and no
+    longer reads a `<tool_call>` spelled inside another token as a delimiter, so the one-token text of the
+    three-call turn parses as TRL's calls only before 5.25 (`_reference_can_parse`)."""
     made: dict[str, object] = {}
 
     def make(name: str):
@@ -114,33 +134,51 @@ def caller(tool_model_dir, tmp_path_factory):
         folder = tmp_path_factory.mktemp(f"caller-{name}") / "model"
         shutil.copytree(tool_model_dir, folder)
         tok = AutoTokenizer.from_pretrained(folder)
-        tok.add_tokens([AddedToken(CALLS[name], special=False, normalized=False)])
+        vocabulary = tok.get_vocab()
+        tok.add_tokens(
+            [AddedToken(piece, special=False, normalized=False) for piece in CALLS[name] if piece not in vocabulary]
+        )
         model = AutoModelForCausalLM.from_pretrained(folder)
         model.resize_token_embeddings(len(tok), mean_resizing=False)
-        call = tok.convert_tokens_to_ids(CALLS[name])
         newline = tok.apply_chat_template(
             [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=False
         )[-1]
+        chain = [newline, *tok.convert_tokens_to_ids(list(CALLS[name])), tok.eos_token_id]
+        if len(set(chain)) != len(chain):
+            raise ValueError(f"caller {name!r}: a bigram model needs distinct tokens, got {chain}")
         scale = 30.0 / model.config.hidden_size**0.5
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
             embed, head = model.model.embed_tokens.weight, model.lm_head.weight
-            embed[:, :2] = 0.0  # two directions of their own: newline -> call, call -> end of turn
-            head[:, :2] = 0.0
-            embed[newline] = 0.0
-            embed[newline, 0] = 1.0
-            embed[call] = 0.0
-            embed[call, 1] = 1.0
-            head[call, 0] = scale
-            head[tok.eos_token_id, 1] = scale
+            steps = len(chain) - 1  # a direction of its own for each step of the chain
+            embed[:, :steps] = 0.0
+            head[:, :steps] = 0.0
+            for step, (current, following) in enumerate(zip(chain, chain[1:])):
+                embed[current] = 0.0
+                embed[current, step] = 1.0
+                head[following, step] = scale
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
         made[name] = folder
         return folder
 
     return make
+
+
+def _reference_can_parse(impl: str, name: str) -> None:
+    """Skips a TRL run whose calls transformers' parser can no longer see (the one-token turn, transformers >= 5.25)."""
+    if impl != "trl" or not _spells_template_tokens(name):
+        return
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) >= Version("5.25"):
+        pytest.skip(
+            "transformers >= 5.25 parses TRL's generated ids and reads no <tool_call> spelled inside another token; "
+            "this turn's three calls are one added token (a bigram model cannot repeat the template's tokens)"
+        )
 
 
 # ------------------------------------------------------------------------------------------- running either trainer
@@ -294,6 +332,7 @@ def tools_run(caller, tmp_path_factory):
     runs: dict[str, tuple] = {}
 
     def run(impl: str):
+        _reference_can_parse(impl, "tools")
         if impl not in runs:
             recorder = Recorder()
             rows = [{"prompt": [{"role": "user", "content": "What is 3 times 4?"}]}] * 2
