@@ -20,16 +20,15 @@ Every example runs on a tiny Qwen2 with cohort's Hermes tool template (the `tool
 tests/train/test_train_episodes.py, with 2048 positions since a prompt with two tool schemas is ~1150 tokens). For the
 tool loop to be observable, the `caller` fixture turns a copy of it into a model that writes, at the start of every
 assistant turn, one fixed tool call (the template's `<tool_call>` and `</tool_call>` tokens around an added token
-holding the JSON; the three calls of the tools example as one added token) and then ends the turn: each rollout calls
-the tool in every turn, `max_tool_calling_iterations=1` bounds the episode, and every number below is
+holding the JSON; the three calls of the tools example as one added special token) and then ends the turn: each
+rollout calls the tool in every turn, `max_tool_calling_iterations=1` bounds the episode, and every number below is
 deterministic. One step, CPU; each run takes ~1 s.
 
 Each example is parametrised over `cohort` and `trl`: the SAME script, with the import changed, on the same model
 folder and the same `processing_class` (TRL parses the tool calls of a chat template it does not recognise only with a
 `response_template` on the tokenizer, so the tests set TRL's own Qwen3 one). The TRL runs are the reference: an
 assertion that holds for both is TRL 1.16's observable behaviour, which the drop-in matches. Facts observed on TRL
-1.16 (transformers 5.24; 5.25 too, except the one-token turn its parser no longer reads), each asserted below for
-both trainers unless said otherwise:
+1.16 (transformers 5.24 and 5.25), each asserted below for both trainers unless said otherwise:
 
 1. a string from `reset()` is appended, with no separator, to the last user message; without a dataset that message
    is empty, so the string is the prompt; reward functions get those prompts;
@@ -98,8 +97,8 @@ def _call_pieces(name: str, arguments: dict) -> tuple[str, str, str]:
 
 CALLS: dict[str, tuple[str, ...]] = {
     "increment": _call_pieces("increment", {"step": 1}),
-    # Three calls in one turn repeat the template's tokens, which a bigram model cannot sequence: one added token
-    # writes the whole text (see the caller fixture for what that costs on transformers >= 5.25).
+    # Three calls in one turn repeat the template's tokens, which a bigram model cannot sequence: one added special
+    # token writes the whole text (see the caller fixture).
     "tools": (
         _call_text(("multiply", {"a": 3, "b": 4}), ("async_add", {"a": 3, "b": 4}), ("multiply", {"a": 3})),
     ),
@@ -110,11 +109,6 @@ CALLS: dict[str, tuple[str, ...]] = {
 `b`: it fails)."""
 
 
-def _spells_template_tokens(name: str) -> bool:
-    """Returns whether caller `name` writes the template's `<tool_call>` inside an added token of its own."""
-    return any("<tool_call>" in piece and piece != "<tool_call>" for piece in CALLS[name])
-
-
 @pytest.fixture(scope="module")
 def caller(tool_model_dir, tmp_path_factory):
     """Returns a function giving the folder of a copy of the tool model that, at the start of each assistant turn,
@@ -123,9 +117,9 @@ def caller(tool_model_dir, tmp_path_factory):
     the first call token with probability ~1, each call token by the next, the last by the end of turn.
 
     A single call is written as a real model writes it: the template's `<tool_call>` and `</tool_call>` tokens
-    around an added token holding the JSON. transformers 5.25 parses generated token ids (TRL passes them) and no
-    longer reads a `<tool_call>` spelled inside another token as a delimiter, so the one-token text of the
-    three-call turn parses as TRL's calls only before 5.25 (`_reference_can_parse`)."""
+    around an added token holding the JSON. transformers 5.25 parses the generated token ids TRL hands it and reads
+    a `<tool_call>` spelled inside an ordinary token as text, so the added token that writes the three-call turn is
+    a special one: a control token, whose text the parser reads as written (on 5.24 and before, either way)."""
     made: dict[str, object] = {}
 
     def make(name: str):
@@ -136,7 +130,11 @@ def caller(tool_model_dir, tmp_path_factory):
         tok = AutoTokenizer.from_pretrained(folder)
         vocabulary = tok.get_vocab()
         tok.add_tokens(
-            [AddedToken(piece, special=False, normalized=False) for piece in CALLS[name] if piece not in vocabulary]
+            [
+                AddedToken(piece, special="<tool_call>" in piece, normalized=False)
+                for piece in CALLS[name]
+                if piece not in vocabulary
+            ]
         )
         model = AutoModelForCausalLM.from_pretrained(folder)
         model.resize_token_embeddings(len(tok), mean_resizing=False)
@@ -165,20 +163,6 @@ def caller(tool_model_dir, tmp_path_factory):
         return folder
 
     return make
-
-
-def _reference_can_parse(impl: str, name: str) -> None:
-    """Skips a TRL run whose calls transformers' parser can no longer see (the one-token turn, transformers >= 5.25)."""
-    if impl != "trl" or not _spells_template_tokens(name):
-        return
-    import transformers
-    from packaging.version import Version
-
-    if Version(transformers.__version__) >= Version("5.25"):
-        pytest.skip(
-            "transformers >= 5.25 parses TRL's generated ids and reads no <tool_call> spelled inside another token; "
-            "this turn's three calls are one added token (a bigram model cannot repeat the template's tokens)"
-        )
 
 
 # ------------------------------------------------------------------------------------------- running either trainer
@@ -332,7 +316,6 @@ def tools_run(caller, tmp_path_factory):
     runs: dict[str, tuple] = {}
 
     def run(impl: str):
-        _reference_can_parse(impl, "tools")
         if impl not in runs:
             recorder = Recorder()
             rows = [{"prompt": [{"role": "user", "content": "What is 3 times 4?"}]}] * 2
