@@ -128,6 +128,10 @@ def test_serve_flags(tiny_model_dir, capsys, argv, match):
             r"top_k=20: vLLM reports log-probs after",
         ),
         ({"rollout.workers": ["127.0.0.1:5555"], "rollout.temperature": 2.5}, r"temperatures up to 2"),
+        (
+            {"rollout.workers": ["127.0.0.1:5555"], "rollout.temperature": 0.005},
+            r"temperature=0.005: vLLM raises a temperature under 0.01.*rollout.temperature >= 0.01",
+        ),
     ],
 )
 def test_vllm_config_errors(tiny_model_dir, tmp_path, over, match):
@@ -312,6 +316,7 @@ def test_greedy_asks_vllm_for_one_sample_and_repeats_it(standin, backend, tiny_m
         (SamplingParams(max_completion_length=4, top_p=0.9), None, r"top_p=0.9 / top_k=0: vLLM reports"),
         (SamplingParams(max_completion_length=4, top_k=5), None, r"top_k=5: vLLM reports"),
         (SamplingParams(max_completion_length=4, temperature=2.5), None, r"at most 2"),
+        (SamplingParams(max_completion_length=4, temperature=0.005), None, r"would sample at 0.01 instead"),
         (SamplingParams(max_completion_length=4), torch.zeros(16, dtype=torch.uint8), r"seeds, not from the"),
     ],
 )
@@ -319,6 +324,22 @@ def test_requests_a_vllm_worker_refuses(standin, backend, params, state, match):
     with pytest.raises(ValueError, match=match):
         backend.generate([[5, 6]], 2, params, seed=1, state=state)
     assert not _calls(standin, "generate")  # refused before vLLM is asked
+
+
+def test_the_temperature_bounds_a_vllm_worker_takes(tiny_model_dir, tmp_path):
+    from cohort.serve.vllm_backend import MAX_TEMPERATURE, MIN_TEMPERATURE, check_params
+
+    for temperature in (MIN_TEMPERATURE, 1.0, MAX_TEMPERATURE):  # the ends are vLLM's own, taken as they are
+        check_params(SamplingParams(max_completion_length=4, temperature=temperature))
+        run_config(
+            tiny_model_dir,
+            tmp_path,
+            **{
+                "rollout.engine": "vllm",
+                "rollout.workers": ["127.0.0.1:5555"],
+                "rollout.temperature": temperature,
+            },
+        ).validate()
 
 
 def test_finish_reasons_become_truncation_and_odd_outputs_are_errors(standin):

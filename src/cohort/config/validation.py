@@ -363,6 +363,12 @@ def _check_vllm(cfg: TrainFields) -> None:
             f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM samples at temperatures up to 2; "
             "lower it, or use rollout.engine=builtin"
         )
+    if isinstance(r.temperature, int | float) and 0 < r.temperature < 0.01:
+        raise ConfigError(
+            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM raises a temperature under 0.01 "
+            "to 0.01, so it would sample and report log-probs at 0.01 while the trainer recomputes at "
+            f"{r.temperature}; set rollout.temperature >= 0.01 (or 0 for greedy), or use rollout.engine=builtin"
+        )
 
 
 def _check_beside_algo(cfg: TrainFields) -> None:

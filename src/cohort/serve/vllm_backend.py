@@ -342,12 +342,15 @@ def _numel(shape: list[int]) -> int:
 
 MAX_TEMPERATURE = 2.0
 """vLLM refuses a higher temperature (SamplingParams._verify_args, 0.27.0 to 0.33.0)."""
+MIN_TEMPERATURE = 0.01
+"""vLLM raises a temperature above 0 and below this to it, with a warning (SamplingParams.__post_init__, 0.27.0 to
+0.33.0): it would sample at 0.01 and report those log-probs, while the trainer recomputes at the temperature it set."""
 
 
 def check_params(params: SamplingParams) -> None:
     """Returns None; ValueError when the request asks for top-p or top-k, whose log-probs vLLM reports
     renormalised and cohort's trainer unrenormalised (greedy requests ignore both), or a temperature vLLM
-    refuses."""
+    refuses or changes."""
     if params.greedy:
         return
     if params.top_p < 1.0 or params.top_k > 0:
@@ -360,6 +363,12 @@ def check_params(params: SamplingParams) -> None:
         raise ValueError(
             f"a vLLM worker does not sample at temperature {params.temperature}: vLLM takes at most "
             f"{MAX_TEMPERATURE:g}; lower rollout.temperature, or use rollout.engine=builtin"
+        )
+    if params.temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"a vLLM worker does not sample at temperature {params.temperature}: vLLM would sample at "
+            f"{MIN_TEMPERATURE:g} instead and the trainer recompute at {params.temperature}; set "
+            f"rollout.temperature >= {MIN_TEMPERATURE:g} (or 0 for greedy), or use rollout.engine=builtin"
         )
 
 

@@ -17,7 +17,8 @@ What it mirrors, as read in the wheels of vLLM 0.27.0, 0.32.0 and 0.33.0 (the sa
   result per worker; `reset_prefix_cache(reset_running_requests=False, reset_connector=False)`;
   `llm_engine.model_config.dtype` (a torch.dtype once resolved).
 - `SamplingParams` (vllm/sampling_params.py): the fields cohort sets and their checks (temperature in [0, 2],
-  top_p in (0, 1], top_k 0 or -1 = off, max_tokens >= 1, n = 1 when greedy, seed -1 = None).
+  one in (0, 0.01) raised to 0.01, top_p in (0, 1], top_k 0 or -1 = off, max_tokens >= 1, n = 1 when greedy,
+  seed -1 = None).
 - `RequestOutput` / `CompletionOutput` (vllm/outputs.py) and `Logprob` (vllm/logprobs.py): completion token ids
   with the stop token kept (vllm/v1/engine/output_processor.py drops it from the text only), finish_reason
   "stop" or "length" (vllm/v1/request.py), one {token_id: Logprob} per sampled token with logprobs=0.
@@ -41,6 +42,7 @@ import hashlib
 import importlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -108,6 +110,9 @@ class SamplingParams:
             self.seed = None
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if 0 < self.temperature < 0.01:
+            warnings.warn(f"temperature {self.temperature} is less than 0.01, set to 0.01", stacklevel=2)
+            self.temperature = 0.01
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if not isinstance(self.top_k, int) or self.top_k < -1:
