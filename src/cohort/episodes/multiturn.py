@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from cohort.data import is_conversational
+from cohort.episodes.control_tokens import control_tokens, parse_text, unmark
 from cohort.episodes.decoding import DecodedEpisodes, decode_episodes
 from cohort.episodes.environments import env_reset, env_step
 from cohort.episodes.execution import ToolExecutor, ToolResult
@@ -139,6 +140,7 @@ class EpisodeGeneration:
             )
         else:
             self.parser = None
+        self.control = control_tokens(tokenizer) if self.parser is not None else {}
         self.executor = ToolExecutor(
             timeout=spec.timeout,
             max_chars=spec.max_chars,
@@ -397,7 +399,10 @@ class _Agent:
             r.record.messages.append({"role": "assistant", "content": text})
             r.record.stop = "length"
             return False
-        parsed = loop.parser.parse(loop.tokenizer.decode(turn)) if loop.parser and r.tools else None
+        parsed = None
+        if loop.parser and r.tools:
+            # a delimiter counts only where the model sampled its token (cohort.episodes.control_tokens)
+            parsed = unmark(loop.parser.parse(parse_text(loop.tokenizer, turn, loop.control)))
         if parsed is not None and parsed.status == "calls":
             r.record.messages.append(parsed.message())
             limit = loop.spec.max_iterations

@@ -1,9 +1,10 @@
 """Tool calls out of an assistant message, in the formats real models emit.
 
 A parser turns the text of one assistant turn (decoded with its special tokens kept: `[TOOL_CALLS]` and
-`<|python_tag|>` are special tokens) into a `ParsedResponse`: the text before the calls, the calls, and
-which of three cases it is: no call, complete call(s), or a malformed call (invalid JSON, a call without
-a name, a `<tool_call>` the model never closed). A malformed turn executes nothing: its content is the
+`<|python_tag|>` are special tokens; a control token the model spelled out with ordinary tokens is broken first,
+so only a sampled one is a delimiter: cohort.episodes.control_tokens) into a `ParsedResponse`: the text before the
+calls, the calls, and which of three cases it is: no call, complete call(s), or a malformed call (invalid JSON, a
+call without a name, a `<tool_call>` the model never closed). A malformed turn executes nothing: its content is the
 whole text, as TRL falls back to when parsing fails.
 
 Families shipped here: Hermes-style `<tool_call>{json}</tool_call>` (Qwen2.5, Qwen3, Hermes, several
