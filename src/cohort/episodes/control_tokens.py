@@ -76,20 +76,18 @@ def unmark(parsed: ParsedResponse) -> ParsedResponse:
 def _spelled_out(text: str, ids: Sequence[int], control: dict[int, str]) -> bool:
     """Returns whether a control token's spelling occurs in `text` more often than the turn sampled its id (or a
     longer control token holding it)."""
+    sampled = [control[i] for i in ids if i in control]
     for spelling in set(control.values()):
         found = text.count(spelling)
-        if found and found > sum(
-            text_of.count(spelling) for text_of in (control[i] for i in ids if i in control)
-        ):
+        if found and found > sum(written.count(spelling) for written in sampled):
             return True
     return False
 
 
 def _defuse(text: str, control: dict[int, str]) -> str:
     """Returns `text` with `MARKER` between the characters of every control token's spelling in it."""
-    for spelling in sorted(
-        set(control.values()), key=len, reverse=True
-    ):  # a longer spelling before its parts
+    # a longer spelling first: broken, it no longer holds a shorter one it contains
+    for spelling in sorted(set(control.values()), key=len, reverse=True):
         if spelling in text:
             text = text.replace(spelling, MARKER.join(spelling))
     return text
