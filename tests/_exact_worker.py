@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import torch
-from _tiny import VOCAB, random_prompts, tiny_model
+from _tiny import VOCAB, checkpointing_on, random_prompts, tiny_model
 
 from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
@@ -49,7 +49,7 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         model = wrap_lora(model, LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
         model.double()
     if case.get("checkpointing"):  # before the reference copy: the copy inherits the flag (no-grad passes)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing_on(model)
     reference = None
     if case.get("beta"):
         frozen = copy.deepcopy(model).requires_grad_(False)
