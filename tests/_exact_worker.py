@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 
 import torch
-from _tiny import VOCAB, checkpointing_on, random_prompts, tiny_model
+from _tiny import VOCAB, random_prompts, tiny_model
 
 from cohort.algo import group_advantages
 from cohort.config import AlgoConfig, LoraConfig
 from cohort.fastpath import FastConfig
 from cohort.logprobs import warm_probes
-from cohort.models import wrap_lora
+from cohort.models import checkpoint_activations, wrap_lora
 from cohort.runtime.distributed import exit_without_teardown
 from cohort.runtime.sharding import full_value, reshard, shard
 from cohort.train.update import PolicyBatch, PolicyUpdater
@@ -49,7 +49,7 @@ def run_case(case: dict, rank: int, world: int, strategy: str = "none") -> dict[
         model = wrap_lora(model, LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
         model.double()
     if case.get("checkpointing"):  # before the reference copy: the copy inherits the flag (no-grad passes)
-        checkpointing_on(model)
+        assert checkpoint_activations(model)
     reference = None
     if case.get("beta"):
         frozen = copy.deepcopy(model).requires_grad_(False)

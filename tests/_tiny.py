@@ -71,17 +71,6 @@ def tiny_model(
     return model.eval()
 
 
-def checkpointing_on(model, *, use_reentrant: bool = False):
-    """Returns `model` with activation checkpointing on, by the name the installed transformers has: 5.25 deprecates
-    `gradient_checkpointing_enable` (removed in v6), the oldest supported 5.0 has only that one."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    return model
-
-
 def random_prompts(n: int, *, seed: int, min_len: int = 2, max_len: int = 9) -> list[list[int]]:
     """Returns n prompts of random lengths in [min_len, max_len] over ids 2..VOCAB-1 (no PAD or EOS)."""
     g = torch.Generator().manual_seed(seed)

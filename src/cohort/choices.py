@@ -110,6 +110,12 @@ def is_function_spec(value: object) -> bool:
     return isinstance(value, str) and ":" in value and not value.startswith(":")
 
 
+VLLM_MAX_TEMPERATURE = 2.0
+"""vLLM refuses a higher temperature (SamplingParams._verify_args, 0.27.0 to 0.33.0)."""
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM raises a temperature above 0 and below this to it, with a warning (SamplingParams.__post_init__, 0.27.0 to
+0.33.0): it would sample at 0.01 and report those log-probs, while the trainer recomputes at the temperature it set."""
+
 WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
 """rollout.weight_transport's values (cohort.serve.weights implements them)."""
 

@@ -649,6 +649,24 @@ def wrap_lora(model, lora: LoraConfig):
     return peft.get_peft_model(model, config)
 
 
+def checkpoint_activations(model: torch.nn.Module) -> bool:
+    """Returns whether `model` now recomputes its activations in the backward pass (False: it cannot, not being a
+    transformers model). Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
+    recomputation sees the same masks. Newer transformers name it activation_checkpointing_enable (5.25 deprecates
+    the old name, v6 removes it); 5.0 has only gradient_checkpointing_enable."""
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        model.activation_checkpointing_enable(  # type: ignore[operator]
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+        return True
+    if callable(getattr(model, "gradient_checkpointing_enable", None)):
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+        return True
+    return False
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """Returns the transformers model inside a peft PeftModel (LoRA layers stay injected), else model."""
     get_base = getattr(model, "get_base_model", None)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 from _compile import Recorder
-from _tiny import checkpointing_on, random_prompts, tiny_model
+from _tiny import random_prompts, tiny_model
 
 from cohort import logprobs as lp_module
 from cohort.config import load_config
 from cohort.fastpath import FastConfig, FastPathError, compiled, probes
 from cohort.fastpath.switches import FastPathConfigError
+from cohort.models import checkpoint_activations
 
 G = 2
 COMPILED = FastConfig(grouped="off", unmasked_padding="on", compile_update="on")
@@ -101,7 +102,7 @@ def test_compile_update_is_off_by_default_and_auto_takes_it_on_cuda_only(monkeyp
     assert why is not None and "fast.unmasked_padding" in why
     why = lp_module._compile_unavailable(model, unmasked=True, chunked=False)
     assert why is not None and "fast.chunked_head" in why
-    checkpointing_on(model)
+    assert checkpoint_activations(model)
     why = lp_module._compile_unavailable(model, unmasked=True, chunked=True)
     assert why is not None and "gradient checkpointing" in why
 

@@ -17,11 +17,12 @@ import random
 import pytest
 import torch
 import transformers as tf
-from _tiny import EOS, PAD, checkpointing_on, make_test_engine, random_prompts, tiny_model
+from _tiny import EOS, PAD, make_test_engine, random_prompts, tiny_model
 
 from cohort.algo import LOSS_TYPES, loss_normalisers
 from cohort.config import AlgoConfig
 from cohort.fastpath import FastConfig, FastPathError
+from cohort.models import checkpoint_activations
 from cohort.rollout import SamplingParams
 from cohort.train.update import PolicyBatch, PolicyUpdater, UpdateStats, plan_micro_batches
 
@@ -372,7 +373,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradient(batch):
 
     plain = tiny_model(seed=3).double()
     ckpt = tiny_model(seed=3).double()
-    checkpointing_on(ckpt)
+    assert checkpoint_activations(ckpt)
     calls = {"plain": 0, "ckpt": 0}
     for name, model in (("plain", plain), ("ckpt", ckpt)):
         # Counted in forward itself: transformers' recomputation runs without module hooks.

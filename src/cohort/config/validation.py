@@ -358,16 +358,17 @@ def _check_vllm(cfg: TrainFields) -> None:
             "top-p / top-k renormalise the distribution and the trainer compares them with its own before; set "
             "rollout.top_p=1.0 and rollout.top_k=0, or use rollout.engine=builtin"
         )
-    if isinstance(r.temperature, int | float) and r.temperature > 2:
+    high, low = choices.VLLM_MAX_TEMPERATURE, choices.VLLM_MIN_TEMPERATURE
+    if isinstance(r.temperature, int | float) and r.temperature > high:
         raise ConfigError(
-            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM samples at temperatures up to 2; "
-            "lower it, or use rollout.engine=builtin"
+            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM samples at temperatures up to "
+            f"{high:g}; lower it, or use rollout.engine=builtin"
         )
-    if isinstance(r.temperature, int | float) and 0 < r.temperature < 0.01:
+    if isinstance(r.temperature, int | float) and 0 < r.temperature < low:
         raise ConfigError(
-            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM raises a temperature under 0.01 "
-            "to 0.01, so it would sample and report log-probs at 0.01 while the trainer recomputes at "
-            f"{r.temperature}; set rollout.temperature >= 0.01 (or 0 for greedy), or use rollout.engine=builtin"
+            f"rollout.engine=vllm with rollout.temperature={r.temperature}: vLLM raises a temperature under {low:g} "
+            f"to {low:g}, so it would sample and report log-probs at {low:g} while the trainer recomputes at "
+            f"{r.temperature}; set rollout.temperature >= {low:g} (or 0 for greedy), or use rollout.engine=builtin"
         )
 
 

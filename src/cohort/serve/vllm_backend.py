@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from cohort.choices import DTYPE_NAMES
+from cohort.choices import DTYPE_NAMES, VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
 from cohort.models import is_adapter_folder, load_model, load_tokenizer, stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import validate_request
@@ -340,11 +340,7 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-MAX_TEMPERATURE = 2.0
-"""vLLM refuses a higher temperature (SamplingParams._verify_args, 0.27.0 to 0.33.0)."""
-MIN_TEMPERATURE = 0.01
-"""vLLM raises a temperature above 0 and below this to it, with a warning (SamplingParams.__post_init__, 0.27.0 to
-0.33.0): it would sample at 0.01 and report those log-probs, while the trainer recomputes at the temperature it set."""
+MAX_TEMPERATURE, MIN_TEMPERATURE = VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE  # what the config checks too
 
 
 def check_params(params: SamplingParams) -> None:

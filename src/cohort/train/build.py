@@ -24,6 +24,7 @@ from cohort.fastpath.switches import choose
 from cohort.logprobs import warm_probes
 from cohort.models import (
     DTYPES,
+    checkpoint_activations,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -492,22 +493,12 @@ def load_policy(
     if not empty:
         policy.to(device)
     policy.eval()  # dropout off: π_old must equal the detached current policy at μ = 1
-    if cfg.model.gradient_checkpointing:
-        # Non-reentrant: no input needs requires_grad (LoRA's frozen embeddings included), and the
-        # recomputation sees the same masks; the layers train only during updates (cohort.train.update).
-        if callable(getattr(policy, "activation_checkpointing_enable", None)):  # transformers >= 5
-            policy.activation_checkpointing_enable(  # type: ignore[operator]
-                activation_checkpointing_kwargs={"use_reentrant": False}
-            )
-        elif callable(getattr(policy, "gradient_checkpointing_enable", None)):
-            policy.gradient_checkpointing_enable(  # type: ignore[operator]
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        else:
-            raise ConfigError(
-                f"model.gradient_checkpointing=true, but {type(policy).__name__} cannot checkpoint "
-                "activations (not a transformers model); set it to false"
-            )
+    # on for the whole run: the layers train (and recompute) only during updates (cohort.train.update)
+    if cfg.model.gradient_checkpointing and not checkpoint_activations(policy):
+        raise ConfigError(
+            f"model.gradient_checkpointing=true, but {type(policy).__name__} cannot checkpoint "
+            "activations (not a transformers model); set it to false"
+        )
     return policy, tokenizer
 
 
