@@ -111,10 +111,19 @@ def is_function_spec(value: object) -> bool:
 
 
 VLLM_MAX_TEMPERATURE = 2.0
-"""vLLM refuses a higher temperature (SamplingParams._verify_args, 0.27.0 to 0.33.0)."""
+"""vLLM refuses a higher temperature (SamplingParams._verify_args, 0.27.0 to 0.34.0)."""
 VLLM_MIN_TEMPERATURE = 0.01
 """vLLM raises a temperature above 0 and below this to it, with a warning (SamplingParams.__post_init__, 0.27.0 to
-0.33.0): it would sample at 0.01 and report those log-probs, while the trainer recomputes at the temperature it set."""
+0.34.0): it would sample at 0.01 and report those log-probs, while the trainer recomputes at the temperature it set."""
+VLLM_SEED_MAX = 2**32 - 1
+"""The largest engine seed vLLM takes: 0.34 validates LLM(seed=...) to [0, 2**32 - 1] (vllm/config/model.py), and
+it seeds numpy's global generator with it (set_random_seed, vllm/utils/torch_utils.py), which takes that range."""
+VLLM_GPU_MEMORY_UTILIZATION = 0.92
+"""The share of each GPU's memory a vLLM worker lets vLLM take when --gpu-memory-utilization is not given: vLLM's
+own default up to 0.33. vLLM 0.34 leaves it unset, and then sizes its (extensible) KV cache to all the memory free
+after warm-up (vllm/config/cache.py, `resolved_gpu_memory_utilization`), leaving no room for what it does not
+measure: here the buffers an NCCL weight push is received into (one rollout.push_bucket_mib bucket at a time) and
+NCCL's own. Passed on every version, so that a worker behaves the same on all of them."""
 
 WEIGHT_TRANSPORTS = ("auto", "gloo", "nccl")
 """rollout.weight_transport's values (cohort.serve.weights implements them)."""

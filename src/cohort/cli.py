@@ -409,6 +409,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in _VLLM_FLAGS if getattr(args, k) is not None}
     options = None
     if args.engine == "vllm":
+        from cohort.choices import VLLM_SEED_MAX
         from cohort.serve.vllm_backend import VLLMOptions
 
         for flag, value in (("--device", args.device), ("--attn-implementation", args.attn_implementation)):
@@ -421,6 +422,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if share is not None and not 0 < share <= 1:
             raise ValueError(
                 f"--gpu-memory-utilization {share} must be in (0, 1]: a share of each GPU's memory"
+            )
+        seed = given.get("seed")
+        if seed is not None and not 0 <= seed <= VLLM_SEED_MAX:
+            raise ValueError(
+                f"--seed {seed} must be in 0 .. {VLLM_SEED_MAX} (2**32 - 1): vLLM's engine seeds"
             )
         options = VLLMOptions(**given)
     elif given:

@@ -3,7 +3,7 @@
 vLLM is not installed here, and none of these tests runs it. They check cohort's side of the seam: the error
 when vLLM is missing, the config and flag errors, and what cohort hands to vLLM and makes of its answers,
 against tests/serve/vllm_standin/vllm, a STAND-IN package that records calls and mirrors the signatures of
-vLLM 0.27.0 to 0.33.0 (its docstring cites the files). A test passing here says cohort calls that API as read;
+vLLM 0.27.0 to 0.34.0 (its docstring cites the files). A test passing here says cohort calls that API as read;
 it says nothing of vLLM's behaviour on a GPU (docs/vllm.md)."""
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def test_the_engine_core_runs_in_the_worker_unless_the_environment_says(monkeypa
             r"--attn-implementation is for --engine builtin",
         ),
         (["--engine", "vllm", "--gpu-memory-utilization", "0"], r"must be in \(0, 1\]"),
+        (["--engine", "vllm", "--seed", "-1"], r"--seed -1 must be in 0 \.\. 4294967295 \(2\*\*32 - 1\)"),
+        (["--engine", "vllm", "--seed", str(2**32)], r"--seed 4294967296 must be in 0 \.\. 4294967295"),
     ],
 )
 def test_serve_flags(tiny_model_dir, capsys, argv, match):
@@ -179,6 +181,19 @@ def test_the_engine_is_built_with_vllms_arguments(standin, tiny_model_dir):
             "max_model_len": 64,
         }  # the unset options are left to vLLM
         assert b.describe() == f"vllm {standin.__version__}"
+    finally:
+        b.close()
+
+
+def test_the_memory_share_is_always_passed(standin, tiny_model_dir):
+    """vLLM 0.34 left without a share takes all the memory free after warm-up; a weight push needs some of it."""
+    from cohort.serve.vllm_backend import VLLMBackend
+
+    b = VLLMBackend(str(tiny_model_dir))
+    try:
+        (settings,) = _calls(standin, "LLM")
+        assert settings["gpu_memory_utilization"] == 0.92  # vLLM's own default up to 0.33
+        assert settings["seed"] == 0 and "max_model_len" not in settings
     finally:
         b.close()
 

@@ -11,7 +11,7 @@ import argparse
 import math
 
 from cohort import __version__
-from cohort.choices import ENGINES
+from cohort.choices import ENGINES, VLLM_GPU_MEMORY_UTILIZATION
 
 __all__ = ["build_parser"]
 
@@ -254,9 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--parent-pid", type=int, default=None, help=argparse.SUPPRESS
     )  # set by a trainer that starts it
-    v = p.add_argument_group("vLLM (--engine vllm only; unset: vLLM's default)")
+    v = p.add_argument_group("vLLM (--engine vllm only; unset: vLLM's default, but for the memory share)")
     v.add_argument(
-        "--gpu-memory-utilization", type=float, default=None, help="share of each GPU's memory vLLM may take"
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help=f"share of each GPU's memory vLLM may take (default {VLLM_GPU_MEMORY_UTILIZATION}, vLLM's own before "
+        "0.34, which leaves room for weight pushes)",
     )
     v.add_argument(
         "--tensor-parallel-size", type=_positive_int, default=None, help="GPUs the model is split over"
@@ -270,7 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     v.add_argument(
-        "--seed", type=int, default=None, help="vLLM's engine seed (default 0; seeded requests do not use it)"
+        "--seed",
+        type=int,
+        default=None,
+        help="vLLM's engine seed, 0 .. 2**32 - 1 (default 0; seeded requests do not use it)",
     )
 
     p = sub.add_parser("config", help="list every config key with its default and what it does")

@@ -3,8 +3,8 @@
 NOT RUN: no machine this was written on had a GPU with vLLM installed (docs/vllm.md). What is tested is cohort's
 side of the seam, against a stand-in `vllm` package that records calls (tests/serve/test_serve_vllm.py).
 
-Written against vLLM's own source, read in the wheels of 0.27.0, 0.32.0 and 0.33.0 (the calls below are the same
-in all three): `vllm.LLM` (vllm/entrypoints/llm.py: __init__, generate, collective_rpc, reset_prefix_cache),
+Written against vLLM's own source, read in the wheels of 0.27.0, 0.32.0, 0.33.0 and 0.34.0 (the calls below are
+the same in all four): `vllm.LLM` (vllm/entrypoints/llm.py: __init__, generate, collective_rpc, reset_prefix_cache),
 `vllm.SamplingParams` (vllm/sampling_params.py), `RequestOutput` / `CompletionOutput` (vllm/outputs.py), the
 `logprobs_mode` engine argument (vllm/config/model.py, vllm/engine/arg_utils.py) and the worker extension
 (vllm/v1/worker/worker_base.py). TRL's `trl/scripts/vllm_serve.py` makes the same calls for its weight sync
@@ -18,7 +18,7 @@ a builtin worker. What differs here:
   n samples), `max_tokens`, the temperature (0 when greedy), top-p / top-k, the EOS ids as `stop_token_ids`
   and `logprobs=0` (the sampled token's log-prob only). The engine runs with
   `logprobs_mode="processed_logprobs"`: the log-prob of the sampled token under logits / temperature (raw
-  logits when greedy; vllm/v1/sample/sampler.py), cohort's convention (RolloutBatch.sampling_logprobs, and the
+  logits when greedy; vllm/v1/sample/sampler.py, in 0.34 vllm/v1/worker/gpu/sample/sampler.py), cohort's convention (RolloutBatch.sampling_logprobs, and the
   trainer's log-probs at rollout.logprob_temperature()). vLLM computes that log-prob after top-p / top-k
   renormalise the distribution, cohort before; so this worker refuses top_p < 1 and top_k > 0 rather than
   report log-probs the trainer would misread (the config refuses them first).
@@ -50,7 +50,12 @@ from typing import Any
 
 import torch
 
-from cohort.choices import DTYPE_NAMES, VLLM_MAX_TEMPERATURE, VLLM_MIN_TEMPERATURE
+from cohort.choices import (
+    DTYPE_NAMES,
+    VLLM_GPU_MEMORY_UTILIZATION,
+    VLLM_MAX_TEMPERATURE,
+    VLLM_MIN_TEMPERATURE,
+)
 from cohort.models import is_adapter_folder, load_model, load_tokenizer, stop_token_ids
 from cohort.rollout import RolloutBatch, SamplingParams
 from cohort.rollout.base import validate_request
@@ -105,8 +110,8 @@ class VLLMOptions:
 
     seed: int = 0
     """The engine's seed (LLM(seed=...)): only requests without a seed of their own use it."""
-    gpu_memory_utilization: float | None = None
-    """Share of each GPU's memory vLLM may take for the weights, activations and KV cache."""
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    """Share of each GPU's memory vLLM may take for the weights, activations and KV cache (always passed)."""
     tensor_parallel_size: int | None = None
     """GPUs the model is split over (those CUDA_VISIBLE_DEVICES shows, in order)."""
     max_model_len: int | None = None

@@ -3,7 +3,7 @@ files the cohort worker received it into (gloo), or received by the vLLM worker 
 
 vLLM imports `WeightLoader` by its qualified name (LLM(worker_extension_cls="cohort.serve.vllm_extension.
 WeightLoader")) and adds it to the bases of its GPU worker class (vllm/v1/worker/worker_base.py, 0.27.0 to
-0.33.0), so `LLM.collective_rpc("cohort_load_weights", args=...)` runs the method below on every worker, with
+0.34.0), so `LLM.collective_rpc("cohort_load_weights", args=...)` runs the method below on every worker, with
 `self` the worker (its `model_runner.model` is the vLLM model). vLLM asserts that the extension adds no name
 its worker already has: hence the `cohort_` prefix.
 

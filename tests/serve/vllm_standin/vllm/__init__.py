@@ -7,15 +7,18 @@ vLLM's answers (finish reasons, token ids, log-probs). Every call is recorded in
 and, when the environment variable COHORT_VLLM_STANDIN_LOG names a file, appended there as a JSON line (for a
 test that runs it inside a `cohort serve --engine vllm` process).
 
-What it mirrors, as read in the wheels of vLLM 0.27.0, 0.32.0 and 0.33.0 (the same in the three):
+What it mirrors, as read in the wheels of vLLM 0.27.0, 0.32.0, 0.33.0 and 0.34.0 (the same in the four, but where
+said):
 
-- `LLM` (vllm/entrypoints/llm.py): `__init__(model, *, dtype="auto", seed=0, gpu_memory_utilization=0.92,
+- `LLM` (vllm/entrypoints/llm.py): `__init__(model, *, dtype="auto", seed=0, gpu_memory_utilization=0.92 (None
+  from 0.34: sized to the free memory, cohort always passes one),
   tensor_parallel_size=1, enforce_eager=False, **kwargs)` (kwargs go to EngineArgs, vllm/engine/arg_utils.py:
   max_model_len, enable_prefix_caching, logprobs_mode, worker_extension_cls); `generate(prompts,
   sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None, ...)` returning one RequestOutput
   per prompt in the prompts' order; `collective_rpc(method, timeout=None, args=(), kwargs=None)` returning one
   result per worker; `reset_prefix_cache(reset_running_requests=False, reset_connector=False)`;
-  `llm_engine.model_config.dtype` (a torch.dtype once resolved).
+  `llm_engine.model_config.dtype` (a torch.dtype once resolved); the engine seed in [0, 2**32 - 1] (checked
+  by 0.34, vllm/config/model.py).
 - `SamplingParams` (vllm/sampling_params.py): the fields cohort sets and their checks (temperature in [0, 2],
   one in (0, 0.01) raised to 0.01, top_p in (0, 1], top_k 0 or -1 = off, max_tokens >= 1, n = 1 when greedy,
   seed -1 = None).
@@ -29,7 +32,7 @@ What it mirrors, as read in the wheels of vLLM 0.27.0, 0.32.0 and 0.33.0 (the sa
 - collective_rpc's arguments cross msgpack in vLLM's engine core, which does not rebuild tensors
   (vllm/v1/serial_utils.py, vllm/v1/engine/core.py): the stand-in refuses any argument that is not plain data.
 - logprobs_mode="processed_logprobs": the sampled token's log_softmax(logits / temperature) (raw logits when
-  greedy), after top-k / top-p (vllm/v1/sample/sampler.py); the stand-in has no top-k / top-p (cohort never
+  greedy), after top-k / top-p (vllm/v1/sample/sampler.py; 0.34: vllm/v1/worker/gpu/sample/sampler.py); the stand-in has no top-k / top-p (cohort never
   sends them to vLLM) and refuses them.
 
 How it samples: the transformers model of the folder on the CPU, token by token, each sample from its own
@@ -205,6 +208,8 @@ class LLM:
             raise TypeError(f"the stand-in does not know the engine arguments {sorted(unknown)}")
         record("LLM", {"model": model, **kwargs})
         self.settings = {**self.DEFAULTS, **kwargs}
+        if not 0 <= self.settings["seed"] <= 2**32 - 1:
+            raise ValueError(f"seed {self.settings['seed']} is outside [0, 2**32 - 1]")  # 0.34's ModelConfig
         dtype = self.settings["dtype"]
         torch_dtype = torch.float32 if dtype in ("auto", "float32", "float") else getattr(torch, dtype)
         hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).eval()
