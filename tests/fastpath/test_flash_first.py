@@ -49,6 +49,45 @@ def test_auto_takes_it_on_cuda_only(setting, device, taken):
     assert _order() == before
 
 
+def test_on_cuda_torch_settles_its_own_order_before_it_is_read(monkeypatch):
+    """torch sets its CUDA default order at the first backend choice of the process; flash_first makes one before
+    reading the order it restores (a process whose first attention is the update would otherwise run that update
+    with cuDNN first, and restore an order torch had not settled)."""
+    import cohort.fastpath.attention as attention
+
+    monkeypatch.setattr(attention, "_SETTLED", set())
+    calls: list[tuple] = []
+
+    def choose(*args):
+        calls.append((_order(), args[0].device))
+        return 0
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", choose)
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: torch.empty(0).new_zeros(1, 1, 1, 8))
+    before = _order()
+    with flash_first("auto", CUDA):
+        inside = _order()
+    with flash_first("auto", CUDA):
+        pass
+    assert len(calls) == 1 and calls[0][0] == before  # once per device, before the block's order is set
+    assert inside != before and _order() == before
+    with flash_first("auto", CPU), flash_first("on", CPU):
+        pass
+    assert len(calls) == 1  # a CPU has no lazily chosen order
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU settling may change the order: that is its job"
+)
+def test_settling_the_order_without_cuda_changes_nothing(monkeypatch):
+    import cohort.fastpath.attention as attention
+
+    monkeypatch.setattr(attention, "_SETTLED", set())
+    before = _order()
+    attention.settle_sdp_order(CUDA)  # no CUDA here: the tiny tensor cannot be made, and nothing is raised
+    assert _order() == before and CUDA in attention._SETTLED
+
+
 def _update(model, fast: FastConfig):
     prompts = random_prompts(2, seed=3, min_len=2, max_len=7)
     g = torch.Generator().manual_seed(4)

@@ -371,6 +371,30 @@ FLASH_FIRST = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MAT
 """sdpa's backends in the order fast.flash_first asks for (torch.nn.attention.SDPBackend names)."""
 
 
+_SETTLED: set[torch.device] = set()
+
+
+def settle_sdp_order(device: torch.device) -> None:
+    """Returns None once torch has set its own sdpa backend order for `device`'s process (once per device).
+
+    On CUDA torch decides its default order at the first backend choice of the process, not at start: on a
+    Hopper or Blackwell GPU with a recent cuDNN it then puts cuDNN first, overwriting the order in force. Were that
+    first choice inside flash_first's block (a process whose first attention is the update: rollout workers sample
+    elsewhere), the block would run with cuDNN first, and leaving it would restore the order read before torch had
+    settled it. One backend choice on a tiny tensor settles it first (no attention kernel runs)."""
+    if device in _SETTLED:
+        return
+    _SETTLED.add(device)
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return
+    try:
+        q = torch.zeros(1, 1, 1, 8, device=device, dtype=torch.bfloat16)
+        choose(q, q, q)
+    except Exception:  # noqa: BLE001 - a private call: without it the order is torch's, as before
+        pass
+
+
 @contextlib.contextmanager
 def flash_first(setting: str, device: torch.device) -> Iterator[bool]:
     """Yields whether sdpa tries FlashAttention and memory-efficient attention before cuDNN's inside the block
@@ -380,6 +404,8 @@ def flash_first(setting: str, device: torch.device) -> Iterator[bool]:
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if device.type == "cuda":
+        settle_sdp_order(device)
     order = [getattr(SDPBackend, name) for name in FLASH_FIRST]
     if "set_priority" in inspect.signature(sdpa_kernel).parameters:
         scope = sdpa_kernel(order, set_priority=True)
