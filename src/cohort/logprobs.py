@@ -31,6 +31,7 @@ from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailab
 from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
 from cohort.runtime.sharding import is_sharded
+from cohort.runtime.transfer import long_tensors, to_device
 
 PATHS = ("segments", "dense_mask", "padded")
 """The layouts a LogProbs can come from (LogProbs.path)."""
@@ -256,7 +257,7 @@ def compute_logprobs(
     device = input_device(model)
     lengths = torch.tensor([len(completion_ids[r]) for r in sel], dtype=torch.long)  # [n]
     n, T = len(sel), int(lengths.max()) if sel else 0
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(device)  # [n, T]
+    mask = to_device(torch.arange(T)[None, :] < lengths[:, None], device)  # [n, T]
     K = _topk_width(topk_ids, completion_ids, sel)
     if T == 0:
         empty = torch.zeros(n, 0, dtype=torch.promote_types(float_dtype(model), torch.float32), device=device)
@@ -280,21 +281,22 @@ def compute_logprobs(
     else:
         cost = pair_cost(model, fast.attention_slowdown)
         lay = grouped_layout(prompt_ids, completion_ids, group_size, sel, T, cost)
-    input_ids = torch.tensor(lay.input_ids, dtype=torch.long, device=device)  # [R, L]
-    position_ids = torch.tensor(lay.position_ids, dtype=torch.long, device=device)  # [R, L]
-    source = torch.tensor(lay.source, dtype=torch.long, device=device)  # [M] index into R*L
-    target = torch.tensor(lay.target, dtype=torch.long, device=device)  # [M]
-    dest = torch.tensor(lay.dest, dtype=torch.long, device=device)  # [M] index into n*T
+    # Right padding: under the causal mask no real token attends to a pad after it, so the mask changes nothing
+    # the loss reads; without it attention runs its causal kernel and no mask is built.
+    masked = path == "padded" and not unmasked
+    # input_ids, position_ids [R, L]; source [M] index into R*L; target [M]; dest [M] index into n*T; the mask
+    moved = long_tensors(
+        [lay.input_ids, lay.position_ids, lay.source, lay.target, lay.dest]
+        + ([lay.attention_mask] if masked else []),
+        device,
+    )
+    input_ids, position_ids, source, target, dest = moved[:5]
     attn: torch.Tensor | None
     if path == "segments":
         assert lay.prompt_pos is not None and lay.body_pos is not None  # set by grouped_layout
         attn = plan_carrier(device, build_plan(lay.prompt_pos, lay.body_pos, device, lay.position_ids[0]))
     elif path == "padded":
-        # Right padding: under the causal mask no real token attends to a pad after it, so the mask changes
-        # nothing the loss reads; without it attention runs its causal kernel and no mask is built.
-        attn = (
-            None if unmasked else torch.tensor(lay.attention_mask, dtype=torch.long, device=device)
-        )  # [R, L]
+        attn = moved[5] if masked else None  # [R, L]
     else:
         eager = getattr(text_config(model), "_attn_implementation", None) == "eager"
         attn = block_mask(lay, device, eager, float_dtype(model))  # [R, 1, L, L]: bool, or additive for eager

@@ -48,10 +48,22 @@ def _bound(real):
 class FakeCuda:
     """Stands in for the torch.cuda calls of capture() and close(), recording them in order."""
 
-    def __init__(self, monkeypatch, free_bytes: int, pool_bytes: int, fail_in_capture: bool = False):
+    def __init__(
+        self,
+        monkeypatch,
+        free_bytes: int,
+        pool_bytes: int,
+        fail_in_capture: bool = False,
+        end_fails: str | None = None,
+        syncing_step: bool = False,
+    ):
+        """end_fails: capture_end raises, "before_routing" (as torch did before pytorch#180395: the allocator
+        still routes into the pool) or "after_routing" (as torch does since); syncing_step: the step reads a
+        device value on the host."""
         self.events: list[str] = []
         self.free, self.pool_bytes, self.reserved = free_bytes, pool_bytes, 10 * MiB
         self.capturing = False
+        self.routing: set[tuple] = set()  # pools the allocator counts a capture into
         self.replay_step = None  # set by the test: what a replay does (the step, run for real)
         fake = self
 
@@ -85,10 +97,19 @@ class FakeCuda:
                 _bound(torch.cuda.CUDAGraph.capture_begin)(self, *a, **k)
                 fake.events.append(f"capture_begin pool={k['pool'][1]} mode={k['capture_error_mode']}")
                 fake.capturing = True
+                fake.routing.add(k["pool"])
 
             def capture_end(self):
                 _bound(torch.cuda.CUDAGraph.capture_end)(self)
                 fake.capturing = False
+                if end_fails == "before_routing" or fail_in_capture:
+                    # an invalidated capture: torch before #180395 raised here with the routing still on
+                    fake.events.append("capture_end failed")
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                fake.routing.clear()
+                if end_fails == "after_routing":
+                    fake.events.append("capture_end failed")
+                    raise RuntimeError("operation failed due to a previous error during capture")
                 fake.reserved += fake.pool_bytes
                 fake.events.append("capture_end")
 
@@ -120,6 +141,12 @@ class FakeCuda:
             _bound(torch.cuda.memory_reserved)(device)
             return fake.reserved
 
+        def end_allocate_to_pool(index, pool_id):
+            if pool_id not in fake.routing:
+                raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+            fake.routing.discard(pool_id)
+            fake.events.append("routing ended by hand")
+
         def empty_cache():
             _bound(torch.cuda.empty_cache)()
             fake.events.append("empty_cache")
@@ -142,7 +169,16 @@ class FakeCuda:
             if fail_in_capture:
                 raise RuntimeError("operation not permitted when stream is capturing")
 
-        monkeypatch.setattr(graph_mod, "_advance", advance)
+        if syncing_step:
+
+            def syncing(decoder):
+                fake.events.append("step")
+                decoder.ended.any().item()  # what a forward with a host read does
+                return advance(decoder)
+
+            monkeypatch.setattr(graph_mod, "_advance", syncing)
+        else:
+            monkeypatch.setattr(graph_mod, "_advance", advance)
         for name, value in {
             "Stream": Stream,
             "MemPool": MemPool,
@@ -153,8 +189,11 @@ class FakeCuda:
             "memory_reserved": memory_reserved,
             "empty_cache": empty_cache,
             "current_stream": current_stream,
+            "current_device": lambda: 0,
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
+        monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end_allocate_to_pool, raising=False)
+        monkeypatch.setattr(graph_mod, "_SYNC_CHECKED", graph_mod.weakref.WeakSet())
         monkeypatch.setattr(graph_mod, "_POOL_BYTES", {})
         monkeypatch.setattr(graph_mod, "_STREAMS", {})
         monkeypatch.setattr(graph_mod, "_FAILED_POOLS", [])
@@ -208,15 +247,70 @@ def test_the_cache_is_emptied_before_a_capture_the_device_may_have_no_room_for(m
     assert fake.Stream.made == 1  # both rollouts warmed up and captured on one side stream
 
 
-def test_a_failed_capture_keeps_its_pool_and_raises(monkeypatch):
+def test_a_failed_capture_raises_the_steps_error_and_leaves_no_capture_counted(monkeypatch):
+    """The step fails inside the capture, then torch's capture_end raises too (the capture was invalidated) with
+    the allocator still routing into the pool: the step's error is the one raised, and the routing is ended."""
     model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
     fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, fail_in_capture=True)
-    with pytest.raises(RuntimeError, match="stream is capturing"):
+    with pytest.raises(graph_mod.CaptureError, match="stream is capturing") as caught:
         _captured_rollout(model, prompts, fake)
-    assert "capture_end" in fake.events  # the capture is always ended
-    assert "graph reset" not in fake.events
-    assert not any(e.endswith("freed") for e in fake.events)  # the allocator may still count the capture
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    events = fake.events
+    assert events.index("capture_end failed") < events.index("routing ended by hand")  # always ended
+    assert not fake.routing
+    assert "graph reset" not in events
+    assert not any(e.endswith("freed") for e in events)  # the pool is kept (once per model)
     assert len(graph_mod._FAILED_POOLS) == 1
+
+
+@pytest.mark.parametrize("end_fails", ["before_routing", "after_routing"])
+def test_a_capture_end_that_fails_leaves_no_capture_counted(monkeypatch, end_fails):
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, end_fails=end_fails)
+    with pytest.raises(graph_mod.CaptureError, match="previous error during capture"):
+        _captured_rollout(model, prompts, fake)
+    assert not fake.routing
+    # a torch that ended the routing itself (pytorch#180395) is not asked again: its refusal is swallowed
+    assert ("routing ended by hand" in fake.events) is (end_fails == "before_routing")
+
+
+def test_a_step_that_syncs_with_the_host_is_refused_before_any_capture(monkeypatch):
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, syncing_step=True)
+    with pytest.raises(
+        graph_mod.CaptureError, match=r"syncs with the host \(aten\.(item|_local_scalar_dense)\)"
+    ):
+        _captured_rollout(model, prompts, fake)
+    assert not any(e.startswith(("capture_begin", "pool")) for e in fake.events)  # no capture, no pool
+    assert fake.events.count("step") == 2  # the first warm-up step ran unwatched, the last one was watched
+    assert fake.events[-1] == "wait_stream"  # the device's stream waits for the side stream even so
+    assert model not in graph_mod._SYNC_CHECKED  # refused: asked again, it is watched again
+
+
+def test_each_models_step_is_watched_for_host_syncs_once(monkeypatch):
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB)
+    watched = []
+    real = graph_mod.HostSyncCheck.__enter__
+    monkeypatch.setattr(graph_mod.HostSyncCheck, "__enter__", lambda self: watched.append(1) or real(self))
+    _captured_rollout(model, prompts, fake)
+    _captured_rollout(model, prompts, fake)
+    assert len(watched) == 1 and model in graph_mod._SYNC_CHECKED
+
+
+def test_the_host_sync_check_sees_reads_and_copies_to_the_host_only():
+    x = torch.arange(6.0)
+    with graph_mod.HostSyncCheck():
+        y = (x * 2).softmax(0).to(torch.float64).clone()  # device work, whatever the device: allowed
+        z = torch.where(x > 2, x, 0.0).cumsum(0)
+    assert y.shape == z.shape == (6,)
+    reads = (lambda: x.sum().item(), lambda: bool(x.any()), lambda: x.nonzero(), lambda: x[x > 2])
+    for read in (*reads, lambda: x.index_put_((x > 2,), torch.tensor(0.0))):
+        with pytest.raises(graph_mod.HostSyncError, match="syncs with the host"), graph_mod.HostSyncCheck():
+            read()
+    assert graph_mod._to_host((torch.empty(0, device="meta"),), torch.empty(0))  # device -> CPU copy
+    assert not graph_mod._to_host((torch.empty(0),), torch.empty(0, device="meta"))  # CPU -> device
+    assert not graph_mod._to_host((torch.empty(0),), torch.empty(0))
 
 
 def test_a_decoder_that_never_captured_closes_without_cuda():
@@ -254,3 +348,36 @@ def test_on_a_gpu_a_captured_rollout_keeps_the_cache_and_returns_its_pool():
     freed = after["segment.all.freed"] - stats["segment.all.freed"]
     made = after["segment.all.allocated"] - stats["segment.all.allocated"]
     assert freed == made  # what the rollout returned to the driver is its pool's own segments, no more
+
+
+def test_the_engine_decodes_eagerly_after_a_failed_capture_and_raises_anything_else(monkeypatch):
+    """Only a failure to capture turns the captured step off (under auto, with one warning) and decodes the rollout
+    eagerly; an error of the rollout itself (a replay, or the caller's on_finished) is raised: decoding it again
+    would tell on_finished of the same rows twice."""
+    from cohort.rollout import builtin as builtin_mod
+    from cohort.rollout.builtin import BuiltinEngine
+
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    engine = BuiltinEngine(eos_token_ids=[EOS], pad_token_id=PAD)
+    want = engine.sample(model, prompts, 3, PARAMS, torch.Generator().manual_seed(7), CPU)  # eager
+    monkeypatch.setattr(BuiltinEngine, "_graph", lambda self, *a: True)  # as on a GPU whose probe passed
+    monkeypatch.setattr(BuiltinEngine, "_compiled", lambda self, *a: False)
+    monkeypatch.setattr(builtin_mod, "_GRAPH_FAILED", builtin_mod.weakref.WeakSet())
+
+    def fails(error):
+        def static_decode(*a, **k):
+            raise error
+
+        return static_decode
+
+    monkeypatch.setattr(builtin_mod, "static_decode", fails(graph_mod.CaptureError("stream is capturing")))
+    g = torch.Generator().manual_seed(7)
+    with pytest.warns(UserWarning, match=r"'graph_decode' off: capture failed \(stream is capturing\)"):
+        got = engine.sample(model, prompts, 3, PARAMS, g, CPU)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
+    assert model in builtin_mod._GRAPH_FAILED
+    monkeypatch.setattr(builtin_mod, "_GRAPH_FAILED", builtin_mod.weakref.WeakSet())
+    monkeypatch.setattr(builtin_mod, "static_decode", fails(RuntimeError("a reward prefetch failed")))
+    with pytest.raises(RuntimeError, match="a reward prefetch failed"):
+        engine.sample(model, prompts, 3, PARAMS, torch.Generator().manual_seed(7), CPU)
+    assert model not in builtin_mod._GRAPH_FAILED

@@ -37,7 +37,7 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
-from cohort.rollout.graph import DECODE_STEP, static_decode
+from cohort.rollout.graph import DECODE_STEP, CaptureError, static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
 
 _GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
@@ -181,9 +181,7 @@ class BuiltinEngine(RolloutEngine):
                     on_finished=on_finished,
                     compiled=compiled,
                 )
-            except torch.cuda.OutOfMemoryError:
-                raise  # not the graph's fault: the eager path would need the same memory
-            except RuntimeError as e:
+            except CaptureError as e:  # only the capture: an error of the replays or of on_finished is raised
                 if f.graph_decode == "on":
                     raise FastPathError(
                         f"fast.graph_decode=on, but capturing the decode step failed ({first_line(e)}); set "

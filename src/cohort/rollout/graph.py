@@ -44,15 +44,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cohort.fastpath.attention import StepPlan, attach_step_plan, plan_attention, plan_carrier
 from cohort.fastpath.compiled import Compiled
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
-from cohort.models import cache_kwargs, forward_accepts
+from cohort.models import cache_kwargs, forward_accepts, text_config
 from cohort.rollout.base import SamplingParams, left_pad, prefill
 from cohort.rollout.sampling import drawable, filter_logits
 
@@ -248,7 +250,8 @@ class StaticDecoder:
         """Returns how many real steps ran as warm-up (on a side stream) before the step was captured."""
         device = self.device
         stream = capture_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         with contextlib.ExitStack() as scope:
             if torch.is_autocast_enabled("cuda"):
@@ -256,16 +259,26 @@ class StaticDecoder:
                 # warm-up runs under the same setting, so a compiled step's trace serves the capture unchanged
                 dtype = torch.get_autocast_dtype("cuda")
                 scope.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self.draw_noise(generator)
-                    self.step()
-            torch.cuda.current_stream(device).wait_stream(stream)
+            try:
+                with torch.cuda.stream(stream):
+                    for i in range(warmup):
+                        self.draw_noise(generator)
+                        # Once per model, the last warm-up step (never one that compiles) is watched for host
+                        # syncs: a capture that one breaks leaves the allocator counting a capture under way in
+                        # torch releases without the fix of pytorch#180395, which later aborts the process.
+                        watch = i == warmup - 1 and not self.compiled and self.model not in _SYNC_CHECKED
+                        with HostSyncCheck() if watch else contextlib.nullcontext():
+                            self.step()
+                        if watch:
+                            _SYNC_CHECKED.add(self.model)
+            finally:
+                # even after a failed step: the side stream's work on these buffers is done before they are reused
+                current.wait_stream(stream)
             # Not torch.cuda.graph: it empties the allocator's whole cache (and the pinned host cache) before every
             # capture, so each rollout handed back, and the update then asked the driver again for, every block
             # the step's other work had cached (~380 cudaMalloc and cudaFree a GRPO step on an H200). The cache is
             # emptied only where the device may lack room for the graph's memory (a capture cannot reclaim it).
-            span, config = self.plan.bias.shape[-1], getattr(self.model, "config", None)
+            span, config = self.plan.bias.shape[-1], text_config(self.model)
             heads = int(getattr(config, "num_attention_heads", 0) or 0)
             vocab = int(getattr(config, "vocab_size", 0) or 0)
             estimate = max(
@@ -277,12 +290,18 @@ class StaticDecoder:
                 self.pool = torch.cuda.MemPool()  # this rollout's graph memory, handed back by close()
             before = torch.cuda.memory_reserved(device)
             with torch.cuda.stream(stream):
+                # thread_local: CUDA work of another thread (a prefetching loader, say) does not break it
                 graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
                 try:
-                    # thread_local: CUDA work of another thread (a prefetching loader, say) does not break it
                     self.step(recompile=False)
-                finally:
+                except BaseException:
+                    _abandon_capture(graph, self.pool, device)  # the step's error is the one raised
+                    raise
+                try:
                     graph.capture_end()
+                except BaseException:
+                    _end_pool_routing(self.pool, device)
+                    raise
             _POOL_BYTES[device] = torch.cuda.memory_reserved(device) - before
         self.graph = graph
         return warmup
@@ -316,7 +335,12 @@ class StaticDecoder:
         2 * `check_every` steps after the last row ended; on_finished hears each EOS row at most as late."""
         done_steps = 1  # column 0 came from the prefill
         if capture and self.T > 1:
-            done_steps += self.capture(warmup=min(2, self.T - 1), generator=generator)
+            try:
+                done_steps += self.capture(warmup=min(2, self.T - 1), generator=generator)
+            except torch.OutOfMemoryError:
+                raise  # not the capture's fault: the eager step would need the memory too
+            except Exception as e:  # noqa: BLE001 - any failure to capture: the caller may decode eagerly
+                raise CaptureError(str(e)) from e
         flag = torch.zeros(1, dtype=torch.bool, pin_memory=self.device.type == "cuda")
         pending: tuple[torch.Tensor, ...] | None = None
         heard = torch.zeros_like(self.ended, device="cpu")
@@ -336,7 +360,8 @@ class StaticDecoder:
                         self.lengths.to("cpu", non_blocking=True),
                     )
                 event = torch.cuda.Event() if self.device.type == "cuda" else _Done()
-                event.record()
+                # on the decoding device's stream, where the copies above were queued (not the current device's)
+                event.record(torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None)
             self.draw_noise(generator)
             if self.graph is not None:
                 self.graph.replay()
@@ -390,6 +415,82 @@ def capture_stream(device: torch.device) -> Any:
     return _STREAMS[key]
 
 
+class CaptureError(RuntimeError):
+    """Capturing the decode step failed (the message is the cause's): the rollout may be decoded eagerly."""
+
+
+class HostSyncError(RuntimeError):
+    """The decode step made the host wait for the device, which a captured graph cannot hold."""
+
+
+class HostSyncCheck(TorchDispatchMode):
+    """Raises HostSyncError at an op that makes the host wait for the device: a value read by the host (`.item()`,
+    `bool(t)`, `t.tolist()`), an output whose size depends on values (nonzero, masked_select, unique), a copy
+    from a device to the CPU. Checked before the first capture of each model, so that such a forward is refused
+    without a capture failing."""
+
+    SYNCS = frozenset(
+        {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select"}
+        | {"_unique", "_unique2", "unique_dim", "unique_consecutive"}
+    )
+    INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+    """Ops that sync when indexed by a boolean mask (t[mask], t[mask] = v: the mask's nonzero)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in self.SYNCS or (name in self.INDEXING and _masks(args)):
+            raise HostSyncError(
+                f"the decode step syncs with the host (aten.{name}), which a CUDA graph cannot hold"
+            )
+        out = func(*args, **(kwargs or {}))
+        if name in ("_to_copy", "copy_", "_copy_from") and _to_host(args, out):
+            raise HostSyncError(
+                f"the decode step copies a device tensor to the CPU (aten.{name}), which a CUDA graph cannot hold"
+            )
+        return out
+
+
+def _masks(args: tuple) -> bool:
+    """Returns whether an indexing op's indices (its second argument) hold a boolean or byte mask."""
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def _to_host(args: tuple, out: Any) -> bool:
+    """Returns whether a copy op moved a non-CPU tensor's values into a CPU tensor."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dst = out if isinstance(out, torch.Tensor) else None
+    return dst is not None and dst.device.type == "cpu" and any(t.device.type != "cpu" for t in tensors)
+
+
+_SYNC_CHECKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""Models whose decode step HostSyncCheck has watched (once each)."""
+
+
+def _abandon_capture(graph: Any, pool: Any, device: torch.device) -> None:
+    """Ends a capture whose step failed (its own error, usually an invalidated capture's, is dropped: the step's is
+    the one to report) and stops the allocator routing into the pool."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - expected after a failed step
+        pass
+    _end_pool_routing(pool, device)
+
+
+def _end_pool_routing(pool: Any, device: torch.device) -> None:
+    """Returns None once the caching allocator no longer counts a capture into `pool` as under way. torch's
+    capture_end raised before ending it when the capture had failed, until pytorch#180395 (April 2026); left
+    counted, every later empty_cache frees nothing and freeing any pool aborts the process."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None:
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        end(index, pool.id)
+    except Exception:  # noqa: BLE001 - "not currently recording": torch ended it itself
+        pass
+
+
 _POOL_BYTES: dict[torch.device, int] = {}
 """Bytes the last captured step's memory pool took on each device (what the next capture is assumed to need)."""
 _FAILED_POOLS: list[Any] = []
@@ -419,7 +520,7 @@ once more, and so does a size of 1: one prompt)."""
 class _Done:
     """Stands for a CUDA event on a CPU, where every copy has already happened."""
 
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
         """Returns None (nothing to record)."""
 
     def synchronize(self) -> None:

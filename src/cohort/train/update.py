@@ -46,6 +46,7 @@ from cohort.models import input_device, text_config
 from cohort.runtime import distributed as dist
 from cohort.runtime import seeds
 from cohort.runtime.sharding import full_value, gathered, idle_backward, idle_forward, is_sharded, reshard
+from cohort.runtime.transfer import to_device
 from cohort.train.accumulate import UpdateMeter, UpdateStats, WeightedMeans
 
 
@@ -179,8 +180,8 @@ class TokenTable:
         """Returns the table's `rows` cut to `width` tokens, [n, width] (or [n, width, K]), on `device`."""
         # One gather and at most one copy to the device per micro-batch; the padding is the zeros the per-row
         # stacking wrote, so the micro-batch is the same tensor bit for bit.
-        index = torch.tensor(rows, dtype=torch.long, device=values.device)
-        return values[index, :width].to(device, dtype)
+        index = to_device(torch.tensor(rows, dtype=torch.long), values.device)
+        return to_device(values[index, :width], device, dtype)
 
 
 @contextlib.contextmanager
@@ -676,7 +677,7 @@ class PolicyUpdater:
         input they read, padded once. `token_adv` is already the padded table of every row."""
         # A zero-advantage row skipped by the update is never read: most of a typical batch, so not padded.
         picked = (
-            token_adv[torch.tensor(rows, dtype=torch.long, device=token_adv.device)]
+            token_adv[to_device(torch.tensor(rows, dtype=torch.long), token_adv.device)]
             if token_adv is not None
             else None
         )
@@ -868,7 +869,7 @@ class PolicyUpdater:
                     if gap_here and sampled_mb is not None:
                         meter.sampler_gap(lp.logp, sampled_mb, mask)
                     if table.token_adv is None:
-                        adv_mb = adv[micro].to(device)
+                        adv_mb = to_device(adv[micro], device)
                     else:
                         adv_mb = TokenTable.take(table.token_adv, at, width, device, lp.logp.dtype)
                     # Most runs have no control: the micro-batch loop then skips them entirely.
