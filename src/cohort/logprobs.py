@@ -28,6 +28,7 @@ from cohort.fastpath.attention import NAME as ATTENTION_NAME
 from cohort.fastpath.attention import attention_held, build_plan, plan_attention, plan_carrier
 from cohort.fastpath.layouts import block_mask, grouped_layout, padded_layout, pair_cost, widest_group
 from cohort.fastpath.lm_head import chunk_rows, chunked_logprobs, head_unavailable, split_model, unwrap
+from cohort.fastpath.no_mask import no_mask
 from cohort.fastpath.switches import choose
 from cohort.models import float_dtype, full_attention_span, input_device, text_config
 from cohort.runtime.sharding import is_sharded
@@ -291,18 +292,23 @@ def compute_logprobs(
         device,
     )
     input_ids, position_ids, source, target, dest = moved[:5]
-    attn: torch.Tensor | None
+    attn: torch.Tensor | dict[str, None] | None
     if path == "segments":
         assert lay.prompt_pos is not None and lay.body_pos is not None  # set by grouped_layout
         attn = plan_carrier(device, build_plan(lay.prompt_pos, lay.body_pos, device, lay.position_ids[0]))
     elif path == "padded":
-        attn = moved[5] if masked else None  # [R, L]
+        # [R, L]; unmasked: what skips transformers' own mask-making, which waited for the device every forward
+        # (a sharded model's processes make no extra forward calls: they must pair up)
+        decoder = parts[0] if parts is not None else model
+        attn = moved[5] if masked else (None if is_sharded(model) else no_mask(decoder))
     else:
         eager = getattr(text_config(model), "_attn_implementation", None) == "eager"
         attn = block_mask(lay, device, eager, float_dtype(model))  # [R, 1, L, L]: bool, or additive for eager
 
     if compiled and parts is not None:
-        hidden_or_logits = compiled_forward.hidden_states(parts[0], input_ids, position_ids, model=model)
+        hidden_or_logits = compiled_forward.hidden_states(
+            parts[0], input_ids, position_ids, attn, model=model
+        )
     else:
         with plan_attention(model) if path == "segments" else contextlib.nullcontext():
             hidden_or_logits = _forward(model, parts, input_ids, attn, position_ids)

@@ -91,9 +91,9 @@ class Compiled:
 
 
 def _hidden_states(
-    decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor
+    decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Any = None
 ) -> torch.Tensor:
-    out = decoder(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False)
+    out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
@@ -135,9 +135,14 @@ def failed(decoder: torch.nn.Module) -> str | None:
 
 
 def hidden_states(
-    decoder: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, *, model: Any = None
+    decoder: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: Any = None,
+    *,
+    model: Any = None,
 ) -> torch.Tensor:
     """Returns the decoder's last hidden states [R, L, H] of unmasked rows `input_ids` [R, L] at `position_ids`
-    [R, L], through the compiled forward (the eager one once compiling it failed for this decoder; `model` names
-    it in the warning)."""
-    return UPDATE_FORWARD.call(decoder, decoder, input_ids, position_ids, model=model)
+    [R, L] (`mask`: the attention_mask argument, None or cohort.fastpath.no_mask's), through the compiled forward
+    (the eager one once compiling it failed for this decoder; `model` names it in the warning)."""
+    return UPDATE_FORWARD.call(decoder, decoder, input_ids, position_ids, mask, model=model)
