@@ -10,6 +10,8 @@ already made, one per kind of layer: {"full_attention": None} is the causal kern
 Whether a decoder takes that form is checked once, on a tiny batch: the same hidden states, bit for bit, as with
 attention_mask=None. A decoder that does not (its forward hands the argument to create_causal_mask, which has no
 use for a dict), or that has layers of another kind (a sliding window, whose mask None would widen), gets None.
+So does a model under FSDP (torchrun): the check's forward would be one more collective call, which every process
+would have to make at the same point.
 """
 
 from __future__ import annotations
