@@ -526,12 +526,39 @@ def _compile_unavailable(model: torch.nn.Module, *, unmasked: bool, chunked: boo
 
         return go
 
+    # The backward is checked with gradients on and under the caller's autocast (what the update's trace will be:
+    # AOTAutograd may compile the backward only at the first backward, where a failure would have no fallback).
+    device_type = input_device(model).type
+    amp = torch.is_autocast_enabled(device_type)
+    amp_dtype = torch.get_autocast_dtype(device_type) if amp else None
+    trained = [p for p in parts[0].parameters() if p.requires_grad]
+    watched = trained if len(trained) <= 8 else trained[:4] + trained[-4:]
+
+    def gradients(compiled: bool):
+        def go():
+            with torch.enable_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
+                lp = compute_logprobs(*args, chunked=True, unmasked=True, compiled=compiled)
+                if compiled and not lp.compiled:
+                    raise RuntimeError("it did not compile")
+                if not watched:
+                    return lp.logp.detach()
+                grads = torch.autograd.grad((lp.logp * lp.mask).sum(), watched, allow_unused=True)
+            return tuple(torch.zeros(()) if g is None else g.float() for g in grads)
+
+        return go
+
     def probe() -> str | None:
-        if probes.probe(model, "compile_update", run(True), run(False)):
-            return None
-        return probes.failure(
-            model, "compile_update", "its compiled forward gives other log-probs than the eager one"
-        )
+        if not probes.probe(model, "compile_update", run(True), run(False)):
+            return probes.failure(
+                model, "compile_update", "its compiled forward gives other log-probs than the eager one"
+            )
+        if not probes.probe(model, "compile_update_backward", gradients(True), gradients(False)):
+            return probes.failure(
+                model,
+                "compile_update_backward",
+                "its compiled backward gives other gradients than the eager one",
+            )
+        return None
 
     return compiled_forward.UPDATE_FORWARD.unavailable(parts[0], probe)
 

@@ -147,3 +147,31 @@ def test_running_out_of_memory_in_the_compiled_forward_is_not_taken_for_a_compil
     with pytest.raises(torch.OutOfMemoryError, match="made up"):
         compiled.hidden_states(decoder, torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 2]]), model=model)
     assert compiled.failed(decoder) is None  # a later, smaller micro-batch still tries the compiled forward
+
+
+def test_a_backward_that_cannot_compile_is_caught_by_the_check_not_in_the_update(monkeypatch):
+    """AOTAutograd may compile the backward only at the first backward, where a failure would raise from the
+    update with no fallback: the once-per-model check runs a backward too, with gradients on."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def broken_backward(gm, example_inputs):
+        raise RuntimeError("no backward compiler here")
+
+    monkeypatch.setattr(
+        compiled, "BACKEND", aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=broken_backward)
+    )
+    torch._dynamo.reset()
+    model = tiny_model(seed=26)
+    prompts, comps = rows(2, 6, seed=4)
+    with pytest.raises(FastPathError, match=r"compiled backward .*no backward compiler here"):
+        lp_module.completion_logprobs(model, prompts, comps, G, fast=COMPILED)
+    assert probes.results(model)["compile_update"] is True  # the forward compiled and agreed
+    assert probes.results(model)["compile_update_backward"] is False
+    for p in model.parameters():
+        assert p.grad is None  # the check's gradients are its own, not accumulated into the model
+    # auto falls back to the eager forward, and the update's own backward runs
+    model.zero_grad()
+    lp = lp_module.completion_logprobs(model, prompts, comps, G, fast=COMPILED.replace(compile_update="auto"))
+    assert not lp.compiled
+    (lp.logp * lp.mask).sum().backward()
+    torch._dynamo.reset()

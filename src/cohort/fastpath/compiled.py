@@ -9,7 +9,9 @@ kernels and launches them from generated code, for the forward and, through AOTA
 The update's forward is taken for padded rows without a mask (`fast.unmasked_padding`) only: the decoder's inputs
 are then ids and positions alone, so one trace with dynamic sizes serves every micro-batch, however many rows and
 tokens. A new grad mode, train / eval mode or autocast setting traces once more; a model is trusted only after the
-compiled forward reproduced the eager one (probe "compile_update"). A forward that fails to compile falls back to
+compiled forward reproduced the eager one (probe "compile_update") and, with gradients on and under the update's
+autocast, its backward the eager gradients (probe "compile_update_backward": AOTAutograd may compile the backward
+only at the first backward, where a failure would have no fallback). A forward that fails to compile falls back to
 the eager forward for that model, with a warning once.
 
 The decode step (cohort.rollout.graph) is captured as a CUDA graph, so its host work is gone already; what is left
