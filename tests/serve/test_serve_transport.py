@@ -6,6 +6,7 @@ no GPU, so nothing here runs NCCL; docs/serving.md says so."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import warnings
@@ -208,3 +209,48 @@ def test_a_run_over_the_nccl_path_equals_the_in_process_run(tiny_model_dir, tmp_
         assert not differ, {k: (ra[k], rb[k]) for k in differ}
     wa, wb = plain.model.state_dict(), remote.model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_an_nccl_channel_is_made_with_the_watchdog_leaving_errors_to_it(monkeypatch):
+    """NCCL's watchdog thread would re-raise a dead peer's error on its own thread and end the trainer: the
+    channel's group is made with TORCH_NCCL_ASYNC_ERROR_HANDLING=0 (read in the constructor), the variable restored
+    after."""
+    seen: list = []
+
+    class Options:
+        def __init__(self):
+            self._timeout = None
+
+    class FakeNCCL:
+        def __init__(self, store, rank, size, options):
+            seen.append((os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"), rank, size, options._timeout))
+
+    FakeNCCL.Options = Options
+    monkeypatch.setattr(weights.tdist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    weights._nccl(None, 0, 2, "127.0.0.1", 5.0)
+    assert seen[0][:3] == ("0", 0, 2) and seen[0][3].total_seconds() > 5.0
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # as the user set it
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    weights._nccl(None, 1, 2, "127.0.0.1", 5.0)
+    assert seen[1][0] == "0" and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+
+
+def test_a_failed_nccl_transfer_aborts_its_channel_and_says_why():
+    aborted: list = []
+
+    class Work:
+        def is_completed(self):
+            return True  # NCCL marks a work that failed as completed, with its error
+
+        def wait(self):
+            raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+    channel = weights.Channel.__new__(weights.Channel)
+    channel.timeout, channel.transport = 5.0, "nccl"
+    channel.group = type("Group", (), {"abort": lambda self: aborted.append(1)})()
+    with pytest.raises(
+        RuntimeError, match=r"an NCCL weight transfer failed \(NCCL error: remote process exited"
+    ):
+        channel.wait([Work()])
+    assert aborted == [1]

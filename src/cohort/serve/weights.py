@@ -17,17 +17,19 @@ the NCCL path is tested on CPU with gloo standing in for the group (tests/serve/
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 
 from cohort.choices import WEIGHT_TRANSPORTS
+from cohort.errors import first_line
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -147,7 +149,26 @@ def _nccl(store: tdist.Store, rank: int, size: int, address: str, timeout: float
     if hasattr(options, "config"):  # torch built with an NCCL that has communicator configs (2.14 and later)
         options.config.blocking = False
     os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(int(timeout)))
-    return nccl(store, rank, size, options)
+    # A peer that dies mid-push is an error of this channel's works, which Channel.wait raises (the worker counts as
+    # lost). Under torch's default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, read when the group is made), NCCL's watchdog
+    # thread would also re-raise it on its own thread a minute later, which ends the whole trainer process.
+    with _environment(TORCH_NCCL_ASYNC_ERROR_HANDLING="0"):
+        return nccl(store, rank, size, options)
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Yields with the environment variables `values` set, then restores them as they were."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 GROUPS: dict[str, Callable[[tdist.Store, int, int, str, float], Any]] = {"gloo": _gloo, "nccl": _nccl}
@@ -194,7 +215,11 @@ class Channel:
                         f"an NCCL weight transfer did not finish in {self.timeout:g} s (aborted)"
                     )
                 time.sleep(0.001)
-            w.wait()
+            try:
+                w.wait()  # raises what failed it (a peer that died, say)
+            except Exception as e:
+                self.group.abort()  # its communicator is broken: nothing else waits on it
+                raise RuntimeError(f"an NCCL weight transfer failed ({first_line(e)}; aborted)") from e
 
     def close(self) -> None:
         """Returns None after releasing an NCCL channel's communicator (torch warns about, and may hang on, one
