@@ -49,6 +49,41 @@ def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
     ) == expected
 
 
+def test_a_generator_state_from_another_device_type_reseeds_the_stream_with_a_warning():
+    """A CUDA generator's state (seed and offset, 16 bytes) cannot load into a CPU generator (5,056 bytes), nor
+    the reverse: a CUDA run resumed on a CPU re-seeds its sampling stream from the saved state, the same way on
+    every resume of that checkpoint, instead of failing."""
+    cuda_like = torch.tensor([7, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
+    state = {**rng_state(), "generator": cuda_like}
+    draws = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(0)
+        with pytest.warns(
+            UserWarning, match=r"saved on another kind of device \(16 bytes of state, this cpu"
+        ):
+            set_rng_state(state, gen)
+        draws.append(torch.rand(3, generator=gen))
+    assert torch.equal(draws[0], draws[1])  # reproducible across resumes
+    assert not torch.equal(
+        draws[0], torch.rand(3, generator=torch.Generator().manual_seed(0))
+    )  # not the start
+
+
+def test_cuda_states_restore_only_onto_the_gpus_this_process_sees(monkeypatch):
+    """A torchrun job saved on 8 GPUs and resumed on 4 (or another CUDA_VISIBLE_DEVICES) holds more CUDA states
+    than there are GPUs: set_rng_state_all failed on the first missing one."""
+    restored: list = []
+    state = {**rng_state(), "cuda": [torch.full((16,), k, dtype=torch.uint8) for k in (10, 11, 12, 13)]}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((int(s[0]), i)))
+    set_rng_state(state)
+    assert restored == [(10, 0), (11, 1)]
+    restored.clear()
+    set_rng_state({**state, "cuda": state["cuda"][:1]})  # fewer saved than visible: what there is
+    assert restored == [(10, 0)]
+
+
 def test_an_older_checkpoints_numpy_state_still_loads(tmp_path):
     np.random.seed(5)
     torch.save({"numpy": np.random.get_state()}, tmp_path / "old.pt")  # as cohort wrote it before

@@ -6,6 +6,7 @@ never leaves a half-written ``step-N`` folder that resume would pick up.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import random
@@ -65,9 +66,30 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
     np.random.set_state((name, keys.astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # One state per GPU the saving process saw; this one may see fewer (a torchrun job resumed on fewer GPUs,
+        # another CUDA_VISIBLE_DEVICES), where set_rng_state_all fails on the first missing index.
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
     if generator is not None and "generator" in state:
-        generator.set_state(state["generator"])
+        restore_generator(generator, state["generator"])
+
+
+def restore_generator(generator: torch.Generator, saved: torch.Tensor) -> None:
+    """Returns None after `generator` continues the stream `saved` holds, or, when `saved` is the state of a
+    generator of another device type (a CUDA run resumed on a CPU, or the other way: the states differ in size),
+    after re-seeding it from a seed drawn from `saved` (the same on every resume of that checkpoint), with a
+    warning: the run goes on, not as the original would have."""
+    if saved.numel() == generator.get_state().numel():
+        generator.set_state(saved)
+        return
+    seed = int(hashlib.sha256(saved.cpu().numpy().tobytes()).hexdigest()[:15], 16)
+    generator.manual_seed(seed)
+    warnings.warn(
+        f"the checkpoint's sampling generator was saved on another kind of device ({saved.numel()} bytes of state, "
+        f"this {generator.device.type} generator's {generator.get_state().numel()}): its stream restarts from a "
+        "seed drawn from the saved state; the run continues, but not as it would have on the saving device",
+        stacklevel=2,
+    )
 
 
 def save_checkpoint(
