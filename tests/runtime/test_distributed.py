@@ -41,6 +41,28 @@ def test_more_processes_than_gpus_is_one_clear_error_before_the_process_group(mo
     distributed.check_local_gpu()  # no CUDA: gloo processes on the CPU, any number
 
 
+def test_collectives_wait_longer_than_rollout_workers_may_hold_process_0(monkeypatch):
+    """NCCL's default collective timeout (10 minutes) is no longer than one rollout worker's timeout, while process 0
+    may wait for a push's acknowledgement and then its transfer, worker after worker: the group gets room for that."""
+    from datetime import timedelta
+
+    from cohort.runtime import distributed
+
+    assert distributed.collective_timeout(600.0, 0) == 1800.0  # gloo's own default: the floor
+    assert distributed.collective_timeout(600.0, 1) == 1800.0
+    assert distributed.collective_timeout(600.0, 4) == 2 * 600 * 4 + 300
+    assert distributed.collective_timeout(30.0, 2) == 1800.0
+    made: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(distributed.tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.tdist, "init_process_group", lambda **kw: made.append(kw))
+    monkeypatch.setattr(distributed.atexit, "register", lambda fn: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    distributed.init_from_env("auto", 2700.0)
+    distributed.init_from_env("gloo")
+    assert made == [{"backend": "gloo", "timeout": timedelta(seconds=2700.0)}, {"backend": "gloo"}]
+
+
 def _small_run(model_dir: Path, out: Path) -> list[str]:
     """Returns the overrides of a small run on the tiny model (a few seconds a step on one thread)."""
     return [

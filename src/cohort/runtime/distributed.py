@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import gc
 import os
 import pickle
@@ -33,19 +34,33 @@ def is_distributed() -> bool:
     return tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
 
 
-def init_from_env(backend: str = "auto") -> None:
+def init_from_env(backend: str = "auto", timeout: float | None = None) -> None:
     """Initialise the default process group when torchrun's environment asks for several processes.
 
-    backend: "auto" (nccl with GPUs, gloo without), "nccl" or "gloo"."""
+    backend: "auto" (nccl with GPUs, gloo without), "nccl" or "gloo"; timeout: seconds a collective may wait for
+    the other processes (None: torch's default for the backend)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and tdist.is_available() and not tdist.is_initialized():
         check_local_gpu()
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        tdist.init_process_group(backend=backend)
+        if timeout is None:
+            tdist.init_process_group(backend=backend)
+        else:
+            tdist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
         # a script that never calls shutdown() still releases its groups before the interpreter's teardown
         atexit.register(_destroy)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def collective_timeout(worker_timeout: float, workers: int) -> float:
+    """Returns the seconds a collective of a run may wait for a process held up by its rollout workers.
+
+    torch's NCCL default is 10 minutes, no more than one worker's own timeout (rollout.worker_timeout, 10 minutes
+    by default), while process 0 may wait for a push's acknowledgement and then its transfer, worker after worker,
+    with the other processes already in the next collective: past NCCL's timeout its watchdog ends the job. Never
+    below gloo's default of 30 minutes."""
+    return max(1800.0, 2 * worker_timeout * max(1, workers) + 300.0)
 
 
 def check_local_gpu() -> None:

@@ -305,7 +305,9 @@ def build_run(
     what can be refused before any user code runs, and the model after every check that needs none."""
     model, tokenizer, train_rows, eval_rows = given.model, given.tokenizer, given.train_rows, given.eval_rows
     trl_form = given.trl_form
-    dist.init_from_env(cfg.distributed.backend)
+    workers = cfg.rollout.workers
+    count = workers if isinstance(workers, int) else len(workers or ())
+    dist.init_from_env(cfg.distributed.backend, dist.collective_timeout(cfg.rollout.worker_timeout, count))
     updates_per_step = cfg.algo.num_iterations * cfg.algo.num_minibatches
     state = TrainerState(
         max_steps=cfg.steps * updates_per_step,
