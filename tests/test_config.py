@@ -307,6 +307,29 @@ def test_iterative_reward_model_takes_an_optimizer_section_and_the_old_key():
     assert current_keys(old) == to_dict(TrainConfig())
 
 
+def test_under_torchrun_on_gpus_each_process_trains_on_its_local_gpu(monkeypatch):
+    """FSDP places the model on the GPU of the local rank and the process group talks there: another model.device
+    (the CPU, another GPU) would fail at the first forward, or broadcast CPU tensors over NCCL."""
+    from cohort.config import validate_config
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for device in ("auto", "cuda", "cuda:1"):
+        cfg = load_config(None, _valid(**{"model.device": device}))
+        assert validate_config(cfg, world_size=2, cuda_available=True) is cfg
+    for device in ("cpu", "cuda:0"):
+        with pytest.raises(
+            ConfigError, match=rf"model.device={device} cannot run under torchrun .*cuda:1 for this"
+        ):
+            validate_config(
+                load_config(None, _valid(**{"model.device": device})), world_size=2, cuda_available=True
+            )
+    cfg = load_config(None, _valid(**{"model.device": "cpu"}))
+    assert (
+        validate_config(cfg, world_size=2, cuda_available=False) is cfg
+    )  # GPUs hidden: gloo processes on CPUs
+    assert validate_config(cfg, world_size=1, cuda_available=True) is cfg  # one process: any device
+
+
 def test_packed_weights_on_is_refused_where_auto_picks_a_gpu():
     from cohort.config import RunEnvironment
 

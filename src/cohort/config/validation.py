@@ -207,6 +207,15 @@ def _check_distributed(cfg: TrainFields, world: int, cuda_available: bool) -> No
             "distributed.backend=nccl needs CUDA GPUs, and this machine has none visible; set "
             "distributed.backend=gloo (or auto) to train on CPUs"
         )
+    if world > 1 and cuda_available:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if str(cfg.model.device).lower() not in ("auto", "cuda", f"cuda:{local}"):
+            raise ConfigError(
+                f"model.device={cfg.model.device} cannot run under torchrun on a machine with CUDA GPUs: each "
+                f"process trains on the GPU of its local rank (cuda:{local} for this one), where FSDP places the "
+                "model and the process group talks; set model.device=auto, or hide the GPUs "
+                "(CUDA_VISIBLE_DEVICES=) to train on CPUs"
+            )
     if d.mixed_precision != "none" and strategy == "none":
         raise ConfigError(
             f"distributed.mixed_precision={d.mixed_precision} is FSDP's policy and this run has one process; "
