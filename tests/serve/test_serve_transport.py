@@ -254,3 +254,18 @@ def test_a_failed_nccl_transfer_aborts_its_channel_and_says_why():
     ):
         channel.wait([Work()])
     assert aborted == [1]
+
+
+def test_a_lost_workers_nccl_channel_is_aborted_not_shut_down():
+    """A shutdown waits for the peer to finalise with it; a lost worker never will."""
+    calls: list = []
+    channel = weights.Channel.__new__(weights.Channel)
+    channel.transport = "nccl"
+    channel.group = type(
+        "Group",
+        (),
+        {"abort": lambda self: calls.append("abort"), "shutdown": lambda self: calls.append("shutdown")},
+    )()
+    channel.close()
+    channel.close(lost=True)
+    assert calls == ["shutdown", "abort"]

@@ -658,7 +658,7 @@ def _shutdown(
     pushes.clear()
     for c in clients:
         if c.channel is not None:
-            c.channel.close()
+            c.channel.close(lost=c.lost is not None)
         c.close()
     if local is not None:
         local.stop()

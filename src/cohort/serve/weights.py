@@ -221,12 +221,16 @@ class Channel:
                 self.group.abort()  # its communicator is broken: nothing else waits on it
                 raise RuntimeError(f"an NCCL weight transfer failed ({first_line(e)}; aborted)") from e
 
-    def close(self) -> None:
+    def close(self, lost: bool = False) -> None:
         """Returns None after releasing an NCCL channel's communicator (torch warns about, and may hang on, one
-        left to the garbage collector at exit); a gloo channel is left to its destructor, as before."""
+        left to the garbage collector at exit); a gloo channel is left to its destructor, as before. lost: the
+        worker is gone, so the communicator is aborted (a shutdown would wait for a peer that never answers)."""
         if self.transport == "nccl":
             try:
-                self.group.shutdown()
+                if lost:
+                    self.group.abort()
+                else:
+                    self.group.shutdown()
             except RuntimeError:
                 pass  # already aborted (a late transfer): nothing left to release
 
