@@ -4,6 +4,7 @@ every forward nor, under torch.compile, builds a full [R, 1, L, L] mask (which r
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _compile import Recorder
 from _tiny import tiny_model
@@ -86,3 +87,21 @@ def test_the_compiled_forward_hands_sdpa_no_mask_and_its_causal_flag(monkeypatch
         compiled.hidden_states(decoder, IDS, POS, None)
     assert seen and all(s == (False, False) for s in seen), seen  # the mask the mapping avoids
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="watches for host syncs on a CUDA GPU: needs one")
+def test_on_a_gpu_the_mapping_keeps_the_forward_from_waiting_for_the_device():
+    decoder = tiny_model(seed=1).model.cuda()
+    ids, pos = IDS.cuda(), POS.cuda()
+    mask = no_mask(decoder)
+    assert mask == {"full_attention": None}
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            decoder(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                decoder(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)

@@ -381,3 +381,42 @@ def test_the_engine_decodes_eagerly_after_a_failed_capture_and_raises_anything_e
     with pytest.raises(RuntimeError, match="a reward prefetch failed"):
         engine.sample(model, prompts, 3, PARAMS, torch.Generator().manual_seed(7), CPU)
     assert model not in builtin_mod._GRAPH_FAILED
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a CUDA GPU: needs one")
+def test_on_a_gpu_a_syncing_step_is_refused_and_a_failed_capture_leaves_the_allocator_whole(monkeypatch):
+    """A step that reads a device value on the host is refused by the check before any capture; with the check
+    passed by (as for a sync it cannot see), the capture fails, and afterwards a capture still hands its pool back
+    and empty_cache still returns cached memory (torch before pytorch#180395 left the failed capture counted, and
+    freeing the next pool aborted the process)."""
+    device = torch.device("cuda")
+    model = tiny_model(seed=3).to(device)
+    prompts = random_prompts(2, seed=1)
+    params = SamplingParams(max_completion_length=8, temperature=1.0)
+    real = graph_mod._advance
+
+    def syncing(decoder):
+        decoder.ended.any().item()
+        return real(decoder)
+
+    def rollout():
+        g = torch.Generator(device=device).manual_seed(5)
+        with torch.no_grad():
+            return static_decode(model, prompts, 2, params, g, device, capture=True, check_every=4, **KW)
+
+    monkeypatch.setattr(graph_mod, "_SYNC_CHECKED", graph_mod.weakref.WeakSet())
+    monkeypatch.setattr(graph_mod, "_advance", syncing)
+    with pytest.raises(graph_mod.CaptureError, match="syncs with the host"):
+        rollout()
+    graph_mod._SYNC_CHECKED.add(model)  # the check passed by: the capture itself fails
+    with pytest.raises(graph_mod.CaptureError):
+        rollout()
+    monkeypatch.setattr(graph_mod, "_advance", real)
+    tokens = rollout()[0]  # captured, replayed, its pool freed at the end
+    torch.cuda.synchronize()
+    assert tokens.shape == (4, 8)
+    block = torch.empty(64 * MiB, dtype=torch.uint8, device=device)
+    del block
+    cached = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() < cached  # the allocator counts no capture under way

@@ -65,3 +65,20 @@ def test_on_cuda_a_tensor_is_cast_then_pinned_and_queued(simulated_cuda):
     got = to_device(x, CUDA, torch.float64)
     assert simulated_cuda == [("pin", torch.float64, 6), ("copy", True)]
     assert torch.equal(got, x.double())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times a real copy to a CUDA GPU: needs one")
+def test_on_a_gpu_the_copies_never_make_the_host_wait():
+    """torch's sync debug mode raises at any call that makes the host wait for the device: a plain copy of a
+    pageable CPU tensor does, these do not."""
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = long_tensors(LISTS, device)
+        x = to_device(torch.arange(6.0).view(2, 3), device, torch.float64)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert [t.tolist() for t in got] == LISTS and all(t.device.type == "cuda" for t in got)
+    assert x.dtype == torch.float64 and x.cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
