@@ -236,3 +236,37 @@ def test_sample_says_what_it_wrote_and_which_folders_it_made(tiny_model_dir, tmp
     said = capsys.readouterr().out
     assert "kept 2 of 2" in said and "created the folder" not in said
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_eval_and_sample_draw_with_a_generator_on_the_models_device(tiny_model_dir, tmp_path, monkeypatch):
+    """The builtin engine refuses a generator on another device than the model's: `cohort eval` and `cohort sample`
+    made theirs on the CPU whatever --device said, so both failed on a GPU. The device a model is on is made to
+    read as a GPU here; the generator is asked for on it."""
+    import torch
+
+    import cohort.models
+    from cohort.cli import main
+
+    asked: list = []
+    real = torch.Generator
+
+    class Generator:
+        def __new__(cls, device="cpu"):
+            asked.append(str(device))
+            return real()
+
+    monkeypatch.setattr(cohort.models, "input_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(torch, "Generator", Generator)
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--task",
+        "addition",
+        "--n",
+        "2",
+        "--max-completion-length",
+        "4",
+    ]
+    assert main(["eval", *common]) == 0
+    assert main(["sample", *common, "--k", "1", "--out", str(tmp_path / "s.jsonl")]) == 0
+    assert asked.count("cuda:0") == 2, asked

@@ -242,6 +242,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from cohort.commands.evaluation import evaluate
     from cohort.data import encode_prompts
+    from cohort.models import input_device
     from cohort.rewards import resolve_reward_funcs
 
     reward = resolve_reward_funcs([args.reward])[0]
@@ -261,7 +262,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         prompt_column=args.prompt_column,
         k=args.k,
         temperature=args.temperature,
-        generator=torch.Generator().manual_seed(args.seed),
+        generator=torch.Generator(device=input_device(model)).manual_seed(args.seed),  # the engine's device
     )
     print(json.dumps(result, indent=2))
     return 0
@@ -271,6 +272,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from cohort.data import as_completions, encode_prompts
+    from cohort.models import input_device
     from cohort.rewards import resolve_reward_funcs, score
     from cohort.rollout import SamplingParams
 
@@ -280,7 +282,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     engine = _engine(args, model, tokenizer)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
     args.max_completion_length = _fit_completion_length(model, prompt_ids, args.max_completion_length)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator(device=input_device(model)).manual_seed(args.seed)  # the engine's device
     params = SamplingParams(max_completion_length=args.max_completion_length, temperature=args.temperature)
     kept: list[str] = []
     for start in range(0, len(rows), 32):

@@ -100,3 +100,19 @@ def test_one_turn_matches_a_plain_decoding():
     ref = engine.generate(model, PROMPTS, 1, params)
     assert out.tokens == ref.completion_ids
     assert out.truncated == ref.truncated.tolist()
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_non_finite_logits_are_a_typed_error_not_a_random_token(greedy, monkeypatch):
+    """The draw takes a uniform token from a non-finite row (on a GPU, CUDA's multinomial would assert, which no
+    one can catch): the episode decoder reads the log-prob it keeps anyway and raises NonFiniteSamplingError."""
+    from cohort.errors import NonFiniteSamplingError
+
+    model = tiny_model(eos_bias=2.5, logit_scale=4.0)
+    with torch.no_grad():
+        model.lm_head.weight[3].fill_(
+            float("nan")
+        )  # one vocabulary row: every position's logit for it is NaN
+    params = SamplingParams(max_completion_length=8, greedy=greedy, temperature=0.9)
+    with pytest.raises(NonFiniteSamplingError, match="not finite while sampling a multi-turn episode"):
+        run(model, PROMPTS, params, ScriptedAgent(blocks, 2), extend=True)

@@ -17,6 +17,7 @@ speed table compares against, and the check that extension is exact).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
+from cohort.errors import NonFiniteSamplingError
 from cohort.fastpath.kv_cache import preallocated_cache
 from cohort.models import cache_kwargs
 from cohort.rollout.base import SamplingParams, left_pad, prefill
@@ -231,6 +233,12 @@ def _decode_turn(
         tokens[live] = tok
         fed = decoding.clone()  # [n] the slots that sampled this step feed their token
         for slot, token, logp, stop in zip(live.tolist(), tok.tolist(), lp.tolist(), ended.tolist()):
+            if not math.isfinite(logp):
+                # On a GPU the draw takes a uniform token from a non-finite row (drawable: CUDA's multinomial would
+                # assert, uncatchably); the log-prob says so, read here with the token at no extra wait.
+                raise NonFiniteSamplingError(
+                    "the policy's next-token logits were not finite while sampling a multi-turn episode"
+                )
             row = state.rows[slot]
             out.tokens[row].append(token)
             out.masks[row].append(True)
