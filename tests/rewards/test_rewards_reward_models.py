@@ -158,3 +158,29 @@ def test_one_loader_for_scoring_and_for_training(tiny_model_dir, reward_model_di
         load_score_model(tiny_model_dir)
     model = load_score_model(tiny_model_dir, new_head=True)
     assert type(model).__name__ == "Qwen2ForSequenceClassification" and model.config.num_labels == 1
+
+
+def test_a_text_past_a_learned_position_table_is_a_clear_error_not_a_device_assert():
+    """GPT-2-like reward models look positions up in a table: past its end the lookup fails, on a GPU as a
+    device-side assert that ends the process's CUDA. It is refused before the forward; rotary models still score."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    tokenizer = build_tiny_tokenizer()
+    gpt2 = GPT2ForSequenceClassification(
+        GPT2Config(
+            vocab_size=len(tokenizer), n_positions=8, n_embd=16, n_layer=1, n_head=2, num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    ).eval()  # fmt: skip
+    rm = RewardModel(gpt2, tokenizer)
+    assert len(rm(["1+1="], ["2"])) == 1  # a short text fits
+    long = "12345678901234567890"
+    with pytest.raises(
+        ValueError, match=r"reads at most 8 tokens \(max_position_embeddings\) and a text to score has"
+    ):
+        rm([long], [long])
+    rotary = _classifier()
+    rotary.config.max_position_embeddings = (
+        8  # a rotary model has no table: it scores past its nominal length
+    )
+    assert len(RewardModel(rotary, tokenizer)([long], [long])) == 1

@@ -187,6 +187,7 @@ class ProcessRewardModel(ModelReward):
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
             width = max(max(len(ids) for ids, _ in chunk), 1)
+            self.check_fits(width)
             pad = self.tokenizer.pad_token_id
             input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             attention = torch.zeros(len(chunk), width, dtype=torch.long)

@@ -117,6 +117,25 @@ class ModelReward:
         self.model.to(device)
         return self
 
+    def check_fits(self, tokens: int) -> None:
+        """Raises ValueError when a text of `tokens` tokens is longer than the model's learned position table.
+
+        A model with absolute position embeddings (GPT-2's, OPT's, BERT's) indexes that table by position: past
+        its end the lookup fails, on a GPU as a device-side assert that ends the process's use of CUDA (nothing
+        can be saved after it). Rotary models have no table; they are left to score, as before."""
+        config = getattr(self.model, "config", None)
+        longest = getattr(config, "max_position_embeddings", None)
+        rotary = any(
+            getattr(config, k, None) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters")
+        )
+        if isinstance(longest, int) and tokens > longest and not rotary:
+            name = getattr(self, "__name__", type(self.model).__name__)
+            raise ValueError(
+                f"reward model {name!r} reads at most {longest} tokens (max_position_embeddings) and a text to "
+                f"score has {tokens}: lower rollout.max_completion_length or the prompts' length, or use a reward "
+                "model with a longer context"
+            )
+
 
 class RewardModel(ModelReward):
     """A reward function backed by a sequence-classification model with one output (TRL's reward models).
@@ -203,6 +222,7 @@ class RewardModel(ModelReward):
                 padding_side="right",
                 add_special_tokens=False,
             )
+            self.check_fits(int(batch["input_ids"].shape[1]))
             device = self.device
             with torch.inference_mode():
                 logits = self.model(
