@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from cohort.data import as_completions
+from cohort.models import input_device
 from cohort.rewards import extract_answer, score
 from cohort.rollout import RolloutEngine, SamplingParams
 
@@ -104,13 +105,16 @@ def _generate_and_score(
         texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         completions = as_completions(texts, chunk[0][prompt_column])
         columns = {c: [r[c] for r in chunk for _ in range(k)] for c in chunk[0] if c != prompt_column}
-        scores = score(
-            [reward_func],
-            prompts=[r[prompt_column] for r in chunk for _ in range(k)],
-            completions=completions,
-            completion_ids=rollout.completion_ids,
-            columns=columns,
-        )[:, 0]  # [n·k]
+        # Scored outside the caller's autocast (held-out evaluation samples under the trainer's): a learned reward
+        # model computes in its own dtype, as when it scores training rollouts.
+        with torch.autocast(input_device(model).type, enabled=False):
+            scores = score(
+                [reward_func],
+                prompts=[r[prompt_column] for r in chunk for _ in range(k)],
+                completions=completions,
+                completion_ids=rollout.completion_ids,
+                columns=columns,
+            )[:, 0]  # [n·k]
         rewards = torch.nan_to_num(scores, nan=0.0).tolist()
         lengths = rollout.loss_lengths.tolist()
         for i in range(len(chunk)):

@@ -307,8 +307,9 @@ class RolloutEngine(abc.ABC):
         # Out of inference mode, so the batch holds ordinary tensors a caller may change in place.
         lengths = out.lengths.tolist()
         if on_finished is not None and not stream:
+            tokens = out.tokens.cpu()  # one copy from a GPU for every finished row, not one each
             for row in (~out.truncated).nonzero().flatten().tolist():
-                on_finished(row, out.tokens[row, : lengths[row]].tolist())
+                on_finished(row, tokens[row, : lengths[row]].tolist())
         logps = out.logprobs.cpu()
         top_ids = top_lps = None
         if params.logprobs_topk > 0:
