@@ -101,6 +101,55 @@ def tool_insert(tok, spec, content, name="multiply", arguments=None):
     )
 
 
+class LinearScriptedLM(ScriptedLM):
+    """The scripted model with a Linear whose output adds 0 to the logits (so its weights are read)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.probe = torch.nn.Linear(4, 1)
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None
+    ):
+        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        touch = self.probe(torch.ones(*input_ids.shape, 4)).float() * 0  # [B, L, 1]
+        return type(out)(logits=out.logits + touch)
+
+
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_under_autocast_the_local_decoding_reports_its_weights_cast_once(tok, setting):
+    """fast.cast_once reaches the episodes' decoding and batch.paths (fast/cast_once) says what it did."""
+    from cohort.fastpath import FastConfig
+
+    spec = build_episode_spec(EpisodeConfig(), tools=[multiply])
+    turn1, insert, turn2 = call_turn(tok), tool_insert(tok, spec, "12"), ids(tok, "12") + [tok.eos_token_id]
+    prompt = render_prompt(tok, PROMPT, tools=spec.schemas(None))
+    model = LinearScriptedLM(
+        len(tok), tok.eos_token_id, script_of(len(prompt), [(True, turn1), (False, insert), (True, turn2)])
+    )
+    loop = EpisodeGeneration(
+        spec,
+        model,
+        tok,
+        end_of_turn_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        fast=FastConfig(cast_once=setting),
+    )
+    try:
+        batch = loop.generate(
+            [prompt],
+            2,
+            SamplingParams(max_completion_length=300),
+            torch.Generator(),
+            rows=[{"prompt": PROMPT}],
+        )
+    finally:
+        loop.close()
+    assert batch.paths == {"cast_once": setting == "auto"}
+    assert batch.completion_ids[0] == batch.completion_ids[1] == turn1 + insert + turn2
+
+
 def test_a_tool_call_is_executed_inserted_and_masked(tok):
     spec = build_episode_spec(EpisodeConfig(), tools=[multiply])
     turn1, insert, turn2 = call_turn(tok), tool_insert(tok, spec, "12"), ids(tok, "12") + [tok.eos_token_id]

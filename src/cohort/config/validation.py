@@ -633,6 +633,20 @@ def _check_fast(cfg: TrainFields, cuda_available: bool = False) -> None:
                 "fast.compile_decode=auto or off"
             )
 
+    if f.cast_once == "on":
+        why = None
+        if off_cuda:
+            why = f"it casts for CUDA autocast, and model.device={m.device!r} runs without autocast"
+        elif not m.bf16_autocast:
+            why = "model.bf16_autocast is off, so the forwards run in the weights' own dtype and nothing is cast"
+        elif cfg.distributed.strategy == "fsdp":
+            why = (
+                f"distributed.strategy={cfg.distributed.strategy!r} shards the weights, which each forward "
+                "gathers itself"
+            )
+        if why is not None:
+            raise FastPathConfigError(f"fast.cast_once=on cannot run: {why}; set fast.cast_once=auto or off")
+
     if f.compile_update == "on":
         why = None
         if cfg.distributed.strategy == "fsdp":

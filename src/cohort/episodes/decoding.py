@@ -18,9 +18,9 @@ speed table compares against, and the check that extension is exact).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -76,13 +76,15 @@ def decode_episodes(
     extend_cache: bool = True,
     budgets: Sequence[int] | None = None,
     preallocate: bool = True,
+    forward: Callable[..., Any] | None = None,
 ) -> DecodedEpisodes:
     """Returns the decoded episodes of `prompts` (one per episode; equal prompts are prefilled once), each at most
     its budget (`budgets`, default params.max_completion_length) of tokens after its prompt, sampled and
     inserted together. `preallocate`: the cache writes in place into buffers sized for prompt + budget (growing
     geometrically past it, as holes may need), instead of transformers' DynamicCache, which copies itself at
     every step (measured on a 0.5 M model: extension with it ran at 0.72x re-encoding's speed, with the
-    preallocated cache at 2.0x)."""
+    preallocated cache at 2.0x). forward: what calls `model` (cohort.rollout.casts.cast_once), `model` itself by
+    default."""
     n_rows = len(prompts)
     budget = [params.max_completion_length] * n_rows if budgets is None else list(budgets)
     if len(budget) != n_rows or min(budget, default=1) < 1:
@@ -90,16 +92,19 @@ def decode_episodes(
     out = new_episodes(n_rows)
     ends = torch.tensor(sorted(set(end_of_turn_ids)), dtype=torch.long, device=device)
     capacity = max(len(p) for p in prompts) + max(budget)
-    state = _Batch.prefill(model, prompts, pad_token_id, device, capacity=capacity if preallocate else None)
+    call = forward or model
+    state = _Batch.prefill(
+        model, prompts, pad_token_id, device, capacity=capacity if preallocate else None, forward=call
+    )
     while state.rows:
-        _decode_turn(model, state, params, generator, agent, out, ends, budget)
+        _decode_turn(call, state, params, generator, agent, out, ends, budget)
         blocks = insert_continuations(agent, [row for row in state.rows if state.live[row]], out, budget)
         keep = [row for row in state.rows if row in blocks]
         if not keep:
             break
         if extend_cache:
             state.select(keep)
-            state.extend(model, [state.pending[row] + blocks[row] for row in keep], pad_token_id)
+            state.extend(call, [state.pending[row] + blocks[row] for row in keep], pad_token_id)
         else:
             state = _Batch.prefill(
                 model,
@@ -108,6 +113,7 @@ def decode_episodes(
                 device,
                 rows=keep,
                 capacity=capacity if preallocate else None,
+                forward=call,
             )
     return out
 
@@ -150,29 +156,32 @@ def insert_continuations(
 class _Batch:
     """The decoding batch: live rows, their cache, attention mask with holes, next positions and last logits."""
 
-    def __init__(self, rows, cache, mask, pos, logits) -> None:
+    def __init__(self, rows, cache, mask, pos, logits, model) -> None:
         self.rows: list[int] = rows
         """slot -> episode row"""
         self.cache, self.mask, self.pos, self.logits = cache, mask, pos, logits
+        self.cache_kwargs = cache_kwargs(
+            model, cache
+        )  # asked of the model once, not of the function calling it
         self.live: dict[int, bool] = dict.fromkeys(rows, True)
         """row -> may still continue (False once its agent ended it)"""
         self.pending: dict[int, list[int]] = {row: [] for row in rows}
         """row -> sampled tokens not yet in the cache (an episode's last token until the next forward)"""
 
     @classmethod
-    def prefill(cls, model, prompts, pad_token_id, device, rows=None, capacity=None) -> _Batch:
+    def prefill(cls, model, prompts, pad_token_id, device, rows=None, capacity=None, forward=None) -> _Batch:
         """Returns the batch after one forward of the distinct prompts, expanded to one slot per episode (a
-        preallocated cache of `capacity` positions when given, else a DynamicCache)."""
+        preallocated cache of `capacity` positions when given, else a DynamicCache); forward: as in `prefill`."""
         rows = list(range(len(prompts))) if rows is None else rows
         distinct: dict[tuple[int, ...], int] = {}
         index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         ids, attn = left_pad(list(distinct), pad_token_id, device)  # [U, P]
         config = getattr(model, "config", None)
         cache = preallocated_cache(config, capacity) if capacity else DynamicCache(config=config)
-        logits = prefill(model, ids, attn, cache)  # [U, V]
+        logits = prefill(model, ids, attn, cache, forward)  # [U, V]
         expand = torch.tensor(index, dtype=torch.long, device=device)  # [n]
         cache.batch_select_indices(expand)
-        return cls(rows, cache, attn[expand], attn.sum(-1)[expand], logits[expand])
+        return cls(rows, cache, attn[expand], attn.sum(-1)[expand], logits[expand], model)
 
     def select(self, keep: list[int]) -> None:
         """Keeps only the slots of rows `keep` (in the batch's order)."""
@@ -184,20 +193,21 @@ class _Batch:
         self.mask, self.pos, self.logits = self.mask[index], self.pos[index], self.logits[index]
         self.rows = keep
 
-    def step(self, model, tokens: torch.Tensor, fed: torch.Tensor) -> None:
-        """Feeds one token per slot ([n]; `fed` [n] bool: the slots whose token is real, the rest are holes)."""
+    def step(self, forward, tokens: torch.Tensor, fed: torch.Tensor) -> None:
+        """Feeds one token per slot ([n]; `fed` [n] bool: the slots whose token is real, the rest are holes)
+        through `forward` (the model, or what calls it)."""
         self.mask = torch.cat([self.mask, fed.long()[:, None]], dim=1)  # [n, L+1]
-        self.logits = model(
+        self.logits = forward(
             input_ids=tokens[:, None],
             attention_mask=self.mask,
             position_ids=self.pos[:, None],
-            **cache_kwargs(model, self.cache),
+            **self.cache_kwargs,
         ).logits[:, -1, :]  # [n, V]
         self.pos = self.pos + fed.long()
 
-    def extend(self, model, blocks: list[list[int]], pad_token_id: int) -> None:
-        """Feeds each slot its block of tokens in one forward (right-padded, padding masked); the logits
-        become those after each block's last token."""
+    def extend(self, forward, blocks: list[list[int]], pad_token_id: int) -> None:
+        """Feeds each slot its block of tokens in one forward (right-padded, padding masked; `forward` as in
+        `step`); the logits become those after each block's last token."""
         device = self.mask.device
         width = max(len(b) for b in blocks)
         ids = torch.tensor([b + [pad_token_id] * (width - len(b)) for b in blocks], device=device)  # [n, K]
@@ -205,11 +215,11 @@ class _Batch:
         span = torch.arange(width, device=device)  # [K]
         block_mask = (span[None, :] < lengths[:, None]).long()  # [n, K]
         self.mask = torch.cat([self.mask, block_mask], dim=1)  # [n, L+K]
-        logits = model(
+        logits = forward(
             input_ids=ids,
             attention_mask=self.mask,
             position_ids=self.pos[:, None] + span[None, :],
-            **cache_kwargs(model, self.cache),
+            **self.cache_kwargs,
         ).logits  # [n, K, V]
         self.logits = logits[torch.arange(len(blocks), device=device), lengths - 1]  # [n, V]
         self.pos = self.pos + lengths
@@ -218,7 +228,7 @@ class _Batch:
 
 
 def _decode_turn(
-    model, state: _Batch, params, generator, agent, out: DecodedEpisodes, ends, budget: list[int]
+    forward, state: _Batch, params, generator, agent, out: DecodedEpisodes, ends, budget: list[int]
 ) -> None:
     """Samples one turn of every slot of `state` until each has ended it or reached its budget."""
     decoding = torch.ones(len(state.rows), dtype=torch.bool, device=state.mask.device)  # [n]
@@ -253,7 +263,7 @@ def _decode_turn(
                 state.live[row] = agent.turn_ended(row, turn, truncated=truncated) and not truncated
         if not bool(decoding.any()):
             return  # the last tokens wait in `pending`: fed with the next turn's inserted block
-        state.step(model, tokens, fed)
+        state.step(forward, tokens, fed)
         for slot in fed.nonzero().squeeze(1).tolist():
             state.pending[state.rows[slot]] = []
         decoding = _drop_finished(state, decoding)

@@ -41,8 +41,10 @@ from cohort.episodes.spec import EnvironmentSpec, EpisodeSpec
 from cohort.episodes.templates import check_tool_template, render_prompt, render_tool_turn
 from cohort.episodes.tools import Tool
 from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError
+from cohort.fastpath import FastConfig
 from cohort.models import eval_mode, input_device
 from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
+from cohort.rollout.casts import cast_once
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.runtime.sharding import gathered
 
@@ -125,14 +127,17 @@ class EpisodeGeneration:
         fresh: bool = False,
         preallocate: bool = True,
         remote: RemoteGeneration | None = None,
+        fast: FastConfig | None = None,
     ) -> None:
         """fresh: make this loop's own environment instances (a held-out loop must not touch the training ones);
-        remote: rollout workers that sample every policy turn (cohort.episodes.remote), instead of this process."""
+        remote: rollout workers that sample every policy turn (cohort.episodes.remote), instead of this process;
+        fast: the switches the local decoding reads (`cast_once`)."""
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.end_ids, self.pad_id = list(end_of_turn_ids), pad_token_id
         self.prompt_column, self.template_kwargs = prompt_column, chat_template_kwargs or None
         self.sampler_copy, self.autocast, self.extend_cache = sampler_copy, autocast, extend_cache
-        self.preallocate, self.remote = preallocate, remote
+        self.preallocate, self.remote, self.fast = preallocate, remote, fast
+        self.paths: dict[str, bool] = {}  # the fast paths the last local decoding took
         if spec.tools or any(env.tools for env in spec.environments.values()):
             check_tool_template(tokenizer, chat_template_kwargs=self.template_kwargs)
             self.parser: ToolParser | None = parser_for(
@@ -201,6 +206,7 @@ class EpisodeGeneration:
             sampling_logprobs=logprobs,
             loss_masks=masks,
             episodes=[r.record for r in rollouts],
+            paths={} if self.remote is not None else dict(self.paths),
         )
 
     def _decode_local(
@@ -216,7 +222,11 @@ class EpisodeGeneration:
             model = self.model if self.sampler_copy is None else self.sampler_copy.sync(self.model)
             device = input_device(model)
             try:
-                with torch.inference_mode(), eval_mode(model):
+                with (
+                    torch.inference_mode(),
+                    eval_mode(model),
+                    cast_once(model, device, self.fast, self.paths) as forward,
+                ):
                     out = decode_episodes(
                         model,
                         prompts,
@@ -229,6 +239,7 @@ class EpisodeGeneration:
                         extend_cache=self.extend_cache,
                         budgets=budgets,
                         preallocate=self.preallocate,
+                        forward=forward,
                     )
             except NonFiniteSamplingError as e:
                 raise NonFiniteError(

@@ -135,6 +135,13 @@ class FastConfig:
     graph_decode_check_every: int = 8
     """graph_decode: every this many steps the host copies whether every row has ended (without blocking) and
     reads the previous copy, so a rollout runs at most twice this many steps past its last EOS, writing pad."""
+    cast_once: str = "auto"
+    """Eager decoding under autocast (the builtin sampler's eager steps, multi-turn episodes): each Linear's weight
+    and bias are cast to autocast's dtype once per rollout and the forwards read those copies (cohort.rollout.casts),
+    where autocast, which keeps no cast under the sampler's inference mode, cast every weight at every step (169
+    casts a step at Qwen2.5-0.5B's shape). Bitwise the same tokens and log-probs; holds one copy of the Linear
+    weights in autocast's dtype during a rollout. `auto` takes it wherever autocast is on (CUDA with
+    model.bf16_autocast), so CPU runs are unchanged; unsharded models only. Not yet measured on a GPU."""
     drop_ended_fraction: float = 0.25
     """Builtin sampler: drop rows that ended (EOS) from the decoding batch once this fraction of it has ended."""
     heap_bound: str = "auto"

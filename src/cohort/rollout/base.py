@@ -378,11 +378,18 @@ def completion_ends(
     return before + ended.long(), ~ended & (tokens.shape[1] >= max_len)
 
 
-def prefill(model: torch.nn.Module, input_ids: torch.Tensor, attn: torch.Tensor, cache: Any) -> torch.Tensor:
+def prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attn: torch.Tensor,
+    cache: Any,
+    forward: Callable[..., Any] | None = None,
+) -> torch.Tensor:
     """Returns the next-token logits [B, V] after the left-padded prompts input_ids / attn [B, P], with `cache`
-    filled in place (reading it back from the output would touch a field transformers renamed)."""
+    filled in place (reading it back from the output would touch a field transformers renamed). forward: what
+    calls `model` (cohort.rollout.casts.cast_once), `model` itself by default."""
     extra = {"logits_to_keep": 1} if forward_accepts(model, "logits_to_keep") else {}
-    out = model(
+    out = (forward or model)(
         input_ids=input_ids,
         attention_mask=attn,
         position_ids=(attn.cumsum(-1) - 1).clamp(min=0),  # [B, P]

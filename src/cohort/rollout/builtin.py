@@ -37,6 +37,7 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
+from cohort.rollout.casts import cast_once
 from cohort.rollout.graph import DECODE_STEP, CaptureError, static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
 
@@ -200,6 +201,7 @@ class BuiltinEngine(RolloutEngine):
                         packed_weights=False,
                         graph_decode=True,
                         compile_decode=compiled and DECODE_STEP.failed(model) is None,
+                        cast_once=False,  # the eager paths' switch: the captured step always casts once
                     )
                 return tokens, lengths, ended, logps
         prealloc = choose(f.preallocated_kv, "preallocated_kv", model)
@@ -218,35 +220,38 @@ class BuiltinEngine(RolloutEngine):
                 return preallocated_cache(config, capacity)
             return DynamicCache(config=config) if config is not None else DynamicCache()
 
-        cache = new_cache(P if shared else P + T)
-        logits = prefill(model, input_ids, attn, cache)  # [B, V]
-        if G > 1:
-            logits = logits.repeat_interleave(G, dim=0)  # [N, V]
-        if shared:
-            # The G samples of a prompt read its prefill from one copy; each sample caches only its own tokens.
-            plan = PrefixPlan([(layer.keys, layer.values) for layer in cache.layers], attn, G)
-            cache = new_cache(T)
-            step_mask = plan_carrier(device, plan)
-        elif G > 1:
-            # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
-            cache.batch_repeat_interleave(G)
-        mask = torch.ones(N, P + T, dtype=torch.long, device=device)  # [N, P+T]
-        mask[:, :P] = attn.repeat_interleave(G, dim=0)
-        pos = attn.sum(-1).repeat_interleave(G)  # [n] position of the next token
-        rows = torch.arange(N, device=device)  # [n] live batch slot -> row id
-        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-
-        tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=device)  # [N, T]
-        logps = torch.zeros(N, T, dtype=torch.float32, device=device)  # [N, T]
-        if K > 0:
-            top_ids = torch.zeros(N, T, K, dtype=torch.long, device=device)  # [N, T, K]
-            top_lps = torch.zeros(N, T, K, dtype=torch.float32, device=device)  # [N, T, K]
-        lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
-        ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N]
-        done = torch.zeros(N, dtype=torch.bool, device=device)  # [n] live rows that already ended
-        packed = 0
-
+        taken: dict[str, bool] = {}
         with contextlib.ExitStack() as scope:
+            # the eager steps read Linear weights cast once (fast.cast_once), until packed ones replace them
+            forward = scope.enter_context(cast_once(model, device, f, taken))
+            cache = new_cache(P if shared else P + T)
+            logits = prefill(model, input_ids, attn, cache, forward)  # [B, V]
+            if G > 1:
+                logits = logits.repeat_interleave(G, dim=0)  # [N, V]
+            if shared:
+                # The G samples of a prompt read its prefill from one copy; each sample caches only its own tokens.
+                plan = PrefixPlan([(layer.keys, layer.values) for layer in cache.layers], attn, G)
+                cache = new_cache(T)
+                step_mask = plan_carrier(device, plan)
+            elif G > 1:
+                # The G samples of a prompt share its prefill: repeat cache rows instead of recomputing them.
+                cache.batch_repeat_interleave(G)
+            mask = torch.ones(N, P + T, dtype=torch.long, device=device)  # [N, P+T]
+            mask[:, :P] = attn.repeat_interleave(G, dim=0)
+            pos = attn.sum(-1).repeat_interleave(G)  # [n] position of the next token
+            rows = torch.arange(N, device=device)  # [n] live batch slot -> row id
+            eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+
+            tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=device)  # [N, T]
+            logps = torch.zeros(N, T, dtype=torch.float32, device=device)  # [N, T]
+            if K > 0:
+                top_ids = torch.zeros(N, T, K, dtype=torch.long, device=device)  # [N, T, K]
+                top_lps = torch.zeros(N, T, K, dtype=torch.float32, device=device)  # [N, T, K]
+            lengths = torch.full((N,), T, dtype=torch.long, device=device)  # [N]
+            ended = torch.zeros(N, dtype=torch.bool, device=device)  # [N]
+            done = torch.zeros(N, dtype=torch.bool, device=device)  # [n] live rows that already ended
+            packed = 0
+
             if shared:
                 scope.enter_context(plan_attention(model))
             for t in range(T):
@@ -281,7 +286,7 @@ class BuiltinEngine(RolloutEngine):
                 if pack and t == pack_at:
                     min_elements = 0 if f.packed_weights == "on" else f.pack_min_elements
                     packed = scope.enter_context(packed_linears(model, n_live - n_done, min_elements))
-                out = model(
+                out = (model if packed else forward)(
                     input_ids=tok[:, None],
                     attention_mask=step_mask if shared else mask[:, : P + t + 1],
                     position_ids=pos[:, None],
@@ -299,6 +304,7 @@ class BuiltinEngine(RolloutEngine):
                 packed_weights=packed > 0,
                 graph_decode=False,
                 compile_decode=False,
+                cast_once=taken.get("cast_once", False),
             )
         if K > 0 and top is not None:
             top.update(ids=top_ids, logprobs=top_lps)
@@ -399,12 +405,15 @@ class BuiltinEngine(RolloutEngine):
         return probes.failure(model, name, f"{what} does not reproduce the eager decoding")
 
     def _probe_engine(self, vocab: int) -> BuiltinEngine:
-        """Returns the plain engine a probe compares with: this one's switches, without packing or the static step,
-        and an EOS id outside the vocabulary (never sampled: every step is decoded)."""
+        """Returns the plain engine a probe compares with: this one's switches, without packing, the static step or
+        weights cast once (probes run without autocast), and an EOS id outside the vocabulary (never sampled: every
+        step is decoded)."""
         return BuiltinEngine(
             eos_token_ids=[vocab],
             pad_token_id=self.pad_token_id,
-            fast=self.fast.replace(packed_weights="off", graph_decode="off", compile_decode="off"),
+            fast=self.fast.replace(
+                packed_weights="off", graph_decode="off", compile_decode="off", cast_once="off"
+            ),
         )
 
     def _sharing_unavailable(

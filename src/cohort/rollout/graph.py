@@ -56,6 +56,7 @@ from cohort.fastpath.compiled import Compiled
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
 from cohort.models import cache_kwargs, forward_accepts, text_config
 from cohort.rollout.base import SamplingParams, left_pad, prefill
+from cohort.rollout.casts import autocast_dtype, cast_linears, shared_input_casts
 from cohort.rollout.sampling import drawable, filter_logits
 
 
@@ -77,63 +78,6 @@ def race_sample(
         probs = logp_all.exp()  # [n, V]
     tokens = (drawable(probs) / noise).argmax(dim=-1)  # [n]; multinomial's one-sample draw, without its sync
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """Returns the dtype autocast computes products in on `device`'s type (None when it is off)."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return None
-
-
-@contextlib.contextmanager
-def shared_input_casts(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[Callable[[], None]]:
-    """Yields a function that forgets the casts made so far; inside the block, under autocast, each Linear of
-    `model` gets its input already cast to `dtype`, cast once per input tensor: the projections that read one
-    tensor (query, key and value; gate and up) share one cast, where autocast would make one each with the same
-    rounding. A tensor changed in place since its cast is cast anew, where torch counts its changes (an inference
-    tensor, made under torch.inference_mode as the engines sample, has no such count: models change no projection's
-    input in place between the projections that read it)."""
-    last: list[Any] = []  # [input, its version, its cast]
-
-    def hook(module: torch.nn.Module, args: tuple) -> tuple | None:
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype.itemsize <= dtype.itemsize:
-            return None
-        if not torch.is_autocast_enabled(x.device.type):
-            return None  # a Linear run outside autocast computes in its own dtype
-        version = None if x.is_inference() else x._version
-        if not (last and last[0] is x and last[1] == version):
-            last[:] = [x, version, x.to(dtype)]
-        return (last[2], *args[1:])
-
-    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    try:
-        yield last.clear
-    finally:
-        for handle in handles:
-            handle.remove()
-        last.clear()
-
-
-@contextlib.contextmanager
-def cast_linears(model: torch.nn.Module, device_type: str) -> Iterator[dict[str, torch.Tensor]]:
-    """Yields {name: tensor} of every Linear's weight and bias cast to the autocast dtype when autocast is on
-    for `device_type` and the tensor is wider (empty otherwise): hand it to functional_call."""
-    swapped: dict[str, torch.Tensor] = {}
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        for name, module in model.named_modules():
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            for part in ("weight", "bias"):
-                t = getattr(module, part, None)
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
-                    swapped[f"{name}.{part}" if name else part] = t.detach().to(dtype)
-    try:
-        yield swapped
-    finally:
-        swapped.clear()
 
 
 class StaticDecoder:

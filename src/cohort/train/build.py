@@ -359,6 +359,7 @@ def build_episodes(
         fresh=fresh,
         preallocate=cfg.fast.preallocated_kv != "off",
         remote=remote,
+        fast=cfg.fast,
     )
 
 
