@@ -116,3 +116,56 @@ def test_non_finite_logits_are_a_typed_error_not_a_random_token(greedy, monkeypa
     params = SamplingParams(max_completion_length=8, greedy=greedy, temperature=0.9)
     with pytest.raises(NonFiniteSamplingError, match="not finite while sampling a multi-turn episode"):
         run(model, PROMPTS, params, ScriptedAgent(blocks, 2), extend=True)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_outside_the_model_a_step_waits_for_the_device_only_to_read_its_tokens(greedy):
+    """Which slots still decode is the host's own decision: no op outside the model's forward makes the host wait
+    for the device (on a GPU each did: a `nonzero`, a `bool()`, one per dropped slot), besides the one copy of the
+    sampled tokens and log-probs, which a CPU tensor's `tolist` makes without an op this mode sees."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cohort.rollout.graph import HostSyncCheck
+
+    class Syncs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+            self.in_model = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if not self.in_model and name in HostSyncCheck.SYNCS:
+                self.names.append(name)
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_model(eos_bias=2.5, logit_scale=4.0)
+    syncs = Syncs()
+
+    def forward(**inputs):
+        syncs.in_model = (
+            True  # transformers' own mask checks read values; they are the model's, not the loop's
+        )
+        try:
+            return model(**inputs)
+        finally:
+            syncs.in_model = False
+
+    params = SamplingParams(max_completion_length=24, greedy=greedy, temperature=0.9)
+    agent = ScriptedAgent(blocks, 3)
+    with syncs:
+        out = decode_episodes(
+            model,
+            PROMPTS,
+            params,
+            torch.Generator().manual_seed(1),
+            agent,
+            end_of_turn_ids=[EOS],
+            pad_token_id=PAD,
+            device=torch.device("cpu"),
+            forward=forward,
+        )
+    assert max(out.turns) >= 2
+    assert syncs.names == []
+    plain = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=True, seed=1)
+    assert plain.tokens == out.tokens and plain.logprobs == out.logprobs

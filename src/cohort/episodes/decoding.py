@@ -30,6 +30,7 @@ from cohort.fastpath.kv_cache import preallocated_cache
 from cohort.models import cache_kwargs
 from cohort.rollout.base import SamplingParams, left_pad, prefill
 from cohort.rollout.sampling import sample_next
+from cohort.runtime.transfer import long_tensors
 
 
 class TurnAgent(Protocol):
@@ -90,7 +91,7 @@ def decode_episodes(
     if len(budget) != n_rows or min(budget, default=1) < 1:
         raise ValueError(f"decode_episodes needs one budget >= 1 per prompt, got {budgets!r}")
     out = new_episodes(n_rows)
-    ends = torch.tensor(sorted(set(end_of_turn_ids)), dtype=torch.long, device=device)
+    ends = frozenset(int(t) for t in end_of_turn_ids)
     capacity = max(len(p) for p in prompts) + max(budget)
     call = forward or model
     state = _Batch.prefill(
@@ -179,7 +180,7 @@ class _Batch:
         config = getattr(model, "config", None)
         cache = preallocated_cache(config, capacity) if capacity else DynamicCache(config=config)
         logits = prefill(model, ids, attn, cache, forward)  # [U, V]
-        expand = torch.tensor(index, dtype=torch.long, device=device)  # [n]
+        (expand,) = long_tensors([index], device)  # [n]
         cache.batch_select_indices(expand)
         return cls(rows, cache, attn[expand], attn.sum(-1)[expand], logits[expand], model)
 
@@ -188,7 +189,7 @@ class _Batch:
         if keep == self.rows:
             return
         slot = {row: i for i, row in enumerate(self.rows)}
-        index = torch.tensor([slot[row] for row in keep], dtype=torch.long, device=self.mask.device)
+        (index,) = long_tensors([[slot[row] for row in keep]], self.mask.device)
         self.cache.batch_select_indices(index)
         self.mask, self.pos, self.logits = self.mask[index], self.pos[index], self.logits[index]
         self.rows = keep
@@ -210,8 +211,9 @@ class _Batch:
         `step`); the logits become those after each block's last token."""
         device = self.mask.device
         width = max(len(b) for b in blocks)
-        ids = torch.tensor([b + [pad_token_id] * (width - len(b)) for b in blocks], device=device)  # [n, K]
-        lengths = torch.tensor([len(b) for b in blocks], dtype=torch.long, device=device)  # [n]
+        ids, lengths = long_tensors(
+            [[b + [pad_token_id] * (width - len(b)) for b in blocks], [len(b) for b in blocks]], device
+        )  # [n, K], [n]
         span = torch.arange(width, device=device)  # [K]
         block_mask = (span[None, :] < lengths[:, None]).long()  # [n, K]
         self.mask = torch.cat([self.mask, block_mask], dim=1)  # [n, L+K]
@@ -228,21 +230,35 @@ class _Batch:
 
 
 def _decode_turn(
-    forward, state: _Batch, params, generator, agent, out: DecodedEpisodes, ends, budget: list[int]
+    forward,
+    state: _Batch,
+    params,
+    generator,
+    agent,
+    out: DecodedEpisodes,
+    ends: frozenset[int],
+    budget: list[int],
 ) -> None:
-    """Samples one turn of every slot of `state` until each has ended it or reached its budget."""
-    decoding = torch.ones(len(state.rows), dtype=torch.bool, device=state.mask.device)  # [n]
+    """Samples one turn of every slot of `state` until each has ended it or reached its budget.
+
+    Which slots still decode is known on the host (it decides it), so a step reads the device once: the sampled
+    tokens and their log-probs, in one copy. The slots it feeds go to the device in one queued copy."""
+    device = state.mask.device
+    decoding = [True] * len(state.rows)  # slot -> samples this turn
     turn_start = {row: len(out.tokens[row]) for row in state.rows}
     for row in state.rows:
         out.turns[row] += 1
     while True:
-        live = decoding.nonzero().squeeze(1)  # [m]
-        tok, lp = sample_next(state.logits[live], params, generator)  # [m], [m]
-        ended = torch.isin(tok, ends)  # [m]
-        tokens = torch.zeros(len(state.rows), dtype=torch.long, device=tok.device)  # [n]
-        tokens[live] = tok
-        fed = decoding.clone()  # [n] the slots that sampled this step feed their token
-        for slot, token, logp, stop in zip(live.tolist(), tok.tolist(), lp.tolist(), ended.tolist()):
+        n = len(state.rows)
+        live = [slot for slot in range(n) if decoding[slot]]
+        if len(live) == n:
+            logits, index = state.logits, None
+        else:
+            index, fed = long_tensors([live, decoding], device)  # [m], [n]
+            logits = state.logits[index]
+        tok, lp = sample_next(logits, params, generator)  # [m], [m]
+        sampled = torch.stack([tok.double(), lp.double()]).tolist()  # the step's one read of the device
+        for slot, token, logp in zip(live, map(int, sampled[0]), sampled[1]):
             if not math.isfinite(logp):
                 # On a GPU the draw takes a uniform token from a non-finite row (drawable: CUDA's multinomial would
                 # assert, uncatchably); the log-prob says so, read here with the token at no extra wait.
@@ -254,6 +270,7 @@ def _decode_turn(
             out.masks[row].append(True)
             out.logprobs[row].append(logp)
             state.pending[row] = [token]
+            stop = token in ends
             full = len(out.tokens[row]) >= budget[row]
             if stop or full:
                 decoding[slot] = False
@@ -261,19 +278,23 @@ def _decode_turn(
                 out.truncated[row] = truncated
                 turn = out.tokens[row][turn_start[row] :]
                 state.live[row] = agent.turn_ended(row, turn, truncated=truncated) and not truncated
-        if not bool(decoding.any()):
+        if not any(decoding):
             return  # the last tokens wait in `pending`: fed with the next turn's inserted block
-        state.step(forward, tokens, fed)
-        for slot in fed.nonzero().squeeze(1).tolist():
+        if index is None:
+            tokens, fed = tok, torch.ones(n, dtype=torch.long, device=device)  # [n] x2
+        else:
+            tokens = torch.zeros(n, dtype=torch.long, device=device).index_copy_(0, index, tok)  # [n]
+        state.step(forward, tokens, fed)  # the slots that sampled this step feed their token
+        for slot in live:
             state.pending[state.rows[slot]] = []
         decoding = _drop_finished(state, decoding)
 
 
-def _drop_finished(state: _Batch, decoding: torch.Tensor) -> torch.Tensor:
+def _drop_finished(state: _Batch, decoding: list[bool]) -> list[bool]:
     """Returns `decoding` for the slots kept after dropping those whose episode is over, once they are a quarter
     of the batch (until then their cache rows only cost a little memory)."""
-    keep_slots = [i for i, row in enumerate(state.rows) if state.live[row] or bool(decoding[i])]
+    keep_slots = [i for i, row in enumerate(state.rows) if state.live[row] or decoding[i]]
     if (len(state.rows) - len(keep_slots)) * 4 < len(state.rows) or not keep_slots:
         return decoding
     state.select([state.rows[i] for i in keep_slots])
-    return decoding[torch.tensor(keep_slots, dtype=torch.long, device=decoding.device)]
+    return [decoding[i] for i in keep_slots]
