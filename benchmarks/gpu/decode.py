@@ -42,9 +42,16 @@ from benchmarks.gpu.models import SHAPES, random_model, random_prompts  # noqa: 
 
 ENGINES = ("captured", "hf-static", "compiled", "eager", "hf-eager")
 """Measured engines in the order they run: the captured step and its target first, should the time run out."""
-COHORT = {"captured": ("on", "off"), "compiled": ("on", "on"), "eager": ("off", "off")}
-"""cohort's engines: (fast.graph_decode, fast.compile_decode)."""
-SHORT_WARMUP = ("eager", "hf-eager")
+COHORT = {
+    "captured": {"graph_decode": "on", "compile_decode": "off"},
+    "compiled": {"graph_decode": "on", "compile_decode": "on"},
+    "eager": {"graph_decode": "off", "compile_decode": "off"},
+    "eager-nocast": {"graph_decode": "off", "compile_decode": "off", "cast_once": "off"},
+}
+"""cohort's engines: their fast switches. `eager-nocast` (asked for by name only) is the eager engine with autocast
+casting every weight at every step, as before fast.cast_once: under fp32-autocast, against `eager`."""
+EXTRA_ENGINES = ("eager-nocast",)
+SHORT_WARMUP = ("eager", "eager-nocast", "hf-eager")
 """Engines with nothing to capture or compile: a warm-up rollout of WARMUP_TOKENS new tokens is enough to load their
 kernels and fill the allocator (a full one costs 6-9 s at the 0.5b shape on an H200, for nothing measured)."""
 WARMUP_TOKENS = 16
@@ -63,7 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="engines for shapes after the first (bf16 only), comma list",
     )
     p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma list of bf16, fp32-autocast")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {', '.join(ENGINES)}")
+    p.add_argument(
+        "--engines", default=",".join(ENGINES), help=f"comma list of {', '.join(ENGINES + EXTRA_ENGINES)}"
+    )
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8, help="G: samples per prompt")
     p.add_argument("--tokens", type=int, default=256, help="new tokens per row")
@@ -150,17 +159,24 @@ def precision_scope(precision: str, device: str):
 
 
 def cohort_rollout(
-    model, prompts, args, graph: str, tokens: int, greedy: bool = False, compile_step: str = "off"
+    model,
+    prompts,
+    args,
+    graph: str,
+    tokens: int,
+    greedy: bool = False,
+    compile_step: str = "off",
+    cast_once: str = "auto",
 ):
     """Returns a function running one cohort rollout of `tokens` new tokens (graph_decode `graph`, compile_decode
-    `compile_step`)."""
+    `compile_step`, cast_once `cast_once`)."""
     import torch
 
     from cohort.fastpath import FastConfig
     from cohort.rollout import BuiltinEngine, SamplingParams
 
     vocab = model.config.vocab_size
-    fast = FastConfig(graph_decode=graph, compile_decode=compile_step)
+    fast = FastConfig(graph_decode=graph, compile_decode=compile_step, cast_once=cast_once)
     engine = BuiltinEngine(eos_token_ids=[vocab], pad_token_id=0, fast=fast)
     params = SamplingParams(max_completion_length=tokens, temperature=1.0, greedy=greedy)
 
@@ -229,12 +245,14 @@ def warmup_tokens(args) -> int:
 
 def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> dict:
     """Returns one cohort engine's ms per decode step and what its rollouts took."""
-    graph, compile_step = COHORT[engine]
-    run = cohort_rollout(model, prompts, args, graph, args.tokens, compile_step=compile_step)
+    switches = COHORT[engine]
+    graph, compile_step = switches["graph_decode"], switches["compile_decode"]
+    cast = switches.get("cast_once", "auto")
+    run = cohort_rollout(model, prompts, args, graph, args.tokens, compile_step=compile_step, cast_once=cast)
     warm = (
         run
         if engine not in SHORT_WARMUP
-        else cohort_rollout(model, prompts, args, graph, warmup_tokens(args))
+        else cohort_rollout(model, prompts, args, graph, warmup_tokens(args), cast_once=cast)
     )
     warm_s, batch = timed(warm, sync)
     times, paths, compiled = [], [], []
@@ -362,8 +380,8 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
                 t0 = time.perf_counter()
                 if engine in COHORT:
                     rec.update(measure_cohort(model, prompts, args, engine, prefill, sync))
-                    for path, asked in zip(("graph_decode", "compile_decode"), COHORT[engine]):
-                        if asked == "on" and not all(rec[path]):
+                    for path in ("graph_decode", "compile_decode"):
+                        if COHORT[engine][path] == "on" and not all(rec[path]):
                             rec["error"] = f"batch.paths[{path!r}] was {rec[path]}, not all True"
                 elif engine in ("hf-static", "hf-eager"):
                     rec.update(measure_hf(model, prompts, args, engine == "hf-static", sync))

@@ -15,7 +15,7 @@ from cohort.episodes.decoding import decode_episodes
 from cohort.fastpath import FastConfig, FastPathError
 from cohort.fastpath.switches import FastPathConfigError
 from cohort.rollout import SamplingParams
-from cohort.rollout.casts import cast_once
+from cohort.rollout.casts import CastForward, cast_once
 
 CPU = torch.device("cpu")
 
@@ -186,3 +186,52 @@ def test_a_bad_cast_once_value_is_refused():
         ValueError, match="fast.cast_once='sometimes' is not valid; choose one of: auto, on, off"
     ):
         FastConfig(cast_once="sometimes").validate()
+
+
+def test_the_cast_forward_puts_the_weights_back_even_when_the_forward_fails():
+    model = tiny_model(seed=3)
+    before = dict(model.named_parameters())
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with cast_once(model, CPU, FastConfig()) as forward:
+            assert isinstance(forward, CastForward) and forward.slots
+            plain = model(input_ids=ids).logits
+            assert torch.equal(forward(input_ids=ids).logits, plain)
+            with pytest.raises(IndexError):
+                forward(input_ids=torch.tensor([[10_000]]))  # outside the vocabulary
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    assert all(after[k] is before[k] and isinstance(after[k], torch.nn.Parameter) for k in before)
+
+
+def test_a_parametrized_weight_is_left_to_autocast_and_the_values_are_the_same():
+    """A parametrization computes its weight at each access (weight norm, for one): no copy can stand for it."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return w * 2
+
+    model = tiny_model(seed=3)
+    parametrize.register_parametrization(model.model.layers[0].mlp.up_proj, "weight", Doubled())
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with cast_once(model, CPU, FastConfig()) as forward:
+            assert isinstance(forward, CastForward) and forward.slots
+            assert "model.layers.0.mlp.up_proj.weight" not in forward.weights
+            assert "model.layers.0.mlp.gate_proj.weight" in forward.weights
+            assert torch.equal(forward(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_a_weight_outside_the_parameters_goes_through_functional_call():
+    model = tiny_model(seed=3)
+    proj = model.model.layers[1].self_attn.o_proj
+    weight = proj.weight.detach().clone()
+    del proj.weight
+    proj.weight = weight  # a plain attribute, as some conversions leave it
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with cast_once(model, CPU, FastConfig()) as forward:
+            assert isinstance(forward, CastForward) and forward.slots is None
+            assert torch.equal(forward(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert proj.weight is weight
