@@ -87,9 +87,15 @@ def test_without_autocast_nothing_changes_and_on_is_refused():
         _eager_rollout(model, "on", shared=True, topk=0, autocast=False)
 
 
-def test_weights_already_in_autocasts_dtype_are_left_alone():
-    model = tiny_model(seed=3, logit_scale=4.0).to(torch.bfloat16)
-    _, paths, casts = _eager_rollout(model, "on", shared=False, topk=0)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_weights_autocast_would_not_cast_are_left_alone(dtype):
+    """Weights already in autocast's dtype, and float64 ones, which autocast leaves alone (a double model computes
+    in double under autocast): nothing is cast, and the rollout is the same."""
+    model = tiny_model(seed=3, logit_scale=4.0).to(dtype)
+    once, paths, casts = _eager_rollout(model, "on", shared=False, topk=0)
+    every, _, _ = _eager_rollout(model, "off", shared=False, topk=0)
+    for a, b in zip(once, every):
+        assert torch.equal(a, b)
     assert paths["cast_once"] is False and casts == 0
 
 

@@ -161,9 +161,8 @@ class _Batch:
         self.rows: list[int] = rows
         """slot -> episode row"""
         self.cache, self.mask, self.pos, self.logits = cache, mask, pos, logits
-        self.cache_kwargs = cache_kwargs(
-            model, cache
-        )  # asked of the model once, not of the function calling it
+        # asked of the model, once: `forward` may be a function that calls it, whose signature says nothing
+        self.cache_kwargs = cache_kwargs(model, cache)
         self.live: dict[int, bool] = dict.fromkeys(rows, True)
         """row -> may still continue (False once its agent ended it)"""
         self.pending: dict[int, list[int]] = {row: [] for row in rows}

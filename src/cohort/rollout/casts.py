@@ -3,9 +3,10 @@
 The engines sample under `torch.inference_mode`, where autocast keeps no cast between calls: every Linear's
 weight is cast anew at every decode step (169 casts a step at Qwen2.5-0.5B's shape: about 1,000 MiB of float32
 read and 500 MiB of bfloat16 written, and 169 kernel launches, a step). Casting each weight once per rollout
-and handing the copies to the forward with `torch.func.functional_call` gives bitwise what autocast computes
-(autocast rounds the same way, and leaves a tensor already in its dtype alone), for the memory of one copy of
-the Linear weights in autocast's dtype during the rollout (what a training forward's autocast cache holds).
+and handing the copies to the forward (`torch.func.functional_call` in the captured step, `CastForward` in the
+eager decodes) gives bitwise what autocast computes (autocast rounds the same way, and leaves a tensor already in
+its dtype alone), for the memory of one copy of the Linear weights in autocast's dtype during the rollout (what a
+training forward's autocast cache holds).
 
 - `cast_linears`: the copies, for the captured step (`cohort.rollout.graph`) and the eager decodes;
 - `cast_once`: the eager decodes' forward (`fast.cast_once`: the builtin engine's eager steps, multi-turn
@@ -66,7 +67,8 @@ def shared_input_casts(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[C
 @contextlib.contextmanager
 def cast_linears(model: torch.nn.Module, device_type: str) -> Iterator[dict[str, torch.Tensor]]:
     """Yields {name: tensor} of every Linear's weight and bias cast to the autocast dtype when autocast is on
-    for `device_type` and the tensor is wider (empty otherwise): hand it to functional_call."""
+    for `device_type` and would cast it (a floating tensor of another dtype, not float64), empty otherwise: hand it
+    to functional_call."""
     swapped: dict[str, torch.Tensor] = {}
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
@@ -75,9 +77,14 @@ def cast_linears(model: torch.nn.Module, device_type: str) -> Iterator[dict[str,
                 continue
             for part in ("weight", "bias"):
                 if parametrize.is_parametrized(module, part):
-                    continue  # computed at each access (weight norm, LoRA merged on the fly): autocast casts it
+                    continue  # computed at each access (weight norm, a LoRA written as one): autocast casts it
                 t = getattr(module, part, None)
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+                # autocast leaves float64 alone (its `is_eligible`): a double model computes in double
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.is_floating_point()
+                    and t.dtype not in (dtype, torch.float64)
+                ):
                     swapped[f"{name}.{part}" if name else part] = t.detach().to(dtype)
     try:
         yield swapped
