@@ -86,6 +86,25 @@ def test_greedy_static_steps_reproduce_todays_engine(model64, shared, G, head):
     _equal_rollouts(today, static)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_under_autocast_a_float64_model_steps_in_float64_as_autocast_leaves_it(model64, shared):
+    """Autocast casts no float64 tensor: the static step under it narrows nothing and casts no weight or input, and
+    decodes what the eager engine decodes under the same autocast (before, it failed on bf16 weights)."""
+    prompts = random_prompts(3, seed=1, min_len=2, max_len=7)
+    eos = _eos_mid_rollout(model64, prompts, 2)
+    engine = make_test_engine(
+        "builtin", eos=(eos,), fast=FastConfig(shared_prefix="on" if shared else "off", packed_weights="off")
+    )
+    params = SamplingParams(max_completion_length=T, greedy=True)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        today = engine._decode(model64, prompts, 2, params, None, CPU, shared=shared)
+        static = static_decode(
+            model64, prompts, 2, params, None, CPU, eos_token_ids=[eos], pad_token_id=PAD, shared=shared,
+            capture=False, check_every=3,
+        )  # fmt: skip
+    _equal_rollouts(today, static)
+
+
 def _reference_sampling(model, prompts, G, params, generator, eos):
     """Today's engine on an accelerator, written out: a growing cache repeated per sample, sample_next's
     log-probs, and torch.multinomial over drawable probabilities; no row dropped."""

@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cohort.fastpath.attention import StepPlan, attach_step_plan, plan_attention, plan_carrier
 from cohort.fastpath.compiled import Compiled
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
-from cohort.models import cache_kwargs, forward_accepts, text_config
+from cohort.models import cache_kwargs, float_dtype, forward_accepts, text_config
 from cohort.rollout.base import SamplingParams, left_pad, prefill
 from cohort.rollout.casts import autocast_dtype, cast_linears, shared_input_casts
 from cohort.rollout.sampling import drawable, filter_logits
@@ -510,6 +510,8 @@ def open_decoder(
     first = race_sample(logits, params, noise)
     pos = attn.sum(-1).repeat_interleave(G)  # [N]
     low = autocast_dtype(device)
+    if float_dtype(model) == torch.float64:
+        low = None  # autocast leaves float64 alone: a double model's step computes in double throughout
     with contextlib.ExitStack() as scope:
         scope.enter_context(plan_attention(model))
         weights = scope.enter_context(cast_linears(model, device.type))
