@@ -241,3 +241,27 @@ def test_a_weight_outside_the_parameters_goes_through_functional_call():
             assert isinstance(forward, CastForward) and forward.slots is None
             assert torch.equal(forward(input_ids=ids).logits, model(input_ids=ids).logits)
     assert proj.weight is weight
+
+
+def test_a_model_fsdp_manages_is_left_to_autocast_even_while_gathered():
+    """Inside `gathered` FSDP's parameters are plain tensors it set in place, so their type does not tell; the
+    FSDP-managed modules do. Both the eager casts and the captured step refuse such a model."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from cohort.rollout.builtin import graph_decode_unavailable
+    from cohort.rollout.casts import cast_once_unavailable
+
+    model = tiny_model(seed=3)
+    layer = model.model.layers[0]
+    layer.__class__ = type(
+        "FSDPQwen2DecoderLayer", (FSDPModule, type(layer)), {}
+    )  # as fully_shard marks a unit
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "sharded" in cast_once_unavailable(model, CPU)
+        with pytest.raises(FastPathError, match="fast.cast_once=on.*sharded"):
+            with cast_once(model, CPU, FastConfig(cast_once="on")):
+                pass
+        with pytest.warns(UserWarning, match="fast path 'cast_once' off"):
+            with cast_once(model, CPU, FastConfig()) as forward:
+                assert forward is model
+    assert "sharded" in graph_decode_unavailable(model, torch.device("cuda"))

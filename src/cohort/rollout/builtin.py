@@ -20,7 +20,6 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 from cohort.errors import first_line
@@ -37,7 +36,7 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
-from cohort.rollout.casts import cast_once
+from cohort.rollout.casts import cast_once, sharded
 from cohort.rollout.graph import DECODE_STEP, CaptureError, static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
 
@@ -55,7 +54,7 @@ def graph_decode_unavailable(
         return f"top-K log-probs are asked for (logprobs_topk={logprobs_topk}), which the captured step does not return"
     if device.type != "cuda":
         return f"it decodes on {device.type}, and CUDA graphs need a CUDA GPU"
-    if model is not None and any(isinstance(p, DTensor) for p in model.parameters()):
+    if model is not None and sharded(model):
         return (
             "its weights are sharded (distributed.strategy=fsdp): every forward gathers them with collectives"
         )

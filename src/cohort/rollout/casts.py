@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import parametrize
 
 from cohort.fastpath.switches import FastConfig, choose
+from cohort.runtime.sharding import fsdp_modules
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -101,9 +102,17 @@ def cast_once_unavailable(model: torch.nn.Module, device: torch.device) -> str |
             f"autocast is off on {device.type}, so nothing is cast (it casts under model.bf16_autocast on a CUDA "
             "GPU with float32 weights)"
         )
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return "its weights are sharded (distributed.strategy=fsdp), and each forward gathers them itself"
+    if sharded(model):
+        return (
+            "its weights are sharded (distributed.strategy=fsdp), and FSDP sets them in place at each forward"
+        )
     return None
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    """Returns whether FSDP manages any part of `model`: its parameters are DTensors, or, inside a `gathered` block,
+    plain tensors FSDP put in place of them (so the parameters' type alone does not tell)."""
+    return bool(fsdp_modules(model)) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 @contextlib.contextmanager
