@@ -146,7 +146,7 @@ def test_under_autocast_the_local_decoding_reports_its_weights_cast_once(tok, se
         )
     finally:
         loop.close()
-    assert batch.paths == {"cast_once": setting == "auto"}
+    assert batch.paths["cast_once"] == (setting == "auto")
     assert batch.completion_ids[0] == batch.completion_ids[1] == turn1 + insert + turn2
 
 

@@ -161,3 +161,66 @@ def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, max_le
     # Token 0 comes from the prefill and token t from decode step t: step 3 packs when max_len - 3 > 2.
     assert batch.paths["packed_weights"] is packs
     assert all("forward" not in m.__dict__ for m in linears(peaky_model))
+
+
+def test_under_cpu_autocast_packing_is_refused_and_the_build_check_is_unaffected(monkeypatch):
+    """Packed weights compute in float32 whatever autocast says; the once-per-process check of the torch build
+    must not take a caller's autocast for a broken build (it compared float32 with bf16 and said so for good)."""
+    from cohort.fastpath import FastConfig, probes
+
+    monkeypatch.setattr(probes, "_GLOBAL", {})  # the build's verdict, made anew here
+    model = tiny_model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast is on for the CPU" in pl.packing_unavailable(model)
+        assert pl._packing_works()  # the build check itself, under the caller's autocast
+        engine = make_test_engine("builtin", fast=FastConfig(packed_weights="on"))
+        with pytest.raises(FastPathError, match="fast.packed_weights=on.*autocast is on for the CPU"):
+            with torch.inference_mode():
+                engine.generate(model, random_prompts(2, seed=1), 2, SamplingParams(max_completion_length=4))
+    assert probes.results(None) == {"packed_linear": True}
+    assert pl.packing_unavailable(model) is None
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_multi_turn_episodes_decode_through_packed_weights_and_sample_the_same(tmp_path, greedy):
+    """The episode loop packs once for its batch (fast.packed_weights, CPU): the same turns as plain matmuls, on a
+    tool model whose turns end after ~11 tokens, playing a guessing game of three turns."""
+    from _tiny import build_tool_model
+    from episode_envs import small_game
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cohort.config import EpisodeConfig
+    from cohort.episodes.multiturn import EpisodeGeneration
+    from cohort.episodes.spec import build_episode_spec
+    from cohort.episodes.templates import render_prompt
+    from cohort.fastpath import FastConfig
+
+    play = [{"role": "user", "content": "Play."}]
+    folder = build_tool_model(tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    spec = build_episode_spec(EpisodeConfig(), environment_factory=small_game)
+    batches = {}
+    for setting in ("on", "off"):
+        loop = EpisodeGeneration(
+            spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+            fast=FastConfig(packed_weights=setting),
+        )  # fmt: skip
+        try:
+            batches[setting] = loop.generate(
+                [render_prompt(tok, play)] * 2,
+                3,
+                SamplingParams(max_completion_length=90, greedy=greedy, temperature=0.9),
+                torch.Generator().manual_seed(4),
+                rows=[{"prompt": play}] * 2,
+            )
+        finally:
+            loop.close()
+    on, off = batches["on"], batches["off"]
+    assert on.paths["packed_weights"] is True and off.paths["packed_weights"] is False
+    assert on.completion_ids == off.completion_ids
+    if not greedy:  # the game answered and the policy played on (greedy, its first guess ends the game)
+        assert max(len(r.messages) for r in on.episodes) >= 3
+    for a, b in zip(on.sampling_logprobs, off.sampling_logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    assert all("forward" not in m.__dict__ for m in linears(model))

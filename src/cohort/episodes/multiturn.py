@@ -42,6 +42,8 @@ from cohort.episodes.templates import check_tool_template, render_prompt, render
 from cohort.episodes.tools import Tool
 from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError
 from cohort.fastpath import FastConfig
+from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
+from cohort.fastpath.switches import choose
 from cohort.models import eval_mode, input_device
 from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
 from cohort.rollout.casts import cast_once
@@ -225,8 +227,10 @@ class EpisodeGeneration:
                 with (
                     torch.inference_mode(),
                     eval_mode(model),
+                    self._packing(model, device, len(prompts), max(budgets)) as packed,
                     cast_once(model, device, self.fast, self.paths) as forward,
                 ):
+                    self.paths["packed_weights"] = packed > 0
                     out = decode_episodes(
                         model,
                         prompts,
@@ -247,6 +251,26 @@ class EpisodeGeneration:
                     "overflow (try model.dtype=float32 or bfloat16)"
                 ) from None
         return out
+
+    def _packing(
+        self, model: torch.nn.Module, device: torch.device, rows: int, budget: int
+    ) -> contextlib.AbstractContextManager[int]:
+        """Returns the block in which the episodes decode through oneDNN-packed weights (fast.packed_weights, CPU
+        only; it yields how many layers were packed, 0 for none): packed once for the whole batch of episodes,
+        when its longest budget leaves more than `pack_min_remaining` tokens after `pack_after_steps`, as the
+        builtin engine packs a rollout that long."""
+        f = self.fast or FastConfig()
+        on = f.packed_weights == "on"
+        pack = choose(
+            f.packed_weights,
+            "packed_weights",
+            model,
+            worth=device.type == "cpu" and budget - f.pack_after_steps > f.pack_min_remaining,
+            unavailable=lambda: packing_unavailable(model),
+        )
+        if not pack:
+            return contextlib.nullcontext(0)
+        return packed_linears(model, rows, 0 if on else f.pack_min_elements)
 
     def _decode_remote(
         self,

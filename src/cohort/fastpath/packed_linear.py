@@ -49,6 +49,8 @@ def packing_unavailable(model: torch.nn.Module) -> str | None:
         dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
         devices = sorted({p.device.type for p in model.parameters()})
         return f"it has no float32 nn.Linear weight on the CPU to pack (dtypes {dtypes}, devices {devices})"
+    if torch.is_autocast_enabled("cpu"):
+        return "autocast is on for the CPU, and the packed weights would compute in float32 where it computes in its dtype"
     if not _packing_works():
         return "this torch build has no working oneDNN packed linear"
     return None

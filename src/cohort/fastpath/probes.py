@@ -9,6 +9,7 @@ verdict so far. Checks are about structure, not rounding: the tolerance follows 
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +62,10 @@ def probe(
         return cache[name]
     try:
         if model is None:
-            with torch.no_grad():
+            # a verdict on the torch build, cached for the process: the caller's autocast must not enter it
+            with torch.no_grad(), contextlib.ExitStack() as scope:
+                for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+                    scope.enter_context(torch.autocast(device_type, enabled=False))
                 ok = bool(agree(fast(), plain(), 1e-4))
         else:
             device_type = input_device(model).type
