@@ -133,7 +133,7 @@ class EpisodeGeneration:
     ) -> None:
         """fresh: make this loop's own environment instances (a held-out loop must not touch the training ones);
         remote: rollout workers that sample every policy turn (cohort.episodes.remote), instead of this process;
-        fast: the switches the local decoding reads (`cast_once`)."""
+        fast: the switches the local decoding reads (`packed_weights`, `cast_once`)."""
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
         self.end_ids, self.pad_id = list(end_of_turn_ids), pad_token_id
         self.prompt_column, self.template_kwargs = prompt_column, chat_template_kwargs or None
