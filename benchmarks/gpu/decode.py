@@ -435,7 +435,7 @@ def probe_detail(model, device) -> dict:
 
 def summarise(run: Run) -> None:
     """Adds the ratios per (shape, precision): captured and compiled / HF static, captured / eager, compiled /
-    captured, eager / HF static."""
+    captured, eager / HF static, eager / eager-nocast (fast.cast_once)."""
     by: dict[tuple, dict] = {}
     for r in run.data["results"]:
         if "ms_per_step" in r and "error" not in r:
@@ -449,6 +449,7 @@ def summarise(run: Run) -> None:
             ("captured", "eager"),
             ("compiled", "captured"),
             ("eager", "hf-static"),
+            ("eager", "eager-nocast"),
         ):
             if num in ms and den in ms:
                 row[f"{num}/{den}"] = ms[num] / ms[den]

@@ -86,6 +86,13 @@ def decode_table(decode: dict | None) -> list[str]:
             f"{fmt(row.get('captured/hf-static'), suffix='x')} | {fmt(row.get('compiled/hf-static'), suffix='x')} | "
             f"{fmt(row.get('captured/eager'), suffix='x')} |"
         )
+    for row in decode.get("summary", []):
+        if row.get("eager/eager-nocast") is not None:
+            lines.append(
+                f"- {row['shape']} {row['precision']}: eager step with the weights cast once (fast.cast_once) "
+                f"{fmt(row.get('eager_ms'))} ms against {fmt(row.get('eager-nocast_ms'))} ms cast at every step "
+                f"({fmt(row['eager/eager-nocast'], suffix='x')})"
+            )
     problems = [r for r in decode.get("results", []) if "error" in r or "skipped" in r]
     for r in problems:
         why = r.get("error") or r.get("skipped")
