@@ -169,3 +169,98 @@ def test_outside_the_model_a_step_waits_for_the_device_only_to_read_its_tokens(g
     assert syncs.names == []
     plain = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=True, seed=1)
     assert plain.tokens == out.tokens and plain.logprobs == out.logprobs
+
+
+def _static_run(model, params, agent, *, extend=True, preallocate=True, seed=0, budgets=None, **turns):
+    from cohort.episodes.decoding import StaticTurns
+
+    static = StaticTurns(capture=False, min_tokens=turns.pop("min_tokens", 1), check_every=3, **turns)
+    out = decode_episodes(
+        model,
+        PROMPTS,
+        params,
+        torch.Generator().manual_seed(seed),
+        agent,
+        end_of_turn_ids=[EOS],
+        pad_token_id=PAD,
+        device=torch.device("cpu"),
+        extend_cache=extend,
+        preallocate=preallocate,
+        budgets=budgets,
+        static=static,
+    )
+    return out, static
+
+
+BUDGETS = [24, 20, 17, 24, 9, 24]  # some episodes run out mid-turn, one before its second turn
+
+
+@pytest.mark.parametrize("extend", [True, False], ids=["extended", "re-encoded"])
+@pytest.mark.parametrize("preallocate", [True, False], ids=["preallocated", "dynamic"])
+def test_greedy_static_turns_decode_what_the_eager_turns_decode(extend, preallocate):
+    """Each turn through the builtin engine's static step (uncaptured on a CPU): the same tokens, log-probs (float64,
+    1e-10), masks, ends and turns the agent sees as the eager decoder, holes and budgets included."""
+    model = tiny_model(eos_bias=1.0, logit_scale=4.0).double()  # turns of 1-9 tokens, some cut by the budget
+    params = SamplingParams(max_completion_length=24, greedy=True)
+    eager_agent, static_agent = ScriptedAgent(blocks, 3), ScriptedAgent(blocks, 3)
+    with torch.inference_mode():
+        eager = decode_episodes(
+            model, PROMPTS, params, None, eager_agent, end_of_turn_ids=[EOS], pad_token_id=PAD,
+            device=torch.device("cpu"), extend_cache=extend, preallocate=preallocate, budgets=BUDGETS,
+        )  # fmt: skip
+        static_out, static = _static_run(
+            model, params, static_agent, extend=extend, preallocate=preallocate, budgets=BUDGETS
+        )
+    assert static.turns == max(static_out.turns) == 3  # every turn of the batch static
+    assert static_out.tokens == eager.tokens
+    assert static_out.masks == eager.masks
+    assert static_out.truncated == eager.truncated and any(eager.truncated) and not all(eager.truncated)
+    assert static_out.turns == eager.turns
+    assert static_agent.seen == eager_agent.seen
+    for a, b in zip(static_out.logprobs, eager.logprobs):
+        assert max((abs(x - y) for x, y in zip(a, b)), default=0.0) <= 1e-10
+
+
+def test_sampled_static_turns_keep_budgets_and_masks_and_reproduce_from_the_seed():
+    model = tiny_model(eos_bias=2.5, logit_scale=4.0)
+    params = SamplingParams(max_completion_length=24, temperature=0.9, top_p=0.95)
+    with torch.inference_mode():
+        a, static = _static_run(model, params, ScriptedAgent(blocks, 3), budgets=BUDGETS, seed=3)
+        b, _ = _static_run(model, params, ScriptedAgent(blocks, 3), budgets=BUDGETS, seed=3)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert static.turns == max(a.turns)
+    for row, toks in enumerate(a.tokens):
+        assert len(toks) == len(a.masks[row]) == len(a.logprobs[row]) <= BUDGETS[row]
+        sampled = [t for t, m in zip(toks, a.masks[row]) if m]
+        assert all(lp < 0 for lp, m in zip(a.logprobs[row], a.masks[row]) if m)
+        # a turn ends at an end-of-turn id or at the budget: no sampled token follows an EOS within its turn
+        for i, (t, m) in enumerate(zip(toks, a.masks[row])):
+            if m and t == EOS and i + 1 < len(toks):
+                assert not a.masks[row][i + 1]
+        assert sampled
+
+
+def test_a_short_turn_stays_eager_and_a_failed_capture_falls_back_once(monkeypatch):
+    from cohort.rollout import graph
+
+    model = tiny_model(eos_bias=1.0, logit_scale=4.0).double()
+    params = SamplingParams(max_completion_length=24, greedy=True)
+    with torch.inference_mode():
+        eager = run(model, PROMPTS, params, ScriptedAgent(blocks, 3), extend=True)
+        out, static = _static_run(model, params, ScriptedAgent(blocks, 3), min_tokens=25)
+        assert static.turns == 0 and out.tokens == eager.tokens  # no turn long enough: all eager
+
+        def fail(self, warmup, generator):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        monkeypatch.setattr(graph.StaticDecoder, "capture", fail)
+        heard = []
+        from cohort.episodes.decoding import StaticTurns
+
+        static = StaticTurns(capture=True, min_tokens=1, on_failure=heard.append)
+        out = decode_episodes(
+            model, PROMPTS, params, None, ScriptedAgent(blocks, 3), end_of_turn_ids=[EOS], pad_token_id=PAD,
+            device=torch.device("cpu"), static=static,
+        )  # fmt: skip
+    assert static.failed and static.turns == 0 and len(heard) == 1 and "capturing" in str(heard[0])
+    assert out.tokens == eager.tokens and out.masks == eager.masks

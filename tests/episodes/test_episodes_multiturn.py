@@ -477,3 +477,49 @@ def test_lengths_count_the_sampled_tokens_in_every_form_and_family(family, form)
         assert all(len(c) > sampled + len(insert) for c in batch.completion_ids)
     else:
         assert all(len(c) == sampled + len(insert) for c in batch.completion_ids)
+
+
+def test_the_episode_loop_decodes_its_turns_with_the_static_step_where_the_engine_would(
+    monkeypatch, tmp_path
+):
+    """fast.graph_decode reaches the episodes: where the builtin engine would take its captured step (here forced,
+    uncaptured, on the CPU), each turn of the batch decodes through it, greedily the same episodes as eagerly;
+    `on` on a CPU is refused with the engine's reason."""
+    from _tiny import build_tool_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cohort.fastpath import FastConfig, FastPathError
+    from cohort.rollout.builtin import BuiltinEngine
+
+    folder = build_tool_model(tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+    spec = build_episode_spec(EpisodeConfig(), environment_factory=Higher)  # two turns whatever the guess
+    play = [{"role": "user", "content": "Play."}]
+
+    def generate(fast):
+        loop = EpisodeGeneration(
+            spec, model, tok, end_of_turn_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, fast=fast
+        )
+        try:
+            return loop.generate(
+                [render_prompt(tok, play)] * 2,
+                2,
+                SamplingParams(max_completion_length=90, greedy=True),
+                None,
+                rows=[{"prompt": play}] * 2,
+            )
+        finally:
+            loop.close()
+
+    with pytest.raises(FastPathError, match="fast.graph_decode=on.*CUDA"):
+        generate(FastConfig(graph_decode="on"))
+    eager = generate(FastConfig(graph_decode="off"))
+    monkeypatch.setattr(BuiltinEngine, "_graph", lambda self, *a: True)
+    static = generate(FastConfig(graph_decode="on", graph_decode_min_tokens=1))
+    assert static.paths["graph_decode"] is True and eager.paths["graph_decode"] is False
+    assert static.completion_ids == eager.completion_ids
+    assert [r.messages for r in static.episodes] == [r.messages for r in eager.episodes]
+    assert min(len(r.messages) for r in eager.episodes) == 4  # guess, "higher", guess, "yes"
+    for a, b in zip(static.sampling_logprobs, eager.sampling_logprobs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)

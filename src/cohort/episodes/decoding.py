@@ -17,6 +17,7 @@ speed table compares against, and the check that extension is exact).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ def decode_episodes(
     budgets: Sequence[int] | None = None,
     preallocate: bool = True,
     forward: Callable[..., Any] | None = None,
+    static: StaticTurns | None = None,
 ) -> DecodedEpisodes:
     """Returns the decoded episodes of `prompts` (one per episode; equal prompts are prefilled once), each at most
     its budget (`budgets`, default params.max_completion_length) of tokens after its prompt, sampled and
@@ -85,7 +87,8 @@ def decode_episodes(
     geometrically past it, as holes may need), instead of transformers' DynamicCache, which copies itself at
     every step (measured on a 0.5 M model: extension with it ran at 0.72x re-encoding's speed, with the
     preallocated cache at 2.0x). forward: what calls `model` (cohort.rollout.casts.cast_once), `model` itself by
-    default."""
+    default. static: decode each turn long enough with the builtin engine's static step (captured as a CUDA graph
+    on a GPU: fast.graph_decode), where it can."""
     n_rows = len(prompts)
     budget = [params.max_completion_length] * n_rows if budgets is None else list(budgets)
     if len(budget) != n_rows or min(budget, default=1) < 1:
@@ -98,7 +101,10 @@ def decode_episodes(
         model, prompts, pad_token_id, device, capacity=capacity if preallocate else None, forward=call
     )
     while state.rows:
-        _decode_turn(call, state, params, generator, agent, out, ends, budget)
+        if static is None or not static.takes(state, out, budget):
+            _decode_turn(call, state, params, generator, agent, out, ends, budget)
+        else:
+            static.decode_turn(model, call, state, params, generator, agent, out, ends, budget, pad_token_id)
         blocks = insert_continuations(agent, [row for row in state.rows if state.live[row]], out, budget)
         keep = [row for row in state.rows if row in blocks]
         if not keep:
@@ -297,3 +303,123 @@ def _drop_finished(state: _Batch, decoding: list[bool]) -> list[bool]:
         return decoding
     state.select([state.rows[i] for i in keep_slots])
     return [decoding[i] for i in keep_slots]
+
+
+@dataclass
+class StaticTurns:
+    """How multi-turn episodes decode their turns with the builtin engine's static step (cohort.rollout.graph): each
+    turn continues every episode of the batch from its cache so far (the holes masked), end-of-turn ids as its EOS,
+    captured as a CUDA graph when `capture`. `on_failure(error)` is told once when a capture fails; that turn and
+    every later one then decode eagerly (`failed`)."""
+
+    capture: bool
+    min_tokens: int = 16
+    """A turn decodes statically only when some episode may sample this many tokens in it."""
+    check_every: int = 8
+    compiled: bool = False
+    weights: dict[str, torch.Tensor] | None = None
+    """The Linear weights cast once for the whole batch (cast_once), handed to the step instead of casting again."""
+    on_failure: Callable[[Exception], None] | None = None
+    failed: bool = False
+    turns: int = 0
+    """Turns decoded statically so far."""
+
+    def takes(self, state: _Batch, out: DecodedEpisodes, budget: Sequence[int]) -> bool:
+        """Returns whether the next turn of `state` decodes statically."""
+        room = max(budget[row] - len(out.tokens[row]) for row in state.rows)
+        return not self.failed and room >= self.min_tokens
+
+    def decode_turn(
+        self,
+        model,
+        forward,
+        state: _Batch,
+        params,
+        generator,
+        agent,
+        out: DecodedEpisodes,
+        ends: frozenset[int],
+        budget: list[int],
+        pad_token_id: int,
+    ) -> None:
+        """Samples one turn of every slot of `state` with the static step, as `_decode_turn` samples it eagerly: each
+        row until its end-of-turn id or its budget, the agent told of each ended turn as soon as the host hears of
+        it, the last token of each turn left pending; the keys of the others join the cache (holes where a row had
+        ended). A failed capture leaves everything as it was and decodes the turn eagerly (through `forward`)."""
+        from cohort.rollout.graph import CaptureError, continue_decoder
+
+        rows, device = list(state.rows), state.mask.device
+        room = [budget[row] - len(out.tokens[row]) for row in rows]  # [n] tokens each row may still sample
+        told: dict[int, bool] = {}  # slot -> the agent's answer, for turns ended by an end-of-turn id
+
+        def finished(slot: int, turn: list[int]) -> None:
+            if len(turn) <= room[slot]:  # an end-of-turn beyond the row's budget: cut by the budget, below
+                told[slot] = agent.turn_ended(rows[slot], turn, truncated=False)
+
+        turn_params = dataclasses.replace(params, max_completion_length=max(room))
+        try:
+            with continue_decoder(
+                model,
+                [_filled(layer) for layer in state.cache.layers],
+                state.mask,
+                state.logits,
+                state.pos,
+                turn_params,
+                generator,
+                device,
+                eos_token_ids=sorted(ends),
+                pad_token_id=pad_token_id,
+                compiled=self.compiled,
+                weights=self.weights,
+            ) as decoder:
+                tokens, lengths, ended, logps = decoder.run(
+                    generator, capture=self.capture, check_every=self.check_every, on_finished=finished
+                )
+                own = [_filled(layer) for layer in decoder.cache.layers]  # [n, Hkv, T, D] each
+                host = torch.stack([tokens.double(), logps.double()]).cpu()  # [2, n, T], one copy
+                lengths_h, ended_h = lengths.tolist(), ended.tolist()
+                taken = [
+                    lengths_h[i] if ended_h[i] and lengths_h[i] <= room[i] else room[i]
+                    for i in range(len(rows))
+                ]
+                width = max(taken) - 1  # own columns fed: every token of the turn but its last (pending)
+                if width > 0:
+                    for layer, (k, v) in zip(state.cache.layers, own):
+                        dtype = _filled(layer)[0].dtype  # the static step's keys may be autocast's dtype
+                        layer.update(k[:, :, :width].to(dtype), v[:, :, :width].to(dtype))
+        except CaptureError as e:
+            self.failed = True
+            if self.on_failure is not None:
+                self.on_failure(e)
+            if told:  # the agent heard of turns (it cannot: run() captures before its first report)
+                raise
+            _decode_turn(forward, state, params, generator, agent, out, ends, budget)
+            return
+        self.turns += 1
+        columns = torch.arange(max(width, 0), device=device)  # [W]
+        (fed,) = long_tensors([[t - 1 for t in taken]], device)  # [n] own columns each row fed
+        state.mask = torch.cat([state.mask, (columns[None, :] < fed[:, None]).long()], dim=1)  # [n, L + W]
+        state.pos = state.pos + fed
+        for i, row in enumerate(rows):
+            turn = [int(t) for t in host[0, i, : taken[i]].tolist()]
+            logps_row = host[1, i, : taken[i]].tolist()
+            if not all(math.isfinite(lp) for lp in logps_row):
+                # the race drew a uniform token from a non-finite row (drawable); its log-prob says so
+                raise NonFiniteSamplingError(
+                    "the policy's next-token logits were not finite while sampling a multi-turn episode"
+                )
+            out.turns[row] += 1
+            out.tokens[row] += turn
+            out.masks[row] += [True] * taken[i]
+            out.logprobs[row] += logps_row
+            state.pending[row] = [turn[-1]]
+            stop = i in told
+            out.truncated[row] = not stop
+            live = told[i] if stop else agent.turn_ended(row, turn, truncated=True)
+            state.live[row] = live and stop
+        _drop_finished(state, [False] * len(rows))
+
+
+def _filled(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns a full-attention cache layer's (keys, values) [n, Hkv, L, D]."""
+    return layer.keys, layer.values

@@ -32,7 +32,7 @@ import torch
 
 from cohort.data import is_conversational
 from cohort.episodes.control_tokens import control_tokens, parse_text, unmark
-from cohort.episodes.decoding import DecodedEpisodes, decode_episodes
+from cohort.episodes.decoding import DecodedEpisodes, StaticTurns, decode_episodes
 from cohort.episodes.environments import env_reset, env_step
 from cohort.episodes.execution import ToolExecutor, ToolResult
 from cohort.episodes.parsers import ToolParser, parser_for
@@ -40,13 +40,14 @@ from cohort.episodes.remote import decode_episodes_remote
 from cohort.episodes.spec import EnvironmentSpec, EpisodeSpec
 from cohort.episodes.templates import check_tool_template, render_prompt, render_tool_turn
 from cohort.episodes.tools import Tool
-from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError
+from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError, first_line
 from cohort.fastpath import FastConfig
 from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
-from cohort.fastpath.switches import choose
+from cohort.fastpath.switches import FastPathError, choose
 from cohort.models import eval_mode, input_device
 from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
-from cohort.rollout.casts import cast_once
+from cohort.rollout.builtin import BuiltinEngine, graph_failed
+from cohort.rollout.casts import CastForward, cast_once
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.runtime.sharding import gathered
 
@@ -231,6 +232,7 @@ class EpisodeGeneration:
                     cast_once(model, device, self.fast, self.paths) as forward,
                 ):
                     self.paths["packed_weights"] = packed > 0
+                    static = self._static_turns(model, device, prompts, budgets, forward)
                     out = decode_episodes(
                         model,
                         prompts,
@@ -244,7 +246,9 @@ class EpisodeGeneration:
                         budgets=budgets,
                         preallocate=self.preallocate,
                         forward=forward,
+                        static=static,
                     )
+                    self.paths["graph_decode"] = static is not None and static.turns > 0
             except NonFiniteSamplingError as e:
                 raise NonFiniteError(
                     f"the policy produced non-finite logits while sampling ({e}); usually half-precision "
@@ -271,6 +275,41 @@ class EpisodeGeneration:
         if not pack:
             return contextlib.nullcontext(0)
         return packed_linears(model, rows, 0 if on else f.pack_min_elements)
+
+    def _static_turns(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        prompts: list[list[int]],
+        budgets: list[int],
+        forward: Any,
+    ) -> StaticTurns | None:
+        """Returns how the batch's turns decode with the builtin engine's captured step (fast.graph_decode: on a
+        CUDA GPU, for a model the engine's once-per-model check passed), None where they decode eagerly."""
+        f = self.fast or FastConfig()
+        if f.graph_decode == "off" or (f.graph_decode == "auto" and device.type != "cuda"):
+            return None
+        engine = BuiltinEngine(eos_token_ids=self.end_ids, pad_token_id=self.pad_id, fast=f)
+        longest = max(budgets)
+        if not engine._graph(model, device, max(len(p) for p in prompts) + longest, longest, 0):
+            return None
+
+        def failed(error: Exception) -> None:
+            if f.graph_decode == "on":
+                raise FastPathError(
+                    f"fast.graph_decode=on, but capturing a turn's decode step failed ({first_line(error)}); set "
+                    "fast.graph_decode=auto or off"
+                ) from error
+            graph_failed(model, f"capture failed ({first_line(error)})")
+
+        return StaticTurns(
+            capture=device.type == "cuda",
+            min_tokens=0 if f.compile_decode == "on" else f.graph_decode_min_tokens,
+            check_every=f.graph_decode_check_every,
+            compiled=engine._compiled(model, device),
+            weights=forward.weights if isinstance(forward, CastForward) else None,
+            on_failure=failed,
+        )
 
     def _decode_remote(
         self,

@@ -44,6 +44,13 @@ _GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 """Models whose decode step failed to capture in a rollout under fast.graph_decode=auto (said once; eager since)."""
 
 
+def graph_failed(model: torch.nn.Module, why: str) -> None:
+    """Returns None after turning the captured step off for `model` in this process (fast.graph_decode=auto), said
+    once."""
+    _GRAPH_FAILED.add(model)
+    say_once(model, "graph_decode", f"fast path 'graph_decode' off: {why}")
+
+
 def graph_decode_unavailable(
     model: torch.nn.Module | None, device: torch.device, logprobs_topk: int = 0
 ) -> str | None:
@@ -187,10 +194,7 @@ class BuiltinEngine(RolloutEngine):
                         f"fast.graph_decode=on, but capturing the decode step failed ({first_line(e)}); set "
                         "fast.graph_decode=auto or off"
                     ) from e
-                _GRAPH_FAILED.add(model)
-                say_once(
-                    model, "graph_decode", f"fast path 'graph_decode' off: capture failed ({first_line(e)})"
-                )
+                graph_failed(model, f"capture failed ({first_line(e)})")
             else:
                 check_finite_logprobs(logps)
                 if paths is not None:

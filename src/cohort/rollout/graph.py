@@ -502,19 +502,57 @@ def open_decoder(
     if not shared and G > 1:
         prompt_kv = [(k.repeat_interleave(G, dim=0), v.repeat_interleave(G, dim=0)) for k, v in prompt_kv]
         prompt_mask = attn.repeat_interleave(G, dim=0)  # [N, P]
+    pos = attn.sum(-1).repeat_interleave(G)  # [N]
+    with continue_decoder(
+        model,
+        prompt_kv,
+        prompt_mask,
+        logits,
+        pos,
+        params,
+        generator,
+        device,
+        eos_token_ids=eos_token_ids,
+        pad_token_id=pad_token_id,
+        compiled=compiled,
+    ) as decoder:
+        yield decoder
+
+
+@contextlib.contextmanager
+def continue_decoder(
+    model: torch.nn.Module,
+    prompt_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    prompt_mask: torch.Tensor,
+    logits: torch.Tensor,
+    pos: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    device: torch.device,
+    *,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    compiled: bool = False,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Iterator[StaticDecoder]:
+    """Yields the StaticDecoder that continues N rows from keys and values already cached: `prompt_kv` per layer
+    [B', Hkv, P, D] (B' = N, or the prompts of groups of N / B' rows), `prompt_mask` [B', P] (0: a position no
+    row reads, padding or a hole), `logits` [N, V] the next-token logits (column 0 is sampled from them) and `pos`
+    [N] the position of column 0. Cohort's attention is selected and, under autocast, the Linear weights cast (or
+    `weights`, cast already) for the block."""
     noise = None
     if not params.greedy:  # [N, V] float32, as multinomial draws it for float32 probabilities
         noise = torch.empty(logits.shape, dtype=torch.float32, device=device).exponential_(
             1, generator=generator
         )
     first = race_sample(logits, params, noise)
-    pos = attn.sum(-1).repeat_interleave(G)  # [N]
     low = autocast_dtype(device)
     if float_dtype(model) == torch.float64:
         low = None  # autocast leaves float64 alone: a double model's step computes in double throughout
     with contextlib.ExitStack() as scope:
         scope.enter_context(plan_attention(model))
-        weights = scope.enter_context(cast_linears(model, device.type))
+        if weights is None:
+            weights = scope.enter_context(cast_linears(model, device.type))
         # a compiled step needs no hooks: the compiler merges casts of one tensor itself
         forget = (
             scope.enter_context(shared_input_casts(model, low)) if low is not None and not compiled else None
