@@ -119,7 +119,8 @@ class FastConfig:
     rollout instead of transformers' grow-by-concatenation (a fifth of decode time at 250 positions)."""
     graph_decode: str = "auto"
     """Builtin sampler on a CUDA GPU: decode with one fixed-shape step captured as a CUDA graph per rollout and
-    replayed (cohort.rollout.graph): the ~1,300 kernel launches of a 0.5B model's step leave Python once. Needs
+    replayed (cohort.rollout.graph): the ~1,300 kernel launches of a 0.5B model's step leave Python once.
+    Multi-turn episodes decoded in this process capture it once per turn (not yet run on a GPU). Needs
     sdpa attention, an unsharded model, rollouts within any sliding window and a once-per-model check against the
     eager decoding; `auto` takes it on CUDA only (so CPU runs are unchanged), `on` elsewhere is an error."""
     compile_decode: str = "off"
