@@ -50,7 +50,12 @@ COHORT = {
 }
 """cohort's engines: their fast switches. `eager-nocast` (asked for by name only) is the eager engine with autocast
 casting every weight at every step, as before fast.cast_once: under fp32-autocast, against `eager`."""
-EXTRA_ENGINES = ("eager-nocast",)
+EXTRA_ENGINES = ("eager-nocast", "episodes", "episodes-eager")
+EPISODES = {"episodes": True, "episodes-eager": False}
+"""Multi-turn episodes (asked for by name): each turn captured (fast.graph_decode) or eager. The same rows, up to
+EPISODE_TURNS turns each with an EPISODE_BLOCK-token insertion after every ended turn, in a budget of --tokens; an
+end-of-turn id the head is biased towards (about one token in EPISODE_TURN_LENGTH)."""
+EPISODE_TURNS, EPISODE_BLOCK, EPISODE_TURN_LENGTH = 4, 30, 32
 SHORT_WARMUP = ("eager", "eager-nocast", "hf-eager")
 """Engines with nothing to capture or compile: a warm-up rollout of WARMUP_TOKENS new tokens is enough to load their
 kernels and fill the allocator (a full one costs 6-9 s at the 0.5b shape on an H200, for nothing measured)."""
@@ -115,6 +120,13 @@ class Run:
         elif "skipped" in rec:
             print(
                 f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} skipped: {rec['skipped']}",
+                flush=True,
+            )
+        elif "tokens_per_s" in rec:
+            print(
+                f"{rec['shape']:8s} {rec['precision']:14s} {rec['engine']:10s} {rec['tokens_per_s']:8.0f} sampled "
+                f"tokens/s (rollout {rec['rollout_s']:.3f} s, turns {rec['episode_turns']}, captured turns "
+                f"{rec['static_turns']})",
                 flush=True,
             )
         else:
@@ -277,6 +289,94 @@ def measure_cohort(model, prompts, args, engine: str, prefill: float, sync) -> d
     }
 
 
+class _Inserting:
+    """A TurnAgent inserting the same block after every ended turn, for at most EPISODE_TURNS turns."""
+
+    def __init__(self, block: list[int]) -> None:
+        self.block, self.turns = block, {}
+
+    def turn_ended(self, row, turn, *, truncated):
+        self.turns[row] = self.turns.get(row, 0) + 1
+        return self.turns[row] < EPISODE_TURNS
+
+    def continuation(self, row, room):
+        return self.block if len(self.block) < room else None
+
+
+@contextlib.contextmanager
+def _turns_end(model, eot: int):
+    """Yields with the model's head given a bias towards `eot` (the weight kept, tied or not), restored after."""
+    import math
+
+    import torch
+
+    head = model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True, device=head.weight.device)
+    biased.weight = head.weight
+    with torch.no_grad():
+        biased.bias = torch.nn.Parameter(
+            torch.zeros(head.out_features, device=head.weight.device, dtype=head.weight.dtype)
+        )
+        biased.bias[eot] = math.log(head.out_features / EPISODE_TURN_LENGTH)
+    model.lm_head = biased
+    try:
+        yield
+    finally:
+        model.lm_head = head
+
+
+def measure_episodes(model, prompts, args, static: bool, sync) -> dict:
+    """Returns multi-turn episodes' sampled tokens per second, each turn captured (`static`) or eager."""
+    import torch
+
+    from cohort.episodes.decoding import StaticTurns, decode_episodes
+    from cohort.fastpath import FastConfig
+    from cohort.rollout import SamplingParams
+    from cohort.rollout.casts import CastForward, cast_once
+
+    device = torch.device(args.device)
+    vocab = model.config.vocab_size
+    eot, block = vocab - 1, list(range(10, 10 + EPISODE_BLOCK))
+    rows = [p for p in prompts for _ in range(args.group)]
+    params = SamplingParams(max_completion_length=args.tokens, temperature=1.0)
+
+    def run():
+        gen = torch.Generator(device=args.device).manual_seed(args.seed)
+        with torch.inference_mode(), cast_once(model, device, FastConfig()) as forward:
+            turns = None
+            if static:
+                turns = StaticTurns(
+                    capture=device.type == "cuda",
+                    weights=forward.weights if isinstance(forward, CastForward) else None,
+                )
+            out = decode_episodes(
+                model, rows, params, gen, _Inserting(block), end_of_turn_ids=[eot], pad_token_id=0,
+                device=device, forward=forward, static=turns,
+            )  # fmt: skip
+        if turns is not None and turns.failed:
+            raise RuntimeError("a turn's capture failed: the episodes decoded eagerly")
+        return out, (turns.turns if turns is not None else 0)
+
+    with _turns_end(model, eot):
+        warm_s, _ = timed(run, sync)
+        times, sampled, turns, static_turns = [], [], [], []
+        for _ in range(args.repeats):
+            t, (out, n_static) = timed(run, sync)
+            times.append(t)
+            sampled.append(sum(sum(m) for m in out.masks))
+            turns.append(sum(out.turns))
+            static_turns.append(n_static)
+    return {
+        "tokens_per_s": statistics.median(s / t for s, t in zip(sampled, times)),
+        "rollout_s": statistics.median(times),
+        "rollouts_s": times,
+        "warmup_s": warm_s,
+        "sampled_tokens": sampled,
+        "episode_turns": turns,
+        "static_turns": static_turns,
+    }
+
+
 def measure_hf(model, prompts, args, static: bool, sync) -> dict:
     """Returns transformers generate's ms per decode step (static: its compiled static cache on CUDA)."""
     run = hf_rollout(model, prompts, args, static, sync)
@@ -383,6 +483,8 @@ def run_shape(shape: str, precision: str, engines: list[str], args, run: Run, sy
                     for path in ("graph_decode", "compile_decode"):
                         if COHORT[engine][path] == "on" and not all(rec[path]):
                             rec["error"] = f"batch.paths[{path!r}] was {rec[path]}, not all True"
+                elif engine in EPISODES:
+                    rec.update(measure_episodes(model, prompts, args, EPISODES[engine], sync))
                 elif engine in ("hf-static", "hf-eager"):
                     rec.update(measure_hf(model, prompts, args, engine == "hf-static", sync))
                     if engine == "hf-static" and not cuda:
@@ -435,14 +537,23 @@ def probe_detail(model, device) -> dict:
 
 def summarise(run: Run) -> None:
     """Adds the ratios per (shape, precision): captured and compiled / HF static, captured / eager, compiled /
-    captured, eager / HF static, eager / eager-nocast (fast.cast_once)."""
+    captured, eager / HF static, eager / eager-nocast (fast.cast_once); multi-turn episodes' sampled tokens per
+    second, captured turns against eager."""
     by: dict[tuple, dict] = {}
+    rates: dict[tuple, dict] = {}
     for r in run.data["results"]:
         if "ms_per_step" in r and "error" not in r:
             by.setdefault((r["shape"], r["precision"]), {})[r["engine"]] = r["ms_per_step"]
+        if "tokens_per_s" in r and "error" not in r:
+            by.setdefault((r["shape"], r["precision"]), {})
+            rates.setdefault((r["shape"], r["precision"]), {})[r["engine"]] = r["tokens_per_s"]
     out = []
     for (shape, precision), ms in by.items():
         row = {"shape": shape, "precision": precision, **{f"{k}_ms": v for k, v in ms.items()}}
+        rate = rates.get((shape, precision), {})
+        row.update({f"{k}_tokens_per_s": v for k, v in rate.items()})
+        if "episodes" in rate and "episodes-eager" in rate:
+            row["episodes/episodes-eager"] = rate["episodes"] / rate["episodes-eager"]
         for num, den in (
             ("captured", "hf-static"),
             ("compiled", "hf-static"),

@@ -93,6 +93,13 @@ def decode_table(decode: dict | None) -> list[str]:
                 f"{fmt(row.get('eager_ms'))} ms against {fmt(row.get('eager-nocast_ms'))} ms cast at every step "
                 f"({fmt(row['eager/eager-nocast'], suffix='x')})"
             )
+    for row in decode.get("summary", []):
+        if row.get("episodes/episodes-eager") is not None:
+            lines.append(
+                f"- {row['shape']} {row['precision']}: multi-turn episodes, sampled tokens/s with each turn captured "
+                f"{fmt(row.get('episodes_tokens_per_s'), 0)} against {fmt(row.get('episodes-eager_tokens_per_s'), 0)} "
+                f"eager ({fmt(row['episodes/episodes-eager'], suffix='x')})"
+            )
     problems = [r for r in decode.get("results", []) if "error" in r or "skipped" in r]
     for r in problems:
         why = r.get("error") or r.get("skipped")
