@@ -30,6 +30,7 @@ from cohort.errors import NonFiniteSamplingError
 from cohort.fastpath.kv_cache import preallocated_cache
 from cohort.models import cache_kwargs
 from cohort.rollout.base import SamplingParams, left_pad, prefill
+from cohort.rollout.graph import CaptureError, continue_decoder
 from cohort.rollout.sampling import sample_next
 from cohort.runtime.transfer import long_tensors
 
@@ -346,8 +347,6 @@ class StaticTurns:
         row until its end-of-turn id or its budget, the agent told of each ended turn as soon as the host hears of
         it, the last token of each turn left pending; the keys of the others join the cache (holes where a row had
         ended). A failed capture leaves everything as it was and decodes the turn eagerly (through `forward`)."""
-        from cohort.rollout.graph import CaptureError, continue_decoder
-
         rows, device = list(state.rows), state.mask.device
         room = [budget[row] - len(out.tokens[row]) for row in rows]  # [n] tokens each row may still sample
         told: dict[int, bool] = {}  # slot -> the agent's answer, for turns ended by an end-of-turn id
