@@ -26,7 +26,7 @@ class ScriptedAgent:
         return block if len(block) < room else None
 
 
-def run(model, prompts, params, agent, extend, seed=0, preallocate=True):
+def run(model, prompts, params, agent, extend, seed=0, preallocate=True, budgets=None, static=None):
     return decode_episodes(
         model,
         prompts,
@@ -38,6 +38,8 @@ def run(model, prompts, params, agent, extend, seed=0, preallocate=True):
         device=torch.device("cpu"),
         extend_cache=extend,
         preallocate=preallocate,
+        budgets=budgets,
+        static=static,
     )
 
 
@@ -175,20 +177,7 @@ def _static_run(model, params, agent, *, extend=True, preallocate=True, seed=0, 
     from cohort.episodes.decoding import StaticTurns
 
     static = StaticTurns(capture=False, min_tokens=turns.pop("min_tokens", 1), check_every=3, **turns)
-    out = decode_episodes(
-        model,
-        PROMPTS,
-        params,
-        torch.Generator().manual_seed(seed),
-        agent,
-        end_of_turn_ids=[EOS],
-        pad_token_id=PAD,
-        device=torch.device("cpu"),
-        extend_cache=extend,
-        preallocate=preallocate,
-        budgets=budgets,
-        static=static,
-    )
+    out = run(model, PROMPTS, params, agent, extend, seed, preallocate, budgets, static)
     return out, static
 
 
