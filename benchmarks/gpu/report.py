@@ -93,7 +93,6 @@ def decode_table(decode: dict | None) -> list[str]:
                 f"{fmt(row.get('eager_ms'))} ms against {fmt(row.get('eager-nocast_ms'))} ms cast at every step "
                 f"({fmt(row['eager/eager-nocast'], suffix='x')})"
             )
-    for row in decode.get("summary", []):
         if row.get("episodes/episodes-eager") is not None:
             lines.append(
                 f"- {row['shape']} {row['precision']}: multi-turn episodes, sampled tokens/s with each turn captured "

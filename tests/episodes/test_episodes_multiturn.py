@@ -515,7 +515,7 @@ def test_the_episode_loop_decodes_its_turns_with_the_static_step_where_the_engin
     with pytest.raises(FastPathError, match="fast.graph_decode=on.*CUDA"):
         generate(FastConfig(graph_decode="on"))
     eager = generate(FastConfig(graph_decode="off"))
-    monkeypatch.setattr(BuiltinEngine, "_graph", lambda self, *a: True)
+    monkeypatch.setattr(BuiltinEngine, "takes_captured_step", lambda self, *a: True)
     static = generate(FastConfig(graph_decode="on", graph_decode_min_tokens=1))
     assert static.paths["graph_decode"] is True and eager.paths["graph_decode"] is False
     assert static.completion_ids == eager.completion_ids

@@ -213,12 +213,12 @@ def test_compile_decode_is_off_by_default_and_reported(monkeypatch):
         UserWarning,
         match="fast path 'compile_decode' off for Qwen2ForCausalLM: compiling the decode step failed",
     ):
-        assert not engine._compiled(model, cuda)
+        assert not engine.compiles_captured_step(model, cuda)
     strict = make_test_engine("builtin", fast=FastConfig(packed_weights="off", compile_decode="on"))
     with pytest.raises(
         FastPathError, match="fast.compile_decode=on, but Qwen2ForCausalLM cannot take it: compiling"
     ):
-        strict._compiled(model, cuda)
+        strict.compiles_captured_step(model, cuda)
 
 
 def test_an_engine_asked_for_the_compiled_step_where_it_cannot_run_says_so():

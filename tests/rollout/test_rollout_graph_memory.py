@@ -360,8 +360,9 @@ def test_the_engine_decodes_eagerly_after_a_failed_capture_and_raises_anything_e
     model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
     engine = BuiltinEngine(eos_token_ids=[EOS], pad_token_id=PAD)
     want = engine.sample(model, prompts, 3, PARAMS, torch.Generator().manual_seed(7), CPU)  # eager
-    monkeypatch.setattr(BuiltinEngine, "_graph", lambda self, *a: True)  # as on a GPU whose probe passed
-    monkeypatch.setattr(BuiltinEngine, "_compiled", lambda self, *a: False)
+    # as on a GPU whose probe passed
+    monkeypatch.setattr(BuiltinEngine, "takes_captured_step", lambda self, *a: True)
+    monkeypatch.setattr(BuiltinEngine, "compiles_captured_step", lambda self, *a: False)
     monkeypatch.setattr(builtin_mod, "_GRAPH_FAILED", builtin_mod.weakref.WeakSet())
 
     def fails(error):

@@ -34,6 +34,9 @@ from cohort.rollout.graph import CaptureError, continue_decoder
 from cohort.rollout.sampling import sample_next
 from cohort.runtime.transfer import long_tensors
 
+NON_FINITE = "the policy's next-token logits were not finite while sampling a multi-turn episode"
+"""What NonFiniteSamplingError says when a sampled token's log-prob is not finite (eager or static turns)."""
+
 
 class TurnAgent(Protocol):
     """What the decoder asks of the episodes' owner between turns."""
@@ -268,9 +271,7 @@ def _decode_turn(
             if not math.isfinite(logp):
                 # On a GPU the draw takes a uniform token from a non-finite row (drawable: CUDA's multinomial would
                 # assert, uncatchably); the log-prob says so, read here with the token at no extra wait.
-                raise NonFiniteSamplingError(
-                    "the policy's next-token logits were not finite while sampling a multi-turn episode"
-                )
+                raise NonFiniteSamplingError(NON_FINITE)
             row = state.rows[slot]
             out.tokens[row].append(token)
             out.masks[row].append(True)
@@ -404,9 +405,7 @@ class StaticTurns:
             logps_row = host[1, i, : taken[i]].tolist()
             if not all(math.isfinite(lp) for lp in logps_row):
                 # the race drew a uniform token from a non-finite row (drawable); its log-prob says so
-                raise NonFiniteSamplingError(
-                    "the policy's next-token logits were not finite while sampling a multi-turn episode"
-                )
+                raise NonFiniteSamplingError(NON_FINITE)
             out.turns[row] += 1
             out.tokens[row] += turn
             out.masks[row] += [True] * taken[i]

@@ -40,13 +40,12 @@ from cohort.episodes.remote import decode_episodes_remote
 from cohort.episodes.spec import EnvironmentSpec, EpisodeSpec
 from cohort.episodes.templates import check_tool_template, render_prompt, render_tool_turn
 from cohort.episodes.tools import Tool
-from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError, first_line
+from cohort.errors import NonFiniteError, NonFiniteSamplingError, TrainingError
 from cohort.fastpath import FastConfig
-from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
-from cohort.fastpath.switches import FastPathError, choose
+from cohort.fastpath.packed_linear import packed_linears, packing_plan
 from cohort.models import eval_mode, input_device
 from cohort.rollout import EpisodeRecord, RolloutBatch, SamplingParams
-from cohort.rollout.builtin import BuiltinEngine, graph_failed
+from cohort.rollout.builtin import BuiltinEngine, capture_failed
 from cohort.rollout.casts import CastForward, cast_once
 from cohort.rollout.sampler_copy import SamplerCopy
 from cohort.runtime.sharding import gathered
@@ -260,21 +259,13 @@ class EpisodeGeneration:
         self, model: torch.nn.Module, device: torch.device, rows: int, budget: int
     ) -> contextlib.AbstractContextManager[int]:
         """Returns the block in which the episodes decode through oneDNN-packed weights (fast.packed_weights, CPU
-        only; it yields how many layers were packed, 0 for none): packed once for the whole batch of episodes,
-        when its longest budget leaves more than `pack_min_remaining` tokens after `pack_after_steps`, as the
-        builtin engine packs a rollout that long."""
-        f = self.fast or FastConfig()
-        on = f.packed_weights == "on"
-        pack = choose(
-            f.packed_weights,
-            "packed_weights",
-            model,
-            worth=device.type == "cpu" and budget - f.pack_after_steps > f.pack_min_remaining,
-            unavailable=lambda: packing_unavailable(model),
-        )
-        if not pack:
+        only; it yields how many layers were packed, 0 for none): packed where the builtin engine would pack a
+        rollout as long as the longest budget, but once for the whole batch of episodes, from its first step (a
+        batch of episodes decodes for many turns)."""
+        plan = packing_plan(self.fast or FastConfig(), model, device, budget)
+        if plan is None:
             return contextlib.nullcontext(0)
-        return packed_linears(model, rows, 0 if on else f.pack_min_elements)
+        return packed_linears(model, rows, plan[1])
 
     def _static_turns(
         self,
@@ -291,24 +282,15 @@ class EpisodeGeneration:
             return None
         engine = BuiltinEngine(eos_token_ids=self.end_ids, pad_token_id=self.pad_id, fast=f)
         longest = max(budgets)
-        if not engine._graph(model, device, max(len(p) for p in prompts) + longest, longest, 0):
+        if not engine.takes_captured_step(model, device, max(len(p) for p in prompts) + longest, longest):
             return None
-
-        def failed(error: Exception) -> None:
-            if f.graph_decode == "on":
-                raise FastPathError(
-                    f"fast.graph_decode=on, but capturing a turn's decode step failed ({first_line(error)}); set "
-                    "fast.graph_decode=auto or off"
-                ) from error
-            graph_failed(model, f"capture failed ({first_line(error)})")
-
         return StaticTurns(
             capture=device.type == "cuda",
             min_tokens=0 if f.compile_decode == "on" else f.graph_decode_min_tokens,
             check_every=f.graph_decode_check_every,
-            compiled=engine._compiled(model, device),
+            compiled=engine.compiles_captured_step(model, device),
             weights=forward.weights if isinstance(forward, CastForward) else None,
-            on_failure=failed,
+            on_failure=lambda error: capture_failed(model, f.graph_decode, error, "a turn's decode step"),
         )
 
     def _decode_remote(

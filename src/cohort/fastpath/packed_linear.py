@@ -25,7 +25,7 @@ from typing import TypeGuard
 import torch
 
 from cohort.fastpath import probes
-from cohort.fastpath.switches import FastConfig
+from cohort.fastpath.switches import FastConfig, choose
 
 
 def _packing_works() -> bool:
@@ -54,6 +54,28 @@ def packing_unavailable(model: torch.nn.Module) -> str | None:
     if not _packing_works():
         return "this torch build has no working oneDNN packed linear"
     return None
+
+
+def packing_plan(
+    fast: FastConfig, model: torch.nn.Module, device: torch.device, new_tokens: int
+) -> tuple[int, int] | None:
+    """Returns (the decode step from which a rollout of `new_tokens` new tokens decodes through packed weights, the
+    fewest elements a packed weight has) under fast.packed_weights, None where it does not pack. `on`: from the
+    first step, every float32 weight; `auto`: on a CPU, after `pack_after_steps` steps where more than
+    `pack_min_remaining` tokens are left then, weights of `pack_min_elements` or more."""
+    on = fast.packed_weights == "on"
+    pack_at = 0 if on else fast.pack_after_steps
+    if new_tokens - pack_at <= (0 if on else fast.pack_min_remaining):
+        return None
+    if not choose(
+        fast.packed_weights,
+        "packed_weights",
+        model,
+        worth=device.type == "cpu",  # a CPU-only lever: nothing to say about it on a GPU
+        unavailable=lambda: packing_unavailable(model),
+    ):
+        return None
+    return pack_at, 0 if on else fast.pack_min_elements
 
 
 def _eligible(module: torch.nn.Module, min_elements: int) -> TypeGuard[torch.nn.Linear]:

@@ -26,7 +26,7 @@ from cohort.errors import first_line
 from cohort.fastpath import FastConfig, probes
 from cohort.fastpath.attention import PrefixPlan, plan_attention, plan_carrier
 from cohort.fastpath.kv_cache import preallocated_cache
-from cohort.fastpath.packed_linear import packed_linears, packing_unavailable
+from cohort.fastpath.packed_linear import packed_linears, packing_plan
 from cohort.fastpath.switches import FastPathError, choose, say_once
 from cohort.models import (
     attention_shape,
@@ -36,19 +36,25 @@ from cohort.models import (
     text_config,
 )
 from cohort.rollout.base import RolloutEngine, Sampled, SamplingParams, left_pad, prefill
-from cohort.rollout.casts import cast_once, sharded
+from cohort.rollout.casts import cast_once
 from cohort.rollout.graph import DECODE_STEP, CaptureError, static_decode
 from cohort.rollout.sampling import check_finite_logprobs, sample_next, sample_next_topk
+from cohort.runtime.sharding import fsdp_managed
 
 _GRAPH_FAILED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 """Models whose decode step failed to capture in a rollout under fast.graph_decode=auto (said once; eager since)."""
 
 
-def graph_failed(model: torch.nn.Module, why: str) -> None:
-    """Returns None after turning the captured step off for `model` in this process (fast.graph_decode=auto), said
-    once."""
+def capture_failed(model: torch.nn.Module, setting: str, error: Exception, what: str) -> None:
+    """Returns None after turning the captured step off for `model` in this process, said once, when `what` (the
+    decode step, a turn's) failed to capture under fast.graph_decode=auto; raises FastPathError under `on`."""
+    if setting == "on":
+        raise FastPathError(
+            f"fast.graph_decode=on, but capturing {what} failed ({first_line(error)}); set fast.graph_decode=auto "
+            "or off"
+        ) from error
     _GRAPH_FAILED.add(model)
-    say_once(model, "graph_decode", f"fast path 'graph_decode' off: {why}")
+    say_once(model, "graph_decode", f"fast path 'graph_decode' off: capture failed ({first_line(error)})")
 
 
 def graph_decode_unavailable(
@@ -61,7 +67,7 @@ def graph_decode_unavailable(
         return f"top-K log-probs are asked for (logprobs_topk={logprobs_topk}), which the captured step does not return"
     if device.type != "cuda":
         return f"it decodes on {device.type}, and CUDA graphs need a CUDA GPU"
-    if model is not None and sharded(model):
+    if model is not None and fsdp_managed(model):
         return (
             "its weights are sharded (distributed.strategy=fsdp): every forward gathers them with collectives"
         )
@@ -159,7 +165,7 @@ class BuiltinEngine(RolloutEngine):
                 unavailable=lambda: self._sharing_unavailable(model, device, P + T),
             )
         K = params.logprobs_topk
-        graph = self._graph(model, device, P + T, T, K)
+        graph = self.takes_captured_step(model, device, P + T, T, K)
         if not graph and f.compile_decode == "on":  # graph_decode is auto here: on refuses, off is refused
             reason = (
                 "capturing it failed earlier in this process"
@@ -171,7 +177,7 @@ class BuiltinEngine(RolloutEngine):
                 f"({reason}); set fast.compile_decode=auto or off"
             )
         if graph:
-            compiled = self._compiled(model, device)
+            compiled = self.compiles_captured_step(model, device)
             try:
                 tokens, lengths, ended, logps = static_decode(
                     model,
@@ -189,12 +195,7 @@ class BuiltinEngine(RolloutEngine):
                     compiled=compiled,
                 )
             except CaptureError as e:  # only the capture: an error of the replays or of on_finished is raised
-                if f.graph_decode == "on":
-                    raise FastPathError(
-                        f"fast.graph_decode=on, but capturing the decode step failed ({first_line(e)}); set "
-                        "fast.graph_decode=auto or off"
-                    ) from e
-                graph_failed(model, f"capture failed ({first_line(e)})")
+                capture_failed(model, f.graph_decode, e, "the decode step")
             else:
                 check_finite_logprobs(logps)
                 if paths is not None:
@@ -208,14 +209,7 @@ class BuiltinEngine(RolloutEngine):
                     )
                 return tokens, lengths, ended, logps
         prealloc = choose(f.preallocated_kv, "preallocated_kv", model)
-        pack_at = 0 if f.packed_weights == "on" else f.pack_after_steps
-        pack = T - pack_at > (0 if f.packed_weights == "on" else f.pack_min_remaining) and choose(
-            f.packed_weights,
-            "packed_weights",
-            model,
-            worth=device.type == "cpu",  # a CPU-only lever: nothing to say about it on a GPU
-            unavailable=lambda: packing_unavailable(model),
-        )
+        pack = packing_plan(f, model, device, T)  # (the step it packs at, the smallest weight packed) or None
         config = getattr(model, "config", None)
 
         def new_cache(capacity: int):
@@ -286,9 +280,8 @@ class BuiltinEngine(RolloutEngine):
                     rows, mask, pos, tok, done = rows[keep], mask[keep], pos[keep], tok[keep], done[keep]
                     if shared:
                         plan.select(rows)
-                if pack and t == pack_at:
-                    min_elements = 0 if f.packed_weights == "on" else f.pack_min_elements
-                    packed = scope.enter_context(packed_linears(model, n_live - n_done, min_elements))
+                if pack is not None and t == pack[0]:
+                    packed = scope.enter_context(packed_linears(model, n_live - n_done, pack[1]))
                 out = (model if packed else forward)(
                     input_ids=tok[:, None],
                     attention_mask=step_mask if shared else mask[:, : P + t + 1],
@@ -313,15 +306,16 @@ class BuiltinEngine(RolloutEngine):
             top.update(ids=top_ids, logprobs=top_lps)
         return tokens, lengths, ended, logps
 
-    def _graph(
+    def takes_captured_step(
         self,
         model: torch.nn.Module,
         device: torch.device,
         span_needed: int,
         new_tokens: int,
-        logprobs_topk: int,
+        logprobs_topk: int = 0,
     ) -> bool:
-        """Returns whether this rollout decodes with the captured step (fast.graph_decode)."""
+        """Returns whether a rollout of `new_tokens` new tokens reading `span_needed` positions decodes with the
+        captured step (fast.graph_decode; multi-turn episodes ask it too)."""
         f = self.fast
         if f.graph_decode == "auto" and model in _GRAPH_FAILED:
             return False
@@ -352,7 +346,7 @@ class BuiltinEngine(RolloutEngine):
             model, device, "graph_decode", "the captured decode step", capture=True
         )
 
-    def _compiled(self, model: torch.nn.Module, device: torch.device) -> bool:
+    def compiles_captured_step(self, model: torch.nn.Module, device: torch.device) -> bool:
         """Returns whether this rollout's static step runs through torch.compile (fast.compile_decode)."""
         return choose(
             self.fast.compile_decode,

@@ -21,11 +21,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.nn.utils import parametrize
 
 from cohort.fastpath.switches import FastConfig, choose
-from cohort.runtime.sharding import fsdp_modules
+from cohort.runtime.sharding import fsdp_managed
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
@@ -102,17 +101,11 @@ def cast_once_unavailable(model: torch.nn.Module, device: torch.device) -> str |
             f"autocast is off on {device.type}, so nothing is cast (it casts under model.bf16_autocast on a CUDA "
             "GPU with float32 weights)"
         )
-    if sharded(model):
+    if fsdp_managed(model):
         return (
             "its weights are sharded (distributed.strategy=fsdp), and FSDP sets them in place at each forward"
         )
     return None
-
-
-def sharded(model: torch.nn.Module) -> bool:
-    """Returns whether FSDP manages any part of `model`: its parameters are DTensors, or, inside a `gathered` block,
-    plain tensors FSDP put in place of them (so the parameters' type alone does not tell)."""
-    return bool(fsdp_modules(model)) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 @contextlib.contextmanager

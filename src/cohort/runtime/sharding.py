@@ -71,6 +71,14 @@ def fsdp_modules(model: torch.nn.Module | None) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def fsdp_managed(model: torch.nn.Module) -> bool:
+    """Returns whether FSDP manages any part of `model`: its parameters are DTensors, or, inside a `gathered` block,
+    plain tensors FSDP put in place of them (so the parameters' type alone does not tell)."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(fsdp_modules(model)) or any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def is_sharded(model: torch.nn.Module | None) -> bool:
     """Returns True when `model` is wrapped by FSDP (either strategy)."""
     from torch.distributed.fsdp import FSDPModule
