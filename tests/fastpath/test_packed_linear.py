@@ -163,21 +163,30 @@ def test_rollouts_switch_to_packed_weights_after_a_few_steps(peaky_model, max_le
     assert all("forward" not in m.__dict__ for m in linears(peaky_model))
 
 
-def test_under_cpu_autocast_packing_is_refused_and_the_build_check_is_unaffected(monkeypatch):
-    """Packed weights compute in float32 whatever autocast says; the once-per-process check of the torch build
-    must not take a caller's autocast for a broken build (it compared float32 with bf16 and said so for good)."""
+def test_under_cpu_autocast_packing_is_refused_and_the_build_checks_are_unaffected():
+    """Packed weights compute in float32 whatever autocast says; a once-per-process check of the torch build (the
+    packed linear's) must not take a caller's autocast for a broken build (it compared float32 with bf16 and said
+    so for good)."""
     from cohort.fastpath import FastConfig, probes
 
-    monkeypatch.setattr(probes, "_GLOBAL", {})  # the build's verdict, made anew here
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(64, 48, generator=gen), torch.randn(3, 48, generator=gen)
+
+    def plain():  # float32, or bf16 if the caller's autocast reached it
+        return torch.nn.functional.linear(x, w)
+
+    def reference():
+        return torch.nn.functional.linear(x.double(), w.double()).float()
+
     model = tiny_model()
     with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert probes.probe(None, "float32_linear_under_a_callers_autocast", plain, reference)
         assert "autocast is on for the CPU" in pl.packing_unavailable(model)
-        assert pl._packing_works()  # the build check itself, under the caller's autocast
         engine = make_test_engine("builtin", fast=FastConfig(packed_weights="on"))
         with pytest.raises(FastPathError, match="fast.packed_weights=on.*autocast is on for the CPU"):
             with torch.inference_mode():
                 engine.generate(model, random_prompts(2, seed=1), 2, SamplingParams(max_completion_length=4))
-    assert probes.results(None) == {"packed_linear": True}
+    assert probes.results(None)["float32_linear_under_a_callers_autocast"] is True
     assert pl.packing_unavailable(model) is None
 
 
