@@ -75,7 +75,10 @@ def check_local_gpu() -> None:
         raise ConfigError(
             f"this process has LOCAL_RANK={rank} but only {count} CUDA GPU(s) are visible on this machine: each "
             f"process of a CUDA run takes one GPU, so start at most {count} per machine (torchrun "
-            "--nproc-per-node), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run the processes on the CPU (gloo)"
+            "--nproc-per-node), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run the processes on the CPU (gloo). "
+            "If your launcher already gives each process a GPU of its own (SLURM's --gpus-per-task), cohort cannot "
+            "tell that from processes sharing one: start one torchrun per machine instead (srun --ntasks-per-node=1 "
+            "torchrun --nproc-per-node=N, docs/serving.md), or set LOCAL_RANK=0 in each process's environment"
         )
 
 
