@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import string
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -566,8 +567,10 @@ def _load_adapter(
     if device.type == "meta":  # the adapter's modules without its weights (process 0 sends them)
         config = peft.PeftConfig.from_pretrained(folder)
         config.inference_mode = not trainable
-        return peft.get_peft_model(model, config).eval()
-    model = peft.PeftModel.from_pretrained(model, folder, is_trainable=trainable)
+        with _peft_quiet():
+            return peft.get_peft_model(model, config).eval()
+    with _peft_quiet():
+        model = peft.PeftModel.from_pretrained(model, folder, is_trainable=trainable)
     model.to(device)
     return model.eval()
 
@@ -646,7 +649,19 @@ def wrap_lora(model, lora: LoraConfig):
         task_type="CAUSAL_LM",
         fan_in_fan_out=set(lora.target_modules) <= conv_names,  # Conv1D stores its weight transposed
     )
-    return peft.get_peft_model(model, config)
+    with _peft_quiet():
+        return peft.get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def _peft_quiet() -> Iterator[None]:
+    """A block in which peft's reads of transformers' deprecated `is_gradient_checkpointing` do not warn (transformers
+    5 warns at each: nothing a user can change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 def checkpoint_activations(model: torch.nn.Module) -> bool:
@@ -710,9 +725,11 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
 
     transformers renamed the argument from ``past_key_values`` to ``cache`` (5.24 warns on the old name
     and announces its removal for 5.40); a model whose forward names ``cache`` gets that, any other (older
-    transformers, remote code) the old name. The cache object is filled in place either way.
+    transformers, remote code) the old name. The cache object is filled in place either way. A peft wrapper
+    passes its keywords on to the model it wraps, whose forward decides.
     """
-    named, _ = _forward_signature(model)
+    get_base = getattr(model, "get_base_model", None)
+    named, _ = _forward_signature(get_base() if callable(get_base) else model)
     key = "cache" if "cache" in named else "past_key_values"
     return {key: cache, "use_cache": True}
 

@@ -1,7 +1,9 @@
 """PreallocatedLayer must behave exactly like transformers' DynamicLayer, without concatenating."""
 
+import inspect
 import warnings
 
+import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -91,6 +93,25 @@ def test_cache_keyword_follows_the_model_forward(tiny_model_dir):
     # and without a deprecation warning (5.24 warns on `past_key_values`; a warning turned into an error
     # inside the once-per-model checks silently cost the shared-prefix fast path).
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cache = preallocated_cache(model.config, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(input_ids=torch.tensor([[3, 4, 5]]), **cache_kwargs(model, cache))
+    assert cache.get_seq_length() == 3
+
+
+def test_a_lora_model_gets_the_keyword_of_the_model_it_wraps(tiny_model_dir):
+    """peft's forward takes **kwargs and names neither keyword; the model inside decides (under transformers 5.24+
+    the old name warned at every LoRA forward, and the warning failed the once-per-model fast-path checks)."""
+    pytest.importorskip("peft")
+    from cohort.config import LoraConfig
+    from cohort.models import load_model
+
+    model = load_model(tiny_model_dir, lora=LoraConfig(r=2, target_modules=["q_proj"]))
+    named = inspect.signature(model.get_base_model().forward).parameters
+    want = "cache" if "cache" in named else "past_key_values"
+    marker = object()
+    assert cache_kwargs(model, marker) == {want: marker, "use_cache": True}
     cache = preallocated_cache(model.config, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
