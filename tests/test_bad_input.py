@@ -198,12 +198,38 @@ def test_prompts_longer_than_the_context_are_refused_and_dropped_prompts_counted
     rows = [{"prompt": "1+1=" * k, "answer": "2"} for k in (1, 2, 3, 5)]  # 4 to 20 tokens
     with pytest.raises(
         TrainingError,
-        match=r"2 training prompts \(the longest 20 tokens\) do not leave room .*max_prompt_length=8",
+        match=r"2 of 4 training prompts \(the longest 20 tokens\) do not leave room .*context of 16 .*: set "
+        r"data.max_prompt_length=8 to leave those prompts out$",
     ):
         GRPOTrainer(
             _cfg(small, tmp_path / "c1", **{"rollout.max_completion_length": 8}),
             train_rows=rows,
             eval_rows=[],
+        )
+    # every prompt too long: dropping them all is no fix, so only the completion length is named, with a number
+    with pytest.raises(
+        TrainingError, match=r"3 of 3 training prompts .*: lower rollout.max_completion_length to 4 or less$"
+    ):
+        GRPOTrainer(
+            _cfg(small, tmp_path / "c3", **{"rollout.max_completion_length": 14}),
+            train_rows=rows[:3],
+            eval_rows=[],
+        )
+    # and where no completion length fits the longest, shorter prompts (or both settings together)
+    with pytest.raises(TrainingError, match=r"4 of 4 training prompts .*: shorten the training prompts"):
+        GRPOTrainer(
+            _cfg(small, tmp_path / "c5", **{"rollout.max_completion_length": 14}),
+            train_rows=rows,
+            eval_rows=[],
+        )
+    # held-out prompts are not dropped by data.max_prompt_length: it is not offered for them
+    with pytest.raises(
+        TrainingError, match=r"1 of 1 held-out prompts .*: lower rollout.max_completion_length to 7 or less$"
+    ):
+        GRPOTrainer(
+            _cfg(small, tmp_path / "c4", **{"rollout.max_completion_length": 8, "data.max_prompt_length": 8}),
+            train_rows=rows[:2],
+            eval_rows=[{"prompt": "1+1=1+1=1", "answer": "2"}],
         )
     t = GRPOTrainer(
         _cfg(small, tmp_path / "c2", **{"rollout.max_completion_length": 8, "data.max_prompt_length": 8}),

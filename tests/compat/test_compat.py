@@ -175,6 +175,53 @@ def test_what_cohort_lacks_is_an_error_naming_the_nearest_option(fields, fragmen
     assert fragment in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        (
+            {"per_device_train_batch_size": 6},
+            "(in GRPOConfig's terms: rollout.batch_size is set by per_device_train_batch_size or "
+            "generation_batch_size; rollout.group_size is set by num_generations)",
+        ),
+        (
+            {"lr_scheduler_type": "cosine_with_restarts"},
+            "(in GRPOConfig's terms: optim.schedule is set by lr_scheduler_type)",
+        ),
+        ({"temperature": "hot"}, "(in GRPOConfig's terms: rollout.temperature is set by temperature)"),
+    ],
+)
+def test_errors_of_the_trl_form_name_the_grpoconfig_fields(tiny_model_dir, tmp_path, fields, fragment):
+    """The config's checks speak of cohort's keys; in TRL's form each error also names the fields that set them."""
+    args = {**{"per_device_train_batch_size": 8, "num_generations": 4}, **fields}
+    with pytest.raises(ConfigError) as e:
+        GRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), max_completion_length=8, use_cpu=True, **args),
+            train_dataset=[{"prompt": "1+1="}] * 4,
+        )
+    assert str(e.value).endswith(fragment), str(e.value)
+
+
+def test_in_trl_terms_reads_keys_as_whole_words():
+    from cohort.compat.drop_in import in_trl_terms
+
+    assert (
+        in_trl_terms("set rollout.top_p to 1")
+        == "set rollout.top_p to 1 (in GRPOConfig's terms: rollout.top_p is set by top_p)"
+    )
+    # bare keys only where given a value; a longer dotted key is not its prefix's; cohort-only keys add nothing
+    assert in_trl_terms("the steps of a run; algo.adaptive_entropy.target") == (
+        "the steps of a run; algo.adaptive_entropy.target (in GRPOConfig's terms: algo.adaptive_entropy.target is set "
+        "by entropy_target)"
+    )
+    assert (
+        in_trl_terms("steps=3 is below")
+        == "steps=3 is below (in GRPOConfig's terms: steps is set by max_steps or num_train_epochs)"
+    )
+    assert in_trl_terms("fast.segments=on needs sdpa") == "fast.segments=on needs sdpa"
+
+
 def test_trl_reference_sync_maps_onto_cohorts():
     cfg = GRPOConfig(output_dir="x", sync_ref_model=True, beta=0.1, ref_model_sync_steps=64).to_train_config(
         "m", 8

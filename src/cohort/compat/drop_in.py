@@ -14,6 +14,7 @@ import difflib
 import functools
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -509,6 +510,24 @@ def _tokenizer(model: Any, name: str, processing_class: Any, tokenizer: Any) -> 
     return tokenizer
 
 
+def in_trl_terms(message: str) -> str:
+    """Returns `message` followed by the GRPOConfig fields that set the cohort keys it names (as it is when it
+    names none): an error of the TRL form speaks of the config the fields were mapped onto."""
+    by_key: dict[str, list[str]] = {}
+    for name, field in TRL_FIELDS.items():
+        key = field.cohort
+        if key is None:
+            continue
+        # a dotted key anywhere as a word; a bare one (steps, seed, out_dir) only where it is given a value
+        tail = r"(?![\w]|\.\w)" if "." in key else "="
+        if re.search(rf"(?<![\w.]){re.escape(key)}{tail}", message):
+            by_key.setdefault(key, []).append(name)
+    if not by_key:
+        return message
+    named = "; ".join(f"{key} is set by {' or '.join(names)}" for key, names in by_key.items())
+    return f"{message} (in GRPOConfig's terms: {named})"
+
+
 def trl_view(cfg: TrainConfig) -> GRPOConfig:
     """Returns a GRPOConfig stating a cohort config in TRL's terms (optimizer steps): what callbacks get as
     `args` when the trainer was built in cohort's form."""
@@ -580,19 +599,24 @@ def trainer_inputs(
         )
     trl_form = config is None
     if config is None:
-        config, train_rows, eval_rows, model, tokenizer = trl_arguments(
-            model,
-            args,
-            train_dataset,
-            eval_dataset,
-            processing_class,
-            peft_config,
-            train_rows,
-            eval_rows,
-            tokenizer,
-            owns_data=environment_factory is not None and callable(environment_factory),
-            routed=isinstance(environment_factory, Mapping),
-        )
+        try:
+            config, train_rows, eval_rows, model, tokenizer = trl_arguments(
+                model,
+                args,
+                train_dataset,
+                eval_dataset,
+                processing_class,
+                peft_config,
+                train_rows,
+                eval_rows,
+                tokenizer,
+                owns_data=environment_factory is not None and callable(environment_factory),
+                routed=isinstance(environment_factory, Mapping),
+            )
+        except ConfigError as e:
+            if e.args and isinstance(e.args[0], str):
+                e.args = (in_trl_terms(e.args[0]), *e.args[1:])
+            raise
     elif args is not None or train_dataset is not None or peft_config is not None:
         raise ConfigError(
             "args=, train_dataset= and peft_config= belong to TRL's form GRPOTrainer(model=..., args=GRPOConfig(...)); "

@@ -558,10 +558,25 @@ def check_context(
     room = context - max_completion_length
     for where, ids in (("training", train_ids), ("held-out", eval_ids)):
         long = [len(p) for p in ids if len(p) > room]
-        if long:
-            raise TrainingError(
-                f"{len(long)} {where} prompts (the longest {max(long)} tokens) do not leave room for "
-                f"rollout.max_completion_length={max_completion_length} tokens within the "
-                f"model's context of {context} (max_position_embeddings); set data.max_prompt_length="
-                f"{max(room, 1)} to leave them out, or lower rollout.max_completion_length"
+        if not long:
+            continue
+        fits = context - max(len(p) for p in ids)  # the completion length under which every prompt fits
+        fixes = [f"lower rollout.max_completion_length to {fits} or less"] if fits >= 1 else []
+        if where == "training" and len(long) < len(ids) and room >= 1:
+            # data.max_prompt_length drops training prompts only, and helps only while some prompt stays
+            fixes.append(f"set data.max_prompt_length={room} to leave those prompts out")
+        if not fixes:
+            fixes.append(
+                f"shorten the {where} prompts (the longest is {max(long)} tokens)"
+                + (
+                    ", or lower rollout.max_completion_length and leave the longest prompts out with "
+                    "data.max_prompt_length (the two summing to at most the context)"
+                    if where == "training" and min(len(p) for p in ids) < context
+                    else ""
+                )
             )
+        raise TrainingError(
+            f"{len(long)} of {len(ids)} {where} prompts (the longest {max(long)} tokens) do not leave room for "
+            f"rollout.max_completion_length={max_completion_length} tokens within the model's context of "
+            f"{context} (max_position_embeddings): {', or '.join(fixes)}"
+        )
