@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cohort.commands.pipeline import load_pipeline
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, TrainingError
 
 pytestmark = pytest.mark.slow
 
@@ -171,3 +171,45 @@ def test_a_second_pipeline_on_the_same_folder_stops_before_any_stage(tiny_model_
         holder.release()
     assert "is in use by another cohort run" in capsys.readouterr().err
     assert not any(p.is_dir() for p in (tmp_path / "run").iterdir())  # no stage started
+
+
+def test_a_sample_stage_that_accepts_nothing_stops_the_pipeline_and_runs_again(tiny_model_dir, tmp_path):
+    """Marked done, an empty sample would fail the stage that reads it at every run, with the sample skipped; so
+    the pipeline stops at the sample, and the next run takes it again."""
+    from cohort.commands import pipeline
+
+    pipe = load_pipeline(_write(tmp_path, tiny_model_dir))
+    ran: list[str] = []
+
+    def run(argv: list[str]) -> int:  # each stage as a stand-in: a model folder, or an empty sample
+        out = argv[argv.index("--out") + 1] if "--out" in argv else None
+        stage = next(s for s in pipe.stages if str(s.output) == out or f"out_dir={s.folder}" in argv)
+        ran.append(stage.name)
+        stage.output.parent.mkdir(parents=True, exist_ok=True)
+        if stage.command == "sample":
+            stage.output.write_text("")
+        else:
+            stage.output.mkdir(exist_ok=True)
+        return 0
+
+    with pytest.raises(
+        TrainingError, match=r"stage 'reject' accepted no completion .*stage 'sft_again' trains on"
+    ):
+        pipeline.run_pipeline(pipe, run=run, write=lambda line: None)
+    assert ran == ["cold_start", "grpo", "reject"] and not (pipe.stages[2].folder / "done.json").exists()
+    ran.clear()
+    with pytest.raises(TrainingError):
+        pipeline.run_pipeline(pipe, run=run, write=lambda line: None)
+    assert ran == ["reject"]  # the stages before it are done; this one runs again
+
+
+def test_a_failed_stage_is_a_training_error_naming_it(tiny_model_dir, tmp_path):
+    """A TrainingError, which the command prints as one line (exit code 1), where a RuntimeError's traceback was."""
+    from cohort.commands import pipeline
+
+    pipe = load_pipeline(_write(tmp_path, tiny_model_dir))
+    with pytest.raises(
+        TrainingError,
+        match=r"stage 'cold_start' failed \(exit code 2, its error above\); .*finished stages are skipped",
+    ):
+        pipeline.run_pipeline(pipe, run=lambda argv: 2, write=lambda line: None)

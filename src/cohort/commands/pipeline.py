@@ -37,7 +37,7 @@ from typing import Any
 
 from cohort.commands.arguments import build_parser
 from cohort.config import load_config, read_yaml_file
-from cohort.errors import ConfigError, disk_full_named
+from cohort.errors import ConfigError, TrainingError, disk_full_named
 from cohort.models import looks_like_path
 from cohort.report import write_comparison, write_report
 from cohort.runtime.rundir import RunLock
@@ -244,8 +244,9 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
         t0 = time.perf_counter()
         code = run(argv)
         if code != 0:
-            raise RuntimeError(
-                f"pipeline stage {stage.name!r} failed (exit code {code}); fix it and run again"
+            raise TrainingError(
+                f"pipeline stage {stage.name!r} failed (exit code {code}, its error above); fix it and run the "
+                "pipeline again: finished stages are skipped"
             )
         result: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1), "output": str(stage.output)}
         summary = stage.folder / "summary.json"
@@ -254,6 +255,7 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
             result.update({k: s.get(k) for k in ("accuracy_before", "accuracy_after", "steps")})
         if stage.command == "sample":
             result["accepted"] = sum(1 for line in stage.output.read_text().splitlines() if line.strip())
+            _check_accepted(pipe, i, result["accepted"])
         with disk_full_named(done.parent, done.name, PIPELINE_FIX):
             done.write_text(json.dumps(result) + "\n")
         results[stage.name] = result
@@ -261,6 +263,20 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
         _report(pipe, results)
         (pipe.out_dir / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _check_accepted(pipe: Pipeline, i: int, accepted: int) -> None:
+    """Raises TrainingError when sample stage `i` accepted nothing and a later stage reads its output: marked done,
+    that stage would fail at every run of the pipeline, with the stage that could mend it skipped."""
+    stage = pipe.stages[i]
+    readers = [s.name for s in pipe.stages[i + 1 :] if f"@{stage.name}" in s.args.values()]
+    if accepted or not readers:
+        return
+    raise TrainingError(
+        f"pipeline stage {stage.name!r} accepted no completion ({stage.output} is empty), and stage "
+        f"{readers[0]!r} trains on what it accepts: lower its threshold, raise its k, or train the model longer "
+        "before it, then run the pipeline again (this stage runs again; the ones before it are skipped)"
+    )
 
 
 def _report(pipe: Pipeline, results: dict[str, Any]) -> None:
