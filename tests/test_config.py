@@ -1,5 +1,7 @@
 """Config: YAML + dotted overrides, presets, validation errors that name the fix."""
 
+import warnings
+
 import pytest
 
 from cohort.config import ConfigError, TrainConfig, field_docs, load_config, save_config
@@ -339,3 +341,21 @@ def test_packed_weights_on_is_refused_where_auto_picks_a_gpu():
         load_config(None, _valid(**{"fast.packed_weights": "on"})).validate(
             environment=RunEnvironment(cuda_available=True)
         )
+
+
+def test_a_task_beside_a_data_path_is_refused_and_task_sizes_without_a_task_are_named():
+    """data.path's prompts are used and data.task's problems never made: both set is a contradiction (it dropped the
+    held-out set without a word); a task's sizes without a task change nothing."""
+    from cohort.errors import ConfigWarning
+
+    both = {"data.path": "train.jsonl", "data.task": "addition"}
+    with pytest.raises(
+        ConfigError, match=r"data.task='addition' changes nothing.*data.path is set.*drop one"
+    ):
+        load_config(None, [f"{k}={v}" for k, v in both.items()]).validate(need_model=False)
+    for key, value in (("data.n_train", 10), ("data.n_eval", 5), ("data.task_seed", 7)):
+        with pytest.warns(ConfigWarning, match=rf"{key}={value} changes nothing.*data.task is unset"):
+            load_config(None, ["data.path=train.jsonl", f"{key}={value}"]).validate(need_model=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load_config(None, ["data.task=addition", "data.n_train=10"]).validate(need_model=False)

@@ -154,6 +154,27 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         ),
     ),
     Inert(
+        "data.task",
+        lambda c, _: (
+            "data.path is set, and the prompts are read from it (a built-in task makes its problems only without "
+            "data.path); drop one of the two"
+            if c.data.path
+            else None
+        ),
+        error=True,
+    ),
+    *(
+        Inert(
+            f"data.{key}",
+            lambda c, _: (
+                "it shapes a built-in task's problems, and data.task is unset; drop this key or set data.task"
+                if not c.data.task
+                else None
+            ),
+        )
+        for key in ("n_train", "n_eval", "task_seed", "task_options")
+    ),
+    Inert(
         "distributed.load",
         lambda c, world_size: (
             "a one-process run reads its checkpoint itself (launch with torchrun to use it)"
