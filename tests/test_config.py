@@ -359,3 +359,39 @@ def test_a_task_beside_a_data_path_is_refused_and_task_sizes_without_a_task_are_
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         load_config(None, ["data.task=addition", "data.n_train=10"]).validate(need_model=False)
+
+
+def test_a_preset_given_as_an_override_meets_the_file_applied_after_it(tmp_path):
+    """The order is preset, file, overrides whatever the command line's order: the file's values win, said in a
+    warning when the preset came only from the command line; the preset's loss parameters go where another loss
+    is named (they were refused by it, naming neither the key nor the preset)."""
+    from cohort.errors import ConfigWarning
+
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "model: {name_or_path: m}\ndata: {task: addition}\nalgo: {loss_type: dapo, eps_high: 0.28}\n"
+    )
+    with pytest.warns(
+        ConfigWarning,
+        match=r"preset=vespo is applied before the config file, and the file's "
+        r"algo.loss_type='dapo' \(the preset's 'vespo'\), algo.eps_high=0.28 \(the preset's None\) win",
+    ):
+        cfg = load_config(f, ["preset=vespo"])
+    assert cfg.algo.loss_type == "dapo" and cfg.algo.loss_kwargs == {} and cfg.algo.importance == "token"
+    cfg.validate(need_model=False)  # dapo with no loss parameters: valid
+    # the file's value also given as an override: the preset's wins there, nothing to say about it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        cfg = load_config(f, ["preset=vespo", "algo.loss_type=vespo", "algo.eps_high=null"])
+    assert cfg.algo.loss_type == "vespo" and cfg.algo.loss_kwargs["k_pos"] == 2.0
+    # a preset named in the file itself: the file's own choice, no warning
+    f.write_text("preset: sapo\nmodel: {name_or_path: m}\ndata: {task: addition}\nalgo: {loss_type: dapo}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        assert load_config(f).algo.loss_kwargs == {}
+    # loss parameters that fit no loss name their key
+    bad = load_config(None, _valid(**{"algo.loss_type": "dapo", "algo.loss_kwargs": "{tau_pos: 1.0}"}))
+    with pytest.raises(
+        ConfigError, match=r"algo.loss_kwargs=\{'tau_pos': 1.0\}: loss_type='dapo' takes no parameters"
+    ):
+        bad.validate(need_model=False)

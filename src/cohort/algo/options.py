@@ -324,7 +324,10 @@ def _check_objective(a: Any) -> None:
             f"{a.advantage!r} reads algo.std and algo.adv_eps (grpo also algo.scale)"
         )
     if a.loss_type in BUILTIN_LOSSES and LOSS_KINDS[a.loss_type] == BUILTIN_LOSSES[a.loss_type]:
-        check_loss_parameters(a.loss_type, a.loss_kwargs)
+        try:
+            check_loss_parameters(a.loss_type, a.loss_kwargs)
+        except ConfigError as e:  # the config's key is named: the values may have come from a preset
+            raise ConfigError(f"algo.loss_kwargs={dict(a.loss_kwargs)!r}: {e}") from None
     if a.aggregation is not None:
         _choice("algo.aggregation", a.aggregation, AGGREGATIONS)
     if not kind.clip:

@@ -28,6 +28,7 @@ import os
 import textwrap
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,8 @@ import yaml
 from cohort.compat.fields import TRL_FIELDS
 from cohort.config.checked import TrainConfig
 from cohort.config.kinds import KIND_ALIASES, KIND_KEY, kind_name, kind_value, kinds_of, write_alias
-from cohort.config.presets import apply_preset
-from cohort.errors import ConfigError
+from cohort.config.presets import PRESETS, apply_preset
+from cohort.errors import ConfigError, ConfigWarning
 
 __all__ = [
     "MOVED_KEYS",
@@ -297,6 +298,7 @@ def load_config(
 ) -> TrainConfig:
     """Return a TrainConfig from defaults (or `base`), preset, YAML file and overrides, in that order."""
     layers: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if p.is_dir():
@@ -307,7 +309,8 @@ def load_config(
         loaded = read_yaml_file(p, "config file")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
-        layers = _deep_merge(layers, _nest_top(loaded))
+        from_file = _nest_top(loaded)
+        layers = _deep_merge(layers, from_file)
     if overrides:
         extra = parse_overrides(list(overrides)) if isinstance(overrides, list) else _nest_top(overrides)
         layers = _deep_merge(layers, extra)
@@ -316,8 +319,38 @@ def load_config(
     preset = layers.get("preset", cfg.preset)
     if preset is not None:
         apply_preset(cfg, preset)
+        _after_preset(cfg, str(preset), layers, from_file)
     _apply(cfg, layers)
     return cfg
+
+
+def _after_preset(cfg: TrainConfig, preset: str, layers: dict[str, Any], from_file: dict[str, Any]) -> None:
+    """Returns None after fitting the preset's values to the layers applied after it: its loss parameters are
+    dropped where a later layer names another loss (they are that loss's, and refused by any other), and a
+    ConfigWarning names the file's values that win over a preset given only as an override (the file comes later
+    in the order, whatever the command line's order)."""
+    later = layers.get("algo") if isinstance(layers.get("algo"), dict) else {}
+    own = PRESETS.get(preset, {}).get("algo", {})
+    if "loss_type" in later and later["loss_type"] != own.get("loss_type") and "loss_kwargs" not in later:
+        cfg.algo.loss_kwargs = {}
+    if "preset" in from_file or not from_file:
+        return
+    beaten = [
+        f"{section}.{key}={from_file[section][key]!r} (the preset's {value!r})"
+        for section, values in PRESETS.get(preset, {}).items()
+        for key, value in values.items()
+        if isinstance(from_file.get(section), dict)
+        and key in from_file[section]
+        and from_file[section][key] != value
+        and not (isinstance(layers.get(section), dict) and layers[section].get(key) == value)
+    ]
+    if beaten:
+        warnings.warn(
+            f"preset={preset} is applied before the config file, and the file's {', '.join(beaten)} win over "
+            "it; to take the preset's values, remove them from the file or give them as overrides too",
+            ConfigWarning,
+            stacklevel=3,
+        )
 
 
 class _StrictLoader(yaml.SafeLoader):
