@@ -51,7 +51,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     if args.groups < 1:
         raise ValueError(f"--groups {args.groups} must be >= 1")
-    return run_doctor(_train_config(args), groups=args.groups)
+    return run_doctor(lambda: _train_config(args), groups=args.groups)
 
 
 def _cmd_pipeline(args: argparse.Namespace) -> int:

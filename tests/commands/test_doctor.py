@@ -71,7 +71,17 @@ def test_the_cli_explains_a_config_error_in_full_and_exits_1(tiny_model_dir, tmp
     assert (
         short.returncode == 1
         and "PROBLEM: TrainingError:" in short.stdout
-        and "max_prompt_length" in short.stdout
+        and "lower rollout.max_completion_length to" in short.stdout
+    )
+    # a key the loading refuses: reported as the doctor reports (it was the command line's error, exit code 2)
+    typo = subprocess.run(
+        [sys.executable, "-m", "cohort.cli", "doctor", *fixed, "algo.btea=0.1"],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        typo.returncode == 1
+        and "PROBLEM: unknown config key 'algo.btea'; did you mean 'algo.beta'?" in typo.stdout
     )
     ok = subprocess.run(
         [sys.executable, "-m", "cohort.cli", "doctor", *fixed, "rollout.max_completion_length=6"],

@@ -220,9 +220,22 @@ def _peak_memory(device: torch.device) -> str:
     return text
 
 
-def run_doctor(cfg: TrainConfig, *, groups: int = 4, write: Callable[[str], None] = print) -> int:
-    """Returns the doctor's exit code (1 on a blocking problem) after printing its report."""
-    rep = rehearse(cfg, groups=groups)
+def run_doctor(
+    cfg: TrainConfig | Callable[[], TrainConfig], *, groups: int = 4, write: Callable[[str], None] = print
+) -> int:
+    """Returns the doctor's exit code (1 on a blocking problem) after printing its report; `cfg` may be the function
+    that loads the config, whose refusal (a key, a type, a value the loading checks) is then reported as one."""
+    if callable(cfg):
+        try:
+            cfg = cfg()
+        except ConfigError as e:
+            rep = Report()
+            rep.say("config")
+            rep.block(str(e))
+        else:
+            rep = rehearse(cfg, groups=groups)
+    else:
+        rep = rehearse(cfg, groups=groups)
     for line in rep.lines:
         write(line)
     if rep.blocking:
