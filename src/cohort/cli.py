@@ -531,8 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     from cohort.fastpath import FastPathError
     from cohort.runtime.rundir import RunLockedError
 
+    from cohort.report.progress import quiet_hf_progress
+
     try:
-        code = COMMANDS[args.command](args)
+        with quiet_hf_progress():  # cohort prints its own lines; transformers' load and save bars broke them up
+            code = COMMANDS[args.command](args)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from cohort.runtime.distributed import exit_without_teardown
 

@@ -229,7 +229,10 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    model.save_pretrained(out)
+    from cohort.report.progress import quiet_hf_progress
+
+    with quiet_hf_progress():  # no "Writing model shards" bar for a model of a few MiB
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # transformers 5 writes its internal name "TokenizersBackend"; the public alias also loads in 4.x
     # and in tools that resolve the class by name (the byte-level vocabulary keeps ids identical either way)
