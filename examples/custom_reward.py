@@ -3,6 +3,8 @@
 Run: python examples/custom_reward.py   (builds a tiny local model; takes about a minute on a CPU)
 """
 
+import time
+
 from cohort import GRPOTrainer, build_tiny_model, load_config
 
 
@@ -28,7 +30,7 @@ if __name__ == "__main__":
             "rollout": {"group_size": 4, "batch_size": 32, "max_completion_length": 6},
             "optim": {"lr": 1e-3},
             "steps": 10,
-            "out_dir": "runs/example-custom-reward",
+            "out_dir": f"runs/example-custom-reward-{time.strftime('%Y%m%d-%H%M%S')}",  # a new run each time
         },
     )
     trainer = GRPOTrainer(cfg, reward_funcs=[short_and_right, "accuracy"])

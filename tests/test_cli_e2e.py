@@ -114,7 +114,9 @@ def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
         sft_out,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr  # cohort's lines only
+    assert (
+        "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr
+    )  # cohort's lines only
     proc = _cohort(
         "eval",
         "--model",
@@ -131,7 +133,9 @@ def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
         6,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr  # cohort's lines only
+    assert (
+        "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr
+    )  # cohort's lines only
     result = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert {"accuracy", "pass@4", "maj@4", "n"} <= set(result) and 0 <= result["pass@4"] <= 1
     proc = _cohort(
@@ -154,7 +158,9 @@ def test_sft_eval_sample_commands(tiny_model_dir, tmp_path):
         tmp_path / "s.jsonl",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr  # cohort's lines only
+    assert (
+        "Loading weights" not in proc.stderr and "Writing model shards" not in proc.stderr
+    )  # cohort's lines only
     lines = (tmp_path / "s.jsonl").read_text().splitlines()
     assert len(lines) == 8 and "completion" in json.loads(lines[0])
 

@@ -529,12 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from cohort.errors import ConfigError, ReportedElsewhere, TrainingError
     from cohort.fastpath import FastPathError
+    from cohort.report.progress import quiet_hf_progress
     from cohort.runtime.rundir import RunLockedError
 
-    from cohort.report.progress import quiet_hf_progress
-
     try:
-        with quiet_hf_progress():  # cohort prints its own lines; transformers' load and save bars broke them up
+        with (
+            quiet_hf_progress()
+        ):  # cohort prints its own lines; transformers' load and save bars broke them up
             code = COMMANDS[args.command](args)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from cohort.runtime.distributed import exit_without_teardown

@@ -34,7 +34,9 @@ def test_more_processes_than_gpus_is_one_clear_error_before_the_process_group(mo
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(ConfigError, match=r"LOCAL_RANK=1 but only 1 CUDA GPU\(s\) are visible") as e:
         distributed.init_from_env()
-    assert "--gpus-per-task" in str(e.value) and "LOCAL_RANK=0" in str(e.value)  # the launcher-binding way out
+    assert "--gpus-per-task" in str(e.value) and "LOCAL_RANK=0" in str(
+        e.value
+    )  # the launcher-binding way out
     monkeypatch.setenv("LOCAL_RANK", "0")
     distributed.check_local_gpu()  # local rank 0 has its GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

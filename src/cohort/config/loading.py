@@ -329,7 +329,8 @@ def _after_preset(cfg: TrainConfig, preset: str, layers: dict[str, Any], from_fi
     dropped where a later layer names another loss (they are that loss's, and refused by any other), and a
     ConfigWarning names the file's values that win over a preset given only as an override (the file comes later
     in the order, whatever the command line's order)."""
-    later = layers.get("algo") if isinstance(layers.get("algo"), dict) else {}
+    algo = layers.get("algo")
+    later: dict[str, Any] = algo if isinstance(algo, dict) else {}
     own = PRESETS.get(preset, {}).get("algo", {})
     if "loss_type" in later and later["loss_type"] != own.get("loss_type") and "loss_kwargs" not in later:
         cfg.algo.loss_kwargs = {}

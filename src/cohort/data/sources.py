@@ -303,7 +303,7 @@ def validate_rows(
     if prompt_column not in rows[0]:
         raise DataError(
             f"{where} has no prompt column {prompt_column!r}; columns found: {columns}. "
-            "Pass prompt_column=<one of them> (data.prompt_column in the config)"
+            "Pass prompt_column=<one of them> (data.prompt_column in the config, --prompt-column on the command line)"
         )
     reserved = sorted(RESERVED_COLUMNS & set(columns))
     if reserved:

@@ -199,7 +199,7 @@ class Drawer:
             self.warn_once(
                 "refill-empty",
                 f"dynamic sampling: no group with unequal rewards in {len(parts)} rounds ({generated} groups); the "
-                "step trains on the first round as it is (raise algo.max_sampling_rounds, or check the rewards)",
+                "step trains on the first round as it is (raise algo.dynamic_sampling.max_rounds, or check the rewards)",
             )
             chosen = [(first, list(range(len(first.idx))))]
         else:
@@ -207,7 +207,7 @@ class Drawer:
                 self.warn_once(
                     "refill-short",
                     f"dynamic sampling: {kept} of {want} groups with unequal rewards after {len(parts)} rounds; "
-                    "the step trains on those (raise algo.max_sampling_rounds to fill the batch)",
+                    "the step trains on those (raise algo.dynamic_sampling.max_rounds to fill the batch)",
                 )
             chosen, room = [], want
             for d, groups in parts:
