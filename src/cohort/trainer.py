@@ -298,7 +298,9 @@ class GRPOTrainer:
         """Loads the checkpoint TRL's train(resume_from_checkpoint=...) names (True: out_dir's newest)."""
         if self.run.candidates:  # the config's resume already loaded one
             return
-        self.cfg.resume = trl_resume_target(where, self.run_dir)
+        self.cfg.resume = trl_resume_target(
+            where, self.run_dir, self.cfg.algo.num_iterations * self.cfg.algo.num_minibatches
+        )
         self.run.existing_run = None
         self.run.candidates = find_checkpoints(self.cfg, self.run_dir, trl_form=self.trl_form)
         self._resume()

@@ -255,6 +255,21 @@ def test_resume_from_a_named_checkpoint_and_the_bad_forms(tiny_model_dir, tmp_pa
     assert [r["step"] for r in trainer.state.log_history][:1] == [1]
 
 
+def test_trls_checkpoint_number_is_its_global_step(tiny_model_dir, tmp_path):
+    """With two optimizer steps a generation batch, TRL's checkpoint-4 is the state after global step 4: cohort's
+    step 2; an odd number names no checkpoint, and the refusal lists them under both names."""
+    _trainer(tiny_model_dir, tmp_path, num_iterations=2, max_steps=6, save_steps=2).train()
+    with pytest.raises(ConfigError, match=r"multiple of 2; .*step-2 \(TRL's checkpoint-4\)"):
+        _trainer(tiny_model_dir, tmp_path, num_iterations=2, max_steps=8).train(
+            resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-3")
+        )
+    trainer = _trainer(tiny_model_dir, tmp_path, num_iterations=2, max_steps=8)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+    assert trainer.state.global_step == 8
+    # the history up to global step 4 from the checkpoint, then this run's (the first run's step 6 is not kept)
+    assert [r["step"] for r in trainer.state.log_history if "loss" in r] == [2, 4, 6, 8]
+
+
 # ------------------------------------------------------------------ evaluation
 def test_evaluate_returns_trl_keys_besides_accuracy(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, eval_dataset=_rows(4), per_device_eval_batch_size=8)

@@ -308,9 +308,10 @@ def save_final_model(model: torch.nn.Module, tokenizer: Any, out: Path, *, shard
     return out
 
 
-def trl_resume_target(where: bool | str | os.PathLike, run_dir: Path) -> str:
+def trl_resume_target(where: bool | str | os.PathLike, run_dir: Path, updates_per_step: int = 1) -> str:
     """Returns the `resume` setting TRL's train(resume_from_checkpoint=where) means: "auto" for True (the
-    newest checkpoint of run_dir), else the checkpoint folder (TRL's name checkpoint-N is cohort's step-N)."""
+    newest checkpoint of run_dir), else the checkpoint folder. TRL's name checkpoint-N counts optimizer steps
+    (its global_step), of which each cohort step makes `updates_per_step`: it is cohort's step-(N / that)."""
     if where is True:
         if not list_checkpoints(run_dir):
             raise ConfigError(
@@ -320,12 +321,28 @@ def trl_resume_target(where: bool | str | os.PathLike, run_dir: Path) -> str:
         return "auto"
     path = Path(str(where))
     trl_name = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    if not path.exists() and trl_name:  # TRL's output_dir/checkpoint-N is cohort's checkpoints/step-N
-        path = path.parent / "checkpoints" / f"step-{trl_name.group(1)}"
+
+    def found() -> str:
+        names = [
+            f"{p.name} (TRL's checkpoint-{int(p.name.split('-')[-1]) * updates_per_step})"
+            if p.name.split("-")[-1].isdigit() and updates_per_step > 1
+            else p.name
+            for p in list_checkpoints(run_dir)
+        ]
+        return ", ".join(names) or "none"
+
+    if not path.exists() and trl_name:  # TRL's output_dir/checkpoint-N is cohort's checkpoints/step-(N / k)
+        step, rest = divmod(int(trl_name.group(1)), updates_per_step)
+        if rest:
+            raise ConfigError(
+                f"resume_from_checkpoint={str(where)!r}: TRL numbers checkpoints by optimizer step, and each "
+                f"generation batch here makes {updates_per_step}, so a checkpoint's number is a multiple of "
+                f"{updates_per_step}; the checkpoints of {run_dir} are: {found()}"
+            )
+        path = path.parent / "checkpoints" / f"step-{step}"
     if not (path / "trainer_state.pt").is_file():
-        found = ", ".join(p.name for p in list_checkpoints(run_dir)) or "none"
         raise ConfigError(
             f"resume_from_checkpoint={str(where)!r} is not a cohort checkpoint (no trainer_state.pt); "
-            f"the checkpoints of {run_dir} are: {found} (in {run_dir / 'checkpoints'}), or pass True"
+            f"the checkpoints of {run_dir} are: {found()} (in {run_dir / 'checkpoints'}), or pass True"
         )
     return str(path)
