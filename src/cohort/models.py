@@ -32,6 +32,7 @@ import torch
 from cohort.choices import DTYPE_NAMES
 from cohort.episodes.templates import install_tool_format
 from cohort.errors import first_line
+from cohort.report.progress import quiet_hf_progress
 
 if TYPE_CHECKING:
     from cohort.config import LoraConfig
@@ -229,8 +230,6 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    from cohort.report.progress import quiet_hf_progress
-
     with quiet_hf_progress():  # no "Writing model shards" bar for a model of a few MiB
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
