@@ -1,6 +1,8 @@
 """Every loss type, advantage estimator and entropy control on the demo task, from one warm start, several seeds.
 
-    python benchmarks/ablation/run.py --out runs/ablation                   # 24 variants x 3 seeds x 1000 steps
+    python benchmarks/ablation/run.py --out runs/ablation                   # every variant x 3 seeds x 1000 steps
+    python benchmarks/ablation/run.py --out runs/ablation --variants classic --steps 800 --eval-every 200 \
+        --seeds 0 1 2 --page docs/ablation.md                              # docs/ablation.md's 14 variants
     python benchmarks/ablation/run.py --out runs/ablation2026 --variants 2026 --page docs/ablation-2026.md
     python benchmarks/ablation/run.py --out runs/ablation-code --task code --variants 2026 \
         --page docs/ablation-2026-code.md                                  # the same on the code task
@@ -14,7 +16,8 @@ once under OUT/warm, or any model folder given with --warm-start. Each variant i
 minibatches (COMMON below: why) with only the listed overrides changed. Each variant x seed is one
 `python -m cohort train OUT/runs/<variant>-s<seed>.yaml` in a subprocess (the YAML holds the whole config,
 so the printed command reproduces the run), evaluated on the 200 held-out problems every --eval-every steps. --variants takes names or
-the groups of GROUPS ("2026": the baseline, grpo, cispo, gspo and the members of issue 40).
+the groups of GROUPS ("2026": the baseline, grpo, cispo, gspo and the members of issue 40; "classic": the
+14 variants before them).
 The seed changes sampling and shuffling, not the warm start.
 
 --task code does the same on the built-in code task (examples/code_task.py): the warm start is that script's
@@ -135,6 +138,7 @@ NEW_2026 = [
 # Named sets of variants, accepted by --variants in place of names (`--variants 2026`).
 GROUPS: dict[str, list[str]] = {
     "2026": [BASELINE, "grpo", "cispo", "gspo", *NEW_2026],
+    "classic": [v for v in VARIANTS if v not in NEW_2026],  # the 14 of docs/ablation.md's table
 }
 # The figures: one panel per family, each with the baseline so every panel reads against the demo.
 PANELS: dict[str, list[str]] = {

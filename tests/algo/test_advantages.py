@@ -196,6 +196,13 @@ def test_combine_decoupled_hand_example():
     torch.testing.assert_close(
         group_advantages(summed, 2, std="population", eps=0.0), t64([1, -1, 1, -1]), rtol=0, atol=1e-12
     )
+    # docs/algorithms.md's example, equal weights: (1, 1) vs (0, 0) gets twice the advantage of (1, 0) vs (0, 0),
+    # where the plain sum's z-scores are +-1 for both. Column z-scores [1, -1] twice in group 0, [1, -1] and [0, 0]
+    # in group 1: s = [2, -2, 1, -1], batch std sqrt(2.5) -> [1.265, -1.265, 0.632, -0.632] (population).
+    both = combine_rewards(
+        t64([[1, 1], [0, 0], [1, 0], [0, 0]]), [1.0, 1.0], 2, mode="decoupled", std="population", eps=0.0
+    )
+    torch.testing.assert_close(both, t64([2, -2, 1, -1]) / math.sqrt(2.5), rtol=0, atol=1e-12)
 
 
 def _loop_decoupled(rewards, weights, g, std, eps):

@@ -481,3 +481,19 @@ def test_observation_text_defaults(observation, text):
 def test_observation_text_refuses_what_it_cannot_read():
     with pytest.raises(EnvironmentProtocolError, match=r"type int; pass observation_text="):
         observation_text(3)
+
+
+@needs_openenv
+@pytest.mark.slow
+def test_a_full_server_right_after_a_timed_out_call_names_that_call(counting_server):
+    """A step that timed out keeps running on the server, holding its session: the reset that follows at once is
+    refused as a full server, which is not what to fix (it said to raise max_concurrent_envs)."""
+    import asyncio
+
+    url, _ = counting_server
+    with OpenEnvEnvironment(url, timeout=2, connect_timeout=5) as env:
+        full = RuntimeError("Server error: CAPACITY_REACHED (1/1 sessions)")
+        assert "max_concurrent_envs=N" in str(env._server_error("reset", full))
+        assert "did not answer step within 2 s" in str(env._server_error("step", asyncio.TimeoutError()))
+        after = str(env._server_error("reset", full))
+        assert "after a call of this environment timed out" in after and "max_concurrent_envs" not in after

@@ -30,6 +30,25 @@ def test_factories():
         resolve_reward_funcs(["length(size=3)"])
 
 
+def test_a_spec_written_in_yaml_reads_its_words_and_a_split_one_says_to_quote_it():
+    """A config file says true / false / null; a YAML flow list cut `code(timeout=2, all_or_nothing=true)` at its
+    comma, and the piece was 'an unknown reward'."""
+    (fn,) = resolve_reward_funcs(["code(timeout=2, all_or_nothing=true)"])
+    assert fn.all_or_nothing is True
+    (fn,) = resolve_reward_funcs(["code(all_or_nothing=false)"])
+    assert fn.all_or_nothing is False
+    with pytest.raises(
+        ValueError,
+        match=r"ends before its closing parenthesis: .*quote it, e.g. rewards: "
+        r'\["code\(timeout=5, all_or_nothing=True\)"\]',
+    ):
+        resolve_reward_funcs(["code(timeout=2", "all_or_nothing=true)"])
+    with pytest.raises(
+        ValueError, match=r"must be Python literals, e.g. 'code\(timeout=5, all_or_nothing=True\)'"
+    ):
+        resolve_reward_funcs(["code(timeout=two)"])
+
+
 def test_unknown_name_lists_builtins():
     with pytest.raises(
         ValueError, match=r"unknown reward 'acuracy'; built-in rewards are: accuracy, format, "

@@ -110,6 +110,8 @@ def test_assert_tests_run_after_the_program_each_on_its_own(box):
     assert (early.status, early.error, early.tests) == ("error", "SystemExit", ())  # no test ran
     hang = box.run("def f(x):\n    while True: pass", tests=["assert True", "assert f(1)"], timeout=0.5)
     assert (hang.status, hang.tests) == ("timeout", ("pass",))
+    one = box.run("x = 1", tests="assert x == 1")  # one test, as the code reward reads a string
+    assert one.tests == ("pass",)
 
 
 def test_report_lines_need_the_runs_tag():
@@ -202,6 +204,8 @@ def test_limits_are_checked():
         Limits(timeout=0)
     with pytest.raises(ValueError, match="memory_mb=8"):
         Limits(memory_mb=8)
+    with pytest.raises(ValueError, match=r"sandbox limit timeout='2' is out of range"):  # a TypeError, unnamed
+        Limits(timeout="2")
     assert Limits(timeout=2.5).cpu == 4 and Limits(cpu_seconds=9).cpu == 9
     assert Limits().with_(timeout=None, memory_mb=64) == Limits(memory_mb=64)
 

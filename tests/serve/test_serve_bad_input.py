@@ -204,3 +204,39 @@ def test_a_worker_started_with_device_auto_samples_on_this_machines_device(tiny_
             assert t.remote.clients[0].identity["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
         finally:
             t.remote.close()
+
+
+def test_an_address_where_a_server_of_another_kind_listens_is_named_at_once(tiny_model_dir, tmp_path):
+    """An HTTP server on the port says nothing to a connection: it was waited for through all of connect_timeout,
+    then reported as no worker at all, with the advice to start one on a port that is taken."""
+    import http.server
+    import threading
+    import time
+
+    from cohort.serve.client import speaks_zeromq
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        assert speaks_zeromq(address, 0.5) is False
+        over = {"rollout.workers": [address], "rollout.connect_timeout": 60}
+        started = time.monotonic()
+        with pytest.raises(
+            ConfigError,
+            match=rf"the server at {address} is not a cohort rollout worker \(it accepts "
+            r"connections but does not speak ZeroMQ",
+        ):
+            GRPOTrainer(run_config(tiny_model_dir, tmp_path, **over))
+        assert time.monotonic() - started < 30  # not connect_timeout's 60 s
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    with socket.socket() as free:  # nothing listens: not decided here (a worker may still be loading)
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert speaks_zeromq(f"127.0.0.1:{port}", 0.5) is None
+    with _another_server(lambda header: b"") as zmq_address:
+        assert speaks_zeromq(zmq_address, 2.0) is True

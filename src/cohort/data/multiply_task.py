@@ -54,6 +54,8 @@ class MultiplyTask(Task):
 
     name = "multiply"
 
+    grows_with = ("digits_a", "digits_b")
+
     def __init__(self, digits_a: int | Sequence[int] = (3, 4), digits_b: int | Sequence[int] = (2, 4)):
         lo_a, hi_a = _digit_range("digits_a", digits_a)
         lo_b, hi_b = _digit_range("digits_b", digits_b)

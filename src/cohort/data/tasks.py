@@ -20,6 +20,8 @@ class Task:
     """A finite, enumerable space of problems: ``problem(i)`` for ``0 <= i < size`` gives distinct rows."""
 
     name: str = ""
+    grows_with: tuple[str, ...] = ()
+    """The task_options that enlarge the space (named when a run asks for more problems than it has)."""
 
     @property
     def size(self) -> int:
@@ -39,6 +41,7 @@ class AdditionTask(Task):
     """``a+b=`` with ``a`` of up to ``digits_a`` digits and ``b`` of up to ``digits_b`` digits; answer ``a+b``."""
 
     name = "addition"
+    grows_with = ("digits_a", "digits_b")
 
     def __init__(self, digits_a: int = 2, digits_b: int = 2):
         for key, value in (("digits_a", digits_a), ("digits_b", digits_b)):
@@ -65,6 +68,7 @@ class MultistepTask(Task):
     """
 
     name = "multistep"
+    grows_with = ("max_operands", "max_operand")
 
     def __init__(
         self,
@@ -200,9 +204,15 @@ def make_task(
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"make_task: {key}={value!r} must be a non-negative integer")
     if n_train + n_eval > task.size:
+        grow = (
+            f", or enlarge the task with data.task_options ({', '.join(task.grows_with)})"
+            if task.grows_with
+            else ""
+        )
         raise ValueError(
             f"task {task.name!r} has only {task.size} distinct problems but n_train + n_eval = "
-            f"{n_train + n_eval}; lower them or enlarge the task (e.g. more digits / operands)"
+            f"{n_train + n_eval} (data.n_train={n_train}, data.n_eval={n_eval}); lower them to sum to at most "
+            f"{task.size}{grow}"
         )
     rng = random.Random(seed)
     seen: set[int] = set()

@@ -18,6 +18,7 @@ import concurrent.futures
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -311,7 +312,7 @@ class OpenEnvEnvironment(TextEnvironment):
         except Exception as exc:
             raise EnvironmentServerError(
                 f"cannot reach an OpenEnv server at {self.ws_url} ({type(exc).__name__}: {first_line(exc)}); start "
-                f"the environment's server first (for example `uvicorn my_env.server.app:app --host 127.0.0.1 --port "
+                f"the environment's server first (for example `uvicorn my_env.server:app --host 127.0.0.1 --port "
                 f"8000`) and pass its address as base_url"
             ) from exc
         self._client = client
@@ -348,9 +349,18 @@ class OpenEnvEnvironment(TextEnvironment):
         """Returns the error for a failed reset or step: what happened at which URL, and the fix."""
         cause = words or f"{type(exc).__name__}: {first_line(exc)}"
         if isinstance(exc, (asyncio.TimeoutError, concurrent.futures.TimeoutError)):
+            self._timed_out_at = time.monotonic()
             return EnvironmentServerError(
                 f"the OpenEnv server at {self.ws_url} did not answer {what} within {self.timeout:g} s; check that it "
                 f"is running and not overloaded, or raise OpenEnvEnvironment's timeout"
+            )
+        since = time.monotonic() - getattr(self, "_timed_out_at", -math.inf)
+        if "CAPACITY_REACHED" in cause and since < 2 * self.timeout + self.connect_timeout:
+            return EnvironmentServerError(
+                f"the OpenEnv server at {self.ws_url} refused a session ({cause}) {since:.1f} s after a call of this "
+                "environment timed out: the server is likely still running that call, which holds its session until "
+                "it ends; reset() again once it has (or raise OpenEnvEnvironment's timeout above the environment's "
+                "slowest step)"
             )
         if "CAPACITY_REACHED" in cause:
             return EnvironmentServerError(

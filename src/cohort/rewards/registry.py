@@ -52,6 +52,9 @@ REWARD_FACTORIES: dict[str, Callable[..., Callable]] = {
 }
 """Built-in reward factories by spec name; spec ``"overlong(max_length=512)"`` calls the factory."""
 
+_YAML_WORDS: dict[str, Any] = {"true": True, "false": False, "null": None}
+"""YAML's words for True, False and None, read in a reward spec's arguments."""
+
 _CALL = re.compile(r"^\s*(\w+)\s*\((.*)\)\s*$", re.DOTALL)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
@@ -66,14 +69,22 @@ def _known() -> str:
 
 def _call_factory(name: str, args_text: str, spec: str) -> Callable:
     """Returns the function a built-in factory builds from the literal arguments in ``spec``."""
+
+    def literal(node: ast.expr) -> Any:
+        # YAML's spellings too: a spec written in a config file says true / false / null
+        if isinstance(node, ast.Name) and node.id in _YAML_WORDS:
+            return _YAML_WORDS[node.id]
+        return ast.literal_eval(node)
+
     try:
         call = ast.parse(f"f({args_text})", mode="eval").body
         assert isinstance(call, ast.Call)
-        args = [ast.literal_eval(a) for a in call.args]
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
+        args = [literal(a) for a in call.args]
+        kwargs = {kw.arg: literal(kw.value) for kw in call.keywords if kw.arg is not None}
     except (SyntaxError, ValueError, AssertionError) as exc:
+        example = getattr(REWARD_FACTORIES[name], "spec_example", "max_length=512")
         raise ValueError(
-            f"reward spec {spec!r}: arguments must be Python literals, e.g. '{name}(max_length=512, buffer=128)'"
+            f"reward spec {spec!r}: arguments must be Python literals, e.g. '{name}({example})'"
         ) from exc
     try:
         return REWARD_FACTORIES[name](*args, **kwargs)
@@ -124,6 +135,14 @@ def _resolve_one(
     call = _CALL.match(key)
     if call and call.group(1).removesuffix("_reward") in REWARD_FACTORIES:
         return _call_factory(call.group(1).removesuffix("_reward"), call.group(2), spec)
+    opened = re.match(r"\s*(\w+)\s*\(", key)
+    if opened and opened.group(1).removesuffix("_reward") in REWARD_FACTORIES and not key.endswith(")"):
+        name = opened.group(1).removesuffix("_reward")
+        example = getattr(REWARD_FACTORIES[name], "spec_example", "max_length=512")
+        raise ValueError(
+            f"reward spec {spec!r} ends before its closing parenthesis: a YAML list splits an unquoted spec at "
+            f'its commas; quote it, e.g. rewards: ["{name}({example})"]'
+        )
     if bare in REWARD_FACTORIES:
         if max_completion_length is None:
             raise ValueError(

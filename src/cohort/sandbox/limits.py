@@ -41,7 +41,10 @@ class Limits:
 
     def __post_init__(self) -> None:
         checks = {
-            "timeout": self.timeout > 0 and math.isfinite(self.timeout),
+            "timeout": isinstance(self.timeout, (int, float))
+            and not isinstance(self.timeout, bool)
+            and self.timeout > 0
+            and math.isfinite(self.timeout),
             "memory_mb": isinstance(self.memory_mb, int) and self.memory_mb >= 32,
             "cpu_seconds": self.cpu_seconds is None
             or (isinstance(self.cpu_seconds, int) and self.cpu_seconds >= 1),

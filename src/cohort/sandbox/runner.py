@@ -230,6 +230,8 @@ class Sandbox:
         """
         if not isinstance(code, str):
             raise TypeError(f"sandbox run: code must be a str, got {type(code).__name__}")
+        if isinstance(tests, str):  # one test, as the code reward reads a string (not one per character)
+            tests = [tests]
         limits = self.limits.with_(timeout=timeout, memory_mb=memory_mb)
         with self._slot() as slot:
             return self._execute(self.isolation, code, stdin, limits, tests, slot)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -666,6 +667,27 @@ def _shutdown(
         context.term()
 
 
+def speaks_zeromq(address: str, seconds: float = 2.0) -> bool | None:
+    """Returns whether the server at `address` ("host:port") opens with ZeroMQ's greeting (True), accepts a
+    connection and says something else or nothing within `seconds` (False: another program's server, an HTTP one
+    say), or accepts none (None: nothing listens yet, as while a worker loads its model).
+
+    A ZeroMQ peer sends its greeting's signature (0xFF first) as soon as a connection opens, so another program on
+    a worker's port is told at once, where waiting for an answer to the hello took all of connect_timeout."""
+    host, _, port = address.rpartition(":")
+    try:
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=seconds)
+    except (OSError, ValueError):
+        return None
+    with conn:
+        conn.settimeout(seconds)
+        try:
+            first = conn.recv(1)
+        except OSError:  # said nothing within `seconds`
+            return False
+    return first == b"\xff"
+
+
 def connect_workers(
     workers: int | list[str],
     model: torch.nn.Module,
@@ -752,6 +774,13 @@ def connect_workers(
         try:
             for c in clients:
                 port = c.address.rsplit(":", 1)[-1]
+                if speaks_zeromq(c.address) is False:
+                    raise ConfigError(
+                        f"the server at {c.address} is not a cohort rollout worker (it accepts connections but does "
+                        f"not speak ZeroMQ, as `cohort serve` does): point rollout.workers at the address a `cohort "
+                        f"serve` printed, or stop that server and start one there with `cohort serve --model PATH "
+                        f"--port {port}`"
+                    )
                 try:
                     reply, _ = c.request(hello, timeout=connect_timeout)
                     if "ok" not in reply or (reply["ok"] and not isinstance(reply.get("identity"), dict)):
