@@ -204,7 +204,9 @@ def test_limits_are_checked():
         Limits(timeout=0)
     with pytest.raises(ValueError, match="memory_mb=8"):
         Limits(memory_mb=8)
-    with pytest.raises(ValueError, match=r"sandbox limit timeout='2' is out of range"):  # a TypeError, unnamed
+    with pytest.raises(
+        ValueError, match=r"sandbox limit timeout='2' is out of range"
+    ):  # a TypeError, unnamed
         Limits(timeout="2")
     assert Limits(timeout=2.5).cpu == 4 and Limits(cpu_seconds=9).cpu == 9
     assert Limits().with_(timeout=None, memory_mb=64) == Limits(memory_mb=64)
