@@ -267,3 +267,18 @@ def test_a_saved_lora_adapter_continues_training(tiny_model_dir, tmp_path):
     t.train()
     after = dict(t.model.named_parameters())
     assert any(not torch.equal(after[n], v) for n, v in trainable.items())
+
+
+def test_eval_k_adds_pass_and_majority_at_k_to_the_training_evaluations(tiny_model_dir, tmp_path):
+    """The evaluations during training report pass@k and maj@k of eval_k sampled completions (the docs showed
+    them, and no key asked for them); eval_k=1 keeps greedy accuracy alone; eval_k < 1 is refused before loading."""
+    cfg = _cfg(tiny_model_dir, tmp_path / "k", eval_k=3, eval_every=1, steps=1, **{"data.n_eval": 4})
+    GRPOTrainer(cfg).train()
+    rows = [json.loads(line) for line in (tmp_path / "k" / "evals.jsonl").read_text().splitlines()]
+    assert rows and all({"accuracy", "pass@3", "maj@3"} <= set(r) for r in rows), rows
+    assert all(r["pass@3"] >= r["maj@3"] - 1e-9 for r in rows)  # any right answer counts for pass@k
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "one", eval_every=1, steps=1, **{"data.n_eval": 4})).train()
+    one = [json.loads(line) for line in (tmp_path / "one" / "evals.jsonl").read_text().splitlines()]
+    assert one and not any(k.startswith(("pass@", "maj@")) for r in one for k in r)
+    with pytest.raises(ConfigError, match=r"eval_k=0 .*>= 1"):
+        _cfg("never/loaded", tmp_path / "bad", eval_k=0).validate()

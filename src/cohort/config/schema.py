@@ -664,6 +664,9 @@ class TrainFields:
     """Evaluate held-out accuracy before the first and after the last step."""
     eval_limit: int = 200
     """Evaluate on at most this many held-out rows."""
+    eval_k: int = 1
+    """Each held-out evaluation also samples this many completions per prompt (at the rollout temperature) and
+    reports pass@k and maj@k beside greedy accuracy (1: greedy accuracy only)."""
     eval_batch_size: int = 64
     """Completions generated at once when evaluating (TRL's per_device_eval_batch_size; memory, not results)."""
     num_samples_logged: int = 4

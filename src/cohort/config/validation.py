@@ -527,6 +527,7 @@ def _check_ranges(cfg: TrainFields) -> None:
         ("keep_checkpoints", cfg.keep_checkpoints, cfg.keep_checkpoints >= 1, ">= 1"),
         ("eval_every", cfg.eval_every, cfg.eval_every >= 0, ">= 0 (0 evaluates only at the ends)"),
         ("eval_limit", cfg.eval_limit, cfg.eval_limit >= 1, ">= 1"),
+        ("eval_k", cfg.eval_k, cfg.eval_k >= 1, ">= 1 (1: greedy accuracy only)"),
         ("num_samples_logged", cfg.num_samples_logged, cfg.num_samples_logged >= 0, ">= 0"),
         ("logging_steps", cfg.logging_steps, cfg.logging_steps >= 1, ">= 1"),
         ("eval_batch_size", cfg.eval_batch_size, cfg.eval_batch_size >= 1, ">= 1"),

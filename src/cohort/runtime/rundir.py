@@ -197,6 +197,7 @@ RESUMABLE_CHANGES = (
     "eval_every",
     "eval_at_ends",
     "eval_limit",
+    "eval_k",
     "eval_batch_size",
     "num_samples_logged",
     "tensorboard",

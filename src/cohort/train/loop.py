@@ -191,7 +191,7 @@ def _act(job: Run, logger: MetricsLogger | None, progress: Progress, save: bool)
 def _evaluate_and_log(job: Run, logger: MetricsLogger | None, progress: Progress) -> dict[str, float]:
     """Returns an evaluation, logged to evals.jsonl, the progress line and log_history (TRL's eval_* names),
     after on_evaluate."""
-    ev = job.evaluate(sampled=job.trl_form)
+    ev = job.evaluate(k=job.cfg.eval_k, sampled=job.trl_form)
     if logger:
         logger.log_eval(job.step_idx, ev)
     progress.evaluated(job.step_idx, ev)
