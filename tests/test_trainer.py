@@ -282,3 +282,17 @@ def test_eval_k_adds_pass_and_majority_at_k_to_the_training_evaluations(tiny_mod
     assert one and not any(k.startswith(("pass@", "maj@")) for r in one for k in r)
     with pytest.raises(ConfigError, match=r"eval_k=0 .*>= 1"):
         _cfg("never/loaded", tmp_path / "bad", eval_k=0).validate()
+
+
+def test_a_resume_with_nothing_to_train_keeps_the_finished_runs_summary(tiny_model_dir, tmp_path):
+    """summary.json of a finished run (its evaluations, its timings) was rewritten by a resume at its last step,
+    an attempt that trained nothing; it stays, and train() returns it."""
+    out = tmp_path / "done"
+    first = GRPOTrainer(_cfg(tiny_model_dir, out, steps=2, eval_at_ends=True, **{"data.n_eval": 4})).train()
+    assert "accuracy_after" in first and first["steps"] == 2
+    written = (out / "summary.json").read_text()
+    again = GRPOTrainer(
+        _cfg(tiny_model_dir, out, steps=2, eval_at_ends=True, resume="auto", **{"data.n_eval": 4})
+    )
+    assert again.train() == json.loads(written)
+    assert (out / "summary.json").read_text() == written

@@ -3,9 +3,11 @@ stopping cleanly on a signal (the step being prepared is rewound, the one being 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerControl
@@ -140,7 +142,11 @@ def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
         )
         if job.step_idx > summary["start_step"]:
             summary["seconds_per_step"] = seconds / (job.step_idx - summary["start_step"])
-        if main:
+        # A resume with nothing left to train keeps the finished run's summary (its timings and evaluations) and
+        # returns it; rewriting it from this empty attempt lost them.
+        nothing_new = job.step_idx == summary["start_step"] and "accuracy_after" not in summary
+        kept = _finished_summary(job.run_dir, job.step_idx) if nothing_new else None
+        if main and kept is None:
             # This attempt's last step; a run resumed after its last step has the one metrics.jsonl holds.
             last = last_metrics or next(iter(read_jsonl(job.run_dir / "metrics.jsonl")[-1:]), None)
             if last is not None:
@@ -159,7 +165,17 @@ def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
             else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
         )
         raise KeyboardInterrupt(f"training interrupted at step {job.step_idx}; {where}")
-    return summary
+    return kept if kept is not None else summary
+
+
+def _finished_summary(run_dir: Path, step: int) -> dict[str, Any] | None:
+    """Returns the summary.json of a run that finished at `step` without interruption (None: none, or another)."""
+    try:
+        earlier = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    finished = isinstance(earlier, dict) and earlier.get("steps") == step and not earlier.get("interrupted")
+    return earlier if finished else None
 
 
 def _act(job: Run, logger: MetricsLogger | None, progress: Progress, save: bool) -> TrainerControl:
