@@ -395,3 +395,12 @@ def test_a_preset_given_as_an_override_meets_the_file_applied_after_it(tmp_path)
         ConfigError, match=r"algo.loss_kwargs=\{'tau_pos': 1.0\}: loss_type='dapo' takes no parameters"
     ):
         bad.validate(need_model=False)
+
+
+def test_iterative_keys_while_iterative_grpo_is_off_are_named():
+    from cohort.errors import ConfigWarning
+
+    for key, value in (("iterative.prompts", 4), ("iterative.rm_steps", 7), ("iterative.rm_lr", 0.01)):
+        shown = "iterative.optim.lr" if key == "iterative.rm_lr" else key
+        with pytest.warns(ConfigWarning, match=rf"{shown}={value} changes nothing.*iterative.every=0"):
+            load_config(None, _valid(**{key: value})).validate(need_model=False)

@@ -128,6 +128,30 @@ INERT_OPTIONS: tuple[Inert, ...] = (
         )
         for key in ("warmup_steps", "schedule")
     ),
+    *(
+        Inert(
+            f"iterative.{key}",
+            lambda c, _: (
+                "iterative GRPO is off (iterative.every=0); set iterative.every to retrain the reward model, or drop "
+                "this key"
+                if c.iterative.every == 0
+                else None
+            ),
+        )
+        for key in (
+            "reward",
+            "labeler",
+            "label_threshold",
+            "prompts",
+            "max_pairs_per_prompt",
+            "replay",
+            "initial_data",
+            "rm_steps",
+            "rm_batch_size",
+            "optim.lr",
+            "optim.weight_decay",
+        )
+    ),
     Inert(
         "distributed.backend",
         lambda c, world_size: (
