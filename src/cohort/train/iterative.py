@@ -50,8 +50,7 @@ class IterativeRM:
     def retrain(self, fresh: list[RMExample], seed: int) -> dict[str, float]:
         """Returns the iteration's metrics after training on `fresh` pairs plus a replay share of earlier ones."""
         out = {"iterative/fresh_pairs": float(len(fresh))}
-        if not fresh:
-            self.iterations += 1
+        if not fresh:  # no group had both a right and a wrong completion: nothing new to learn, no retraining
             out["iterative/retrainings"] = float(self.iterations)
             return out
         before = self.trainer.evaluate("pairwise", fresh)["accuracy"]
