@@ -106,7 +106,10 @@ def test_wrong_num_labels_is_refused(tmp_path, tiny_model_dir):
         resolve_reward_funcs(str(folder))
     with pytest.raises(ValueError, match="has a head with num_labels=2"):
         RewardModel(_classifier(num_labels=2), build_tiny_tokenizer())
-    with pytest.raises(ValueError, match="has a head with num_labels=2"):  # a causal LM's config
+    # a causal LM's folder: it has no score head at all (num_labels=2 is transformers' default), and says so
+    with pytest.raises(
+        ValueError, match=r"is a causal language model \(Qwen2ForCausalLM\), not a reward model"
+    ):
         resolve_reward_funcs(str(tiny_model_dir))
 
 
@@ -154,7 +157,7 @@ def test_one_loader_for_scoring_and_for_training(tiny_model_dir, reward_model_di
 
     # Scoring reads a reward model as it is; training may start from a causal LM and give it a new head.
     assert load_score_model(reward_model_dir).config.num_labels == 1
-    with pytest.raises(ValueError, match="has a head with num_labels=2"):
+    with pytest.raises(ValueError, match="is a causal language model .*not a reward model"):
         load_score_model(tiny_model_dir)
     model = load_score_model(tiny_model_dir, new_head=True)
     assert type(model).__name__ == "Qwen2ForSequenceClassification" and model.config.num_labels == 1

@@ -104,6 +104,11 @@ def test_two_reward_models_need_a_name(tiny_model_dir, rm_dir, tmp_path):
         GRPOTrainer(_it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", rewards=[str(rm_dir), str(rm_dir)]))
 
 
+def test_a_reward_name_that_is_no_reward_model_is_named(tiny_model_dir, rm_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"iterative.reward='foo' names no reward model of this run; its reward"):
+        GRPOTrainer(_it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **{"iterative.reward": "foo"}))
+
+
 def test_an_unknown_labeler_is_refused_before_the_policy_loads(tiny_model_dir, rm_dir, tmp_path):
     cfg = _it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **{"iterative.labeler": "no_such_reward"})
     cfg.model.name_or_path = "no_model_here"  # a Hub-like name: loading it would fail with another error

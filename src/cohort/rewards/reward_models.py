@@ -43,6 +43,14 @@ def share_pad_token(model: Any, tokenizer: Any, name: str) -> None:
 def _check_num_labels(config: Any, name: str) -> None:
     """Raises ValueError unless the model's classification head has exactly one output."""
     num_labels = getattr(config, "num_labels", None)
+    archs = [str(a) for a in getattr(config, "architectures", None) or []]
+    if num_labels != 1 and archs and all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(
+            f"reward model {name!r} is a causal language model ({', '.join(archs)}), not a reward model: it has no "
+            f"score head (its num_labels={num_labels} is transformers' default). Give a folder trained as a reward "
+            "model (`cohort rm`, or AutoModelForSequenceClassification with num_labels=1), or score with a reward "
+            "function"
+        )
     if num_labels != 1:
         raise ValueError(
             f"reward model {name!r} has a head with num_labels={num_labels}; a reward model scores each text with "

@@ -182,6 +182,11 @@ def build_iterative(
         models = [(n, f) for n, f in models if n == it.reward]
     if len(models) != 1:
         names = [n for n, f in pairs if isinstance(f, RewardModel)]
+        if it.reward is not None and names:
+            raise ConfigError(
+                f"iterative.reward={it.reward!r} names no reward model of this run; its reward models are {names}: "
+                "set iterative.reward to one of them"
+            )
         raise ConfigError(
             f"iterative GRPO retrains one reward model, but the rewards hold {len(names)} ({names}); "
             + ("set iterative.reward to one of them" if names else "add a reward model folder to rewards")
