@@ -105,7 +105,9 @@ def test_two_reward_models_need_a_name(tiny_model_dir, rm_dir, tmp_path):
 
 
 def test_a_reward_name_that_is_no_reward_model_is_named(tiny_model_dir, rm_dir, tmp_path):
-    with pytest.raises(ConfigError, match=r"iterative.reward='foo' names no reward model of this run; its reward"):
+    with pytest.raises(
+        ConfigError, match=r"iterative.reward='foo' names no reward model of this run; its reward"
+    ):
         GRPOTrainer(_it_cfg(tiny_model_dir, rm_dir, tmp_path / "x", **{"iterative.reward": "foo"}))
 
 
