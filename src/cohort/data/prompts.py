@@ -74,7 +74,8 @@ def _render(
         if conversational:
             raise ValueError(
                 "chat_template=False but the prompt is a list of messages; set chat_template to None "
-                "(auto) or True, or give plain-text prompts"
+                "(auto) or True (data.chat_template in a config, --chat-template auto or on on the command line), or "
+                "give plain-text prompts"
             )
         assert isinstance(prompt, str)
         return prompt, False
