@@ -18,10 +18,10 @@ import torch
 from transformers import TrainerState
 
 from cohort.compat.callbacks import Callbacks
-from cohort.compat.drop_in import in_trl_terms, trainer_inputs
+from cohort.compat.drop_in import errors_in_trl_terms, trainer_inputs
 from cohort.config import TrainConfig
 from cohort.episodes.spec import EpisodeSpec
-from cohort.errors import ConfigError, TrainingError
+from cohort.errors import ConfigError
 from cohort.rewards import RewardLogs
 from cohort.runtime import distributed as dist
 from cohort.runtime.checkpoint_files import set_aside_newer
@@ -167,7 +167,7 @@ class GRPOTrainer:
         self.trl_form = given.trl_form
         self.reward_processing_classes = reward_processing_classes
         env_owns_data = environment_factory is not None or bool(given.config.episodes.environment)
-        try:
+        with errors_in_trl_terms(self.trl_form):
             cfg = given.config.validate(
                 need_model=given.model is None,
                 need_data=given.train_rows is None and not env_owns_data,
@@ -184,10 +184,6 @@ class GRPOTrainer:
                 environment_factory=environment_factory,
                 autocast=self.autocast,
             )
-        except (ConfigError, TrainingError) as e:
-            if self.trl_form and e.args and isinstance(e.args[0], str):
-                e.args = (in_trl_terms(e.args[0]), *e.args[1:])
-            raise
         self._resume()
         self.callbacks.objects = {
             "model": self.model,

@@ -9,20 +9,21 @@ asks for is silently ignored. A name that is neither (a typo) gets "did you mean
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cohort.compat.fields import TRL_FIELDS as TRL_FIELDS  # re-exported: the table lives in a leaf module
 from cohort.compat.fields import Field as Field
 from cohort.config import TrainConfig, _valid_keys, load_config, torchrun_world_size
-from cohort.errors import ConfigError
+from cohort.errors import ConfigError, TrainingError
 from cohort.models import load_tokenizer
 
 
@@ -510,6 +511,18 @@ def _tokenizer(model: Any, name: str, processing_class: Any, tokenizer: Any) -> 
     return tokenizer
 
 
+@contextlib.contextmanager
+def errors_in_trl_terms(active: bool = True) -> Iterator[None]:
+    """A block whose ConfigError or TrainingError, when `active` (TRL's form), also names the GRPOConfig fields
+    behind the cohort keys its message speaks of (`in_trl_terms`)."""
+    try:
+        yield
+    except (ConfigError, TrainingError) as e:
+        if active and e.args and isinstance(e.args[0], str):
+            e.args = (in_trl_terms(e.args[0]), *e.args[1:])
+        raise
+
+
 def in_trl_terms(message: str) -> str:
     """Returns `message` followed by the GRPOConfig fields that set the cohort keys it names (as it is when it
     names none): an error of the TRL form speaks of the config the fields were mapped onto."""
@@ -599,7 +612,7 @@ def trainer_inputs(
         )
     trl_form = config is None
     if config is None:
-        try:
+        with errors_in_trl_terms():
             config, train_rows, eval_rows, model, tokenizer = trl_arguments(
                 model,
                 args,
@@ -613,10 +626,6 @@ def trainer_inputs(
                 owns_data=environment_factory is not None and callable(environment_factory),
                 routed=isinstance(environment_factory, Mapping),
             )
-        except ConfigError as e:
-            if e.args and isinstance(e.args[0], str):
-                e.args = (in_trl_terms(e.args[0]), *e.args[1:])
-            raise
     elif args is not None or train_dataset is not None or peft_config is not None:
         raise ConfigError(
             "args=, train_dataset= and peft_config= belong to TRL's form GRPOTrainer(model=..., args=GRPOConfig(...)); "
