@@ -197,6 +197,10 @@ def test_eval_sample_and_merge_take_a_lora_adapter_folder(tmp_path, monkeypatch,
     assert main([*args, "--threshold", "0.0", "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 4
 
+    for over in (adapter, str(tmp_path / "run")):  # over the adapter it reads, or its parent: refused
+        assert main(["merge", adapter, over]) == 2
+        assert "would write the merged model over the adapter folder" in capsys.readouterr().err
+    assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
     assert main(["merge", adapter, str(tmp_path / "merged")]) == 0
     assert "saved the merged model" in capsys.readouterr().out
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")

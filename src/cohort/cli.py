@@ -477,6 +477,12 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     if not is_adapter_folder(args.adapter):
         raise ValueError(f"{args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)")
     _check_output(args.out, "OUT", folder=True)
+    adapter, out = Path(args.adapter).expanduser().resolve(), Path(args.out).expanduser().resolve()
+    if out == adapter or out in adapter.parents:
+        raise ValueError(
+            f"OUT {args.out} would write the merged model over the adapter folder {args.adapter} it is read from; "
+            "choose another folder"
+        )
     tokenizer = load_tokenizer(args.adapter)
     model = load_model(args.adapter, dtype=args.dtype)
     note = _created_folders(Path(args.out) / "config.json")
