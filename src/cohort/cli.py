@@ -539,9 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     from cohort.runtime.rundir import RunLockedError
 
     try:
-        with (
-            quiet_hf_progress()
-        ):  # cohort prints its own lines; transformers' load and save bars broke them up
+        # cohort prints its own lines; transformers' load and save bars broke them up
+        with quiet_hf_progress():
             code = COMMANDS[args.command](args)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from cohort.runtime.distributed import exit_without_teardown

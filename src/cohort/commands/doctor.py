@@ -243,17 +243,14 @@ def run_doctor(
 ) -> int:
     """Returns the doctor's exit code (1 on a blocking problem) after printing its report; `cfg` may be the function
     that loads the config, whose refusal (a key, a type, a value the loading checks) is then reported as one."""
-    if callable(cfg):
-        try:
-            cfg = cfg()
-        except ConfigError as e:
-            rep = Report()
-            rep.say("config")
-            rep.block(str(e))
-        else:
-            rep = rehearse(cfg, groups=groups)
+    try:
+        loaded = cfg() if callable(cfg) else cfg
+    except ConfigError as e:
+        rep = Report()
+        rep.say("config")
+        rep.block(str(e))
     else:
-        rep = rehearse(cfg, groups=groups)
+        rep = rehearse(loaded, groups=groups)
     for line in rep.lines:
         write(line)
     if rep.blocking:

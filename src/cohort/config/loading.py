@@ -329,17 +329,18 @@ def _after_preset(cfg: TrainConfig, preset: str, layers: dict[str, Any], from_fi
     dropped where a later layer names another loss (they are that loss's, and refused by any other), and a
     ConfigWarning names the file's values that win over a preset given only as an override (the file comes later
     in the order, whatever the command line's order)."""
+    values = PRESETS[preset]  # a known name: apply_preset refused any other
     algo = layers.get("algo")
     later: dict[str, Any] = algo if isinstance(algo, dict) else {}
-    own = PRESETS.get(preset, {}).get("algo", {})
+    own = values.get("algo", {})
     if "loss_type" in later and later["loss_type"] != own.get("loss_type") and "loss_kwargs" not in later:
         cfg.algo.loss_kwargs = {}
     if "preset" in from_file or not from_file:
         return
     beaten = [
         f"{section}.{key}={from_file[section][key]!r} (the preset's {value!r})"
-        for section, values in PRESETS.get(preset, {}).items()
-        for key, value in values.items()
+        for section, settings in values.items()
+        for key, value in settings.items()
         if isinstance(from_file.get(section), dict)
         and key in from_file[section]
         and from_file[section][key] != value

@@ -53,7 +53,6 @@ class MultiplyTask(Task):
     ``[min, max]`` range); rows are ``{"prompt": [user message], "answer": str(a * b), "factors": [a, b]}``."""
 
     name = "multiply"
-
     grows_with = ("digits_a", "digits_b")
 
     def __init__(self, digits_a: int | Sequence[int] = (3, 4), digits_b: int | Sequence[int] = (2, 4)):

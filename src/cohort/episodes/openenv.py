@@ -229,6 +229,9 @@ class OpenEnvEnvironment(TextEnvironment):
         self._client_class = _checked(client_class or generic_client)
         self._client: Any = None
         self._in_episode = False
+        self._timed_out_at = (
+            -math.inf
+        )  # when a call last timed out (time.monotonic): its session may still be held
         self._loop: asyncio.AbstractEventLoop | None = _LOOP.acquire()
         try:
             self._connect()
@@ -354,7 +357,7 @@ class OpenEnvEnvironment(TextEnvironment):
                 f"the OpenEnv server at {self.ws_url} did not answer {what} within {self.timeout:g} s; check that it "
                 f"is running and not overloaded, or raise OpenEnvEnvironment's timeout"
             )
-        since = time.monotonic() - getattr(self, "_timed_out_at", -math.inf)
+        since = time.monotonic() - self._timed_out_at
         if "CAPACITY_REACHED" in cause and since < 2 * self.timeout + self.connect_timeout:
             return EnvironmentServerError(
                 f"the OpenEnv server at {self.ws_url} refused a session ({cause}) {since:.1f} s after a call of this "

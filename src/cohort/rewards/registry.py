@@ -67,6 +67,11 @@ def _known() -> str:
     return ", ".join(list(BUILTIN_REWARDS) + factories)
 
 
+def _example(name: str) -> str:
+    """Returns example arguments of built-in factory `name`, for error messages."""
+    return getattr(REWARD_FACTORIES[name], "spec_example", "max_length=512")
+
+
 def _call_factory(name: str, args_text: str, spec: str) -> Callable:
     """Returns the function a built-in factory builds from the literal arguments in ``spec``."""
 
@@ -82,9 +87,8 @@ def _call_factory(name: str, args_text: str, spec: str) -> Callable:
         args = [literal(a) for a in call.args]
         kwargs = {kw.arg: literal(kw.value) for kw in call.keywords if kw.arg is not None}
     except (SyntaxError, ValueError, AssertionError) as exc:
-        example = getattr(REWARD_FACTORIES[name], "spec_example", "max_length=512")
         raise ValueError(
-            f"reward spec {spec!r}: arguments must be Python literals, e.g. '{name}({example})'"
+            f"reward spec {spec!r}: arguments must be Python literals, e.g. '{name}({_example(name)})'"
         ) from exc
     try:
         return REWARD_FACTORIES[name](*args, **kwargs)
@@ -136,12 +140,11 @@ def _resolve_one(
     if call and call.group(1).removesuffix("_reward") in REWARD_FACTORIES:
         return _call_factory(call.group(1).removesuffix("_reward"), call.group(2), spec)
     opened = re.match(r"\s*(\w+)\s*\(", key)
-    if opened and opened.group(1).removesuffix("_reward") in REWARD_FACTORIES and not key.endswith(")"):
-        name = opened.group(1).removesuffix("_reward")
-        example = getattr(REWARD_FACTORIES[name], "spec_example", "max_length=512")
+    name = opened.group(1).removesuffix("_reward") if opened else ""
+    if name in REWARD_FACTORIES and not key.endswith(")"):
         raise ValueError(
             f"reward spec {spec!r} ends before its closing parenthesis: a YAML list splits an unquoted spec at "
-            f'its commas; quote it, e.g. rewards: ["{name}({example})"]'
+            f'its commas; quote it, e.g. rewards: ["{name}({_example(name)})"]'
         )
     if bare in REWARD_FACTORIES:
         if max_completion_length is None:
