@@ -14,3 +14,8 @@ def any_digit(completions, **kwargs):
 def first_char_parity(completions, **kwargs):
     """1.0 when the completion's first character has an odd code point: varies even for a random model."""
     return [float(ord(c[0]) % 2) if c else 0.0 for c in completions]
+
+
+def constant(completions, **kwargs):
+    """1.0 for every completion: every group's rewards are equal, so no completion has an advantage."""
+    return [1.0] * len(completions)

@@ -333,6 +333,35 @@ def test_one_reward_function_has_no_separate_panel_and_beta_zero_says_so(tmp_pat
     assert "<b>KL to the reference</b>:&nbsp;beta = 0" in page and "<h2>Samples</h2>" not in page
 
 
+def test_a_run_that_never_had_a_token_in_the_loss_says_so_where_it_said_nothing_logged_yet(tmp_path):
+    from cohort.report import build_panels, load_run
+
+    path = tmp_path / "flat"
+    path.mkdir()
+    # what the trainer logs when every group's rewards are equal: per-token values are null, no row computed
+    rows = [
+        {
+            "step": s,
+            "reward": 1.0,
+            "frac_reward_zero_std": 1.0,
+            "entropy": None,
+            "kl": None,
+            "rows_computed_frac": 0.0,
+        }
+        for s in (1, 2)
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = {p.title: p for p in build_panels([load_run(path)])}
+    for title in ("Entropy", "KL to the reference"):
+        assert not panels[title].series and "no token reached the loss" in panels[title].note, title
+    assert "<b>Entropy</b>:&nbsp;not measured: at every logged step" in write_report(path).read_text()
+    rows[1]["rows_computed_frac"], rows[1]["entropy"] = 0.5, 2.0  # one step trained: its entropy is drawn
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    panels = {p.title: p for p in build_panels([load_run(path)])}
+    assert panels["Entropy"].series and not panels["Entropy"].note
+    assert "beta = 0" in panels["KL to the reference"].note
+
+
 def test_sample_groups_are_spread_over_the_run_and_old_rows_group_by_prompt():
     from cohort.report import sample_groups
 

@@ -296,3 +296,19 @@ def test_a_resume_with_nothing_to_train_keeps_the_finished_runs_summary(tiny_mod
     )
     assert again.train() == json.loads(written)
     assert (out / "summary.json").read_text() == written
+
+
+def test_a_step_that_computed_no_row_logs_no_sampler_gap_or_per_token_values(tiny_model_dir, tmp_path):
+    """With every group's rewards equal no row needs a pass: the sampler / trainer log-prob gap was never measured
+    (it logged 0.0, an agreement no token showed), and entropy and KL stay null."""
+    cfg = _cfg(
+        tiny_model_dir, tmp_path / "flat", steps=2, rewards=[DIGITS.replace("digit_fraction", "constant")]
+    )
+    GRPOTrainer(cfg).train()
+    rows = [json.loads(line) for line in (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rows_computed_frac"] for r in rows] == [0.0, 0.0]
+    assert all("sampler/logprob_gap" not in r and r["entropy"] is None for r in rows)
+    trained = GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "trained", steps=1)).train()
+    assert trained["steps"] == 1
+    row = json.loads((tmp_path / "trained" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["rows_computed_frac"] > 0 and 0 <= row["sampler/logprob_gap"] < 1e-4

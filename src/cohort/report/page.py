@@ -131,12 +131,15 @@ def build_panels(runs: Sequence[RunFiles]) -> list[Panel]:
                 Series(label, steps, values, COLOURS[i % len(COLOURS)], smooth=False, dashed=True)
             )
     panels.append(accuracy)
+    # Per-token values (KL, entropy) are measured on the tokens in the loss: a run whose every step had none has
+    # no value to draw, and saying "nothing logged yet" of a finished run would read as a fault.
+    no_loss_tokens = _no_token_in_any_loss(runs)
     panels.append(
         panel(
             "KL to the reference",
             "mean per-token KL",
             "kl",
-            note="" if lines("kl") else "beta = 0: no reference",
+            note="" if lines("kl") else no_loss_tokens or "beta = 0: no reference",
         )
     )
     panels.append(_length_panel(runs))
@@ -153,7 +156,9 @@ def build_panels(runs: Sequence[RunFiles]) -> list[Panel]:
     if clip.series and all(v == 0 for s in clip.series for v in s.values):
         clip.note = "0 at every step: with one update per batch the ratio is exactly 1 (num_iterations=1)"
     panels.append(clip)
-    panels.append(panel("Entropy", "nats per token", "entropy"))
+    panels.append(
+        panel("Entropy", "nats per token", "entropy", note="" if lines("entropy") else no_loss_tokens)
+    )
     panels.append(panel("Loss", "loss", "loss"))
     panels.append(panel("Gradient norm", "L2 norm before clipping", "grad_norm"))
     panels.append(panel("Learning rate", "learning rate", "lr", smooth=False))
@@ -165,6 +170,17 @@ def build_panels(runs: Sequence[RunFiles]) -> list[Panel]:
                 speed.series.append(s)
     panels.append(speed)
     return panels
+
+
+def _no_token_in_any_loss(runs: Sequence[RunFiles]) -> str:
+    """Returns why per-token panels are empty when no logged step of any run had a token in the loss, else ''."""
+    rows = [r for run in runs for r in run.metrics]
+    if rows and all(r.get("rows_computed_frac") == 0 for r in rows):
+        return (
+            "not measured: at every logged step each group's completions got equal rewards, so no token "
+            "reached the loss"
+        )
+    return ""
 
 
 def _length_panel(runs: Sequence[RunFiles]) -> Panel:

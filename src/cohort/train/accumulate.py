@@ -38,7 +38,8 @@ class UpdateStats:
     or skipped: zero advantage)."""
     logprob_gap: float | None = None
     """Largest |trainer log-prob - sampler log-prob| over the sampled tokens of the first pass (None when the
-    batch carried no sampler log-probs); at num_iterations = 1 both should agree to rounding."""
+    batch carried no sampler log-probs, or no row needed a pass); at num_iterations = 1 both should agree to
+    rounding."""
     paths: dict[str, float] = field(default_factory=dict)
     """Fast paths taken: share of log-prob computations per path (segments, dense_mask, padded), with the
     chunked head, with unmasked padded rows and with the compiled decoder, and whether zero-advantage skipping
@@ -282,7 +283,8 @@ class UpdateMeter:
             },
             ratio_mean=means.get("ratio/mean"),
             rows_computed_frac=means.get("rows_computed_frac", 1.0),
-            logprob_gap=self.gap if measured_gap else None,
+            # with no pass run, no sampled token was compared: 0.0 would claim an agreement never measured
+            logprob_gap=self.gap if measured_gap and self.passes else None,
             paths=taken,
             controls={
                 k: self.extremes[k] if k in self.extremes else means.get(k, 0.0)
