@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from test_trainer import DIGITS, _cfg
 
 from cohort.commands.doctor import rehearse
@@ -116,3 +117,38 @@ def test_all_equal_groups_are_judged_per_reward_under_gdpo(tiny_model_dir, tmp_p
     rep = rehearse(cfg, groups=2, reward_funcs=[_position, _complement])
     text = "\n".join(rep.lines)
     assert "0% with all-equal rewards" in text, text
+
+
+def test_the_step_estimate_times_a_small_step_whole_and_extrapolates_a_large_one_along_a_line(monkeypatch):
+    """A step costs a fixed part plus a part per group; scaling 4 groups' time by prompts_per_step multiplied the
+    fixed part too (24 s estimated for a 1.2 s step of 128 groups on the tiny model)."""
+    from types import SimpleNamespace
+
+    from cohort.commands import doctor
+
+    clock, drawn = [0.0], []
+
+    def draw(n, step):
+        drawn.append(n)
+        clock[0] += 0.5 + 0.01 * n  # 0.5 s a step whatever its size, 10 ms a group
+        return SimpleNamespace(per_func=None, reward=None, rollout=None)
+
+    monkeypatch.setattr(doctor.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(doctor, "outcome_advantages", lambda *a: None)
+    monkeypatch.setattr(doctor, "_policy_batch", lambda *a: None)
+    trainer = SimpleNamespace(
+        train_rows=[{}] * 1000,
+        drawer=SimpleNamespace(draw=draw),
+        updater=SimpleNamespace(update=lambda *a: None),
+        shuffle_generator=None,
+        reward_weights=None,
+    )
+    seconds, how = doctor._time_steps(trainer, 4, 12, algo=None)
+    assert drawn == [12] and seconds == pytest.approx(0.62) and "measured" in how
+    drawn.clear()
+    seconds, how = doctor._time_steps(trainer, 4, 128, algo=None)
+    assert drawn == [4, 16] and seconds == pytest.approx(0.5 + 0.01 * 128) and "extrapolated" in how
+    trainer.train_rows = [{}] * 4  # nothing larger to time: scaled from what was
+    drawn.clear()
+    seconds, how = doctor._time_steps(trainer, 4, 128, algo=None)
+    assert drawn == [4] and seconds == pytest.approx(0.54 * 32) and "scaled" in how

@@ -10,8 +10,9 @@ one real update on them (on the loaded copy; nothing is saved). Then it reports 
 - one prompt's update laid out per completion, seed 002's check (a): reward, advantage, the ratio
   π_new / π_old after the update, whether it was clipped, and the KL to the reference;
 - the batch arithmetic (prompts per step, minibatches, micro-batches);
-- an estimate of seconds per step and of peak memory, from the rehearsal's own timings (a second draw and
-  update, after the first has paid the once-per-model checks).
+- an estimate of seconds per step and of peak memory, from the rehearsal's own timings (a step of the run's
+  size, or two sizes and the line through them for large steps, after the first draw has paid the
+  once-per-model checks).
 
 The exit code is 1 when a blocking problem was found (the run would fail or learn nothing), else 0.
 """
@@ -61,6 +62,10 @@ class Report:
         self.lines.append(f"  warning: {text}")
 
 
+MEASURED_GROUPS = 16
+"""Steps of at most this many groups are timed at their real size by the rehearsal's estimate."""
+
+
 def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] | None = None) -> Report:
     """Returns the doctor's report on the run `cfg` describes (see the module docstring)."""
     rep = Report()
@@ -95,13 +100,11 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
             f"{len(trainer.eval_rows)} held-out"
         )
         k = max(1, min(groups, len(trainer.train_rows)))
-        t1 = time.perf_counter()
         try:
             drawn = trainer.drawer.draw(k, step=1)
         except Exception as e:  # noqa: BLE001 - a reward function's own error is what the doctor reports
             rep.block(f"sampling or scoring {k} groups failed: {type(e).__name__}: {e}")
             return rep
-        t_sample = time.perf_counter() - t1
         _rewards(rep, trainer, drawn)
         G = r.group_size
         # As training judges them: per weighted reward column under GDPO's decoupled normalisation.
@@ -134,27 +137,48 @@ def rehearse(cfg: TrainConfig, *, groups: int = 4, reward_funcs: list[Callable] 
         rep.lines += table
         # Timed again, warm: the first draw and update paid the once-per-model checks and the allocations (a
         # tiny model's first step took 5-25 times its later ones).
-        t1 = time.perf_counter()
         try:
-            again = trainer.drawer.draw(k, step=2)
+            timed = _time_steps(trainer, k, cfg.prompts_per_step, a)
         except Exception as e:  # noqa: BLE001 - as the first draw's: the reward function's own error
             rep.block(f"sampling or scoring {k} more groups failed: {type(e).__name__}: {e}")
             return rep
-        t_sample = time.perf_counter() - t1
-        adv = outcome_advantages(again.per_func, again.reward, again.rollout, a, trainer.reward_weights)
-        t2 = time.perf_counter()
-        trainer.updater.update(_policy_batch(trainer, again, adv), trainer.shuffle_generator)
-        t_update = time.perf_counter() - t2
-        per_group = (t_sample + t_update) / k
+        per_step, how = timed
         rep.say("estimates")
         rep.say(
-            f"  about {per_group * cfg.prompts_per_step:.2f} s per step ({cfg.prompts_per_step} groups at "
-            f"{per_group:.3f} s each, measured on {k} after a first step; more where a step scores slower rewards "
-            f"or decodes longer, less where a larger batch uses the machine better), "
-            f"{per_group * cfg.prompts_per_step * cfg.steps / 60:.1f} min for {cfg.steps} steps"
+            f"  about {per_step:.2f} s per step ({cfg.prompts_per_step} groups; {how}; more where a step scores "
+            f"slower rewards or decodes longer), {per_step * cfg.steps / 60:.1f} min for {cfg.steps} steps"
         )
         rep.say(f"  peak memory so far: {_peak_memory(trainer.device)}")
     return rep
+
+
+def _time_steps(trainer: Any, k: int, prompts: int, algo: Any) -> tuple[float, str]:
+    """Returns the estimated seconds of one step of `prompts` groups, and how it was obtained.
+
+    A step of up to MEASURED_GROUPS groups is timed whole. A larger one is timed at k and at 4k groups and
+    extrapolated along the line through both: a step has fixed costs (the optimizer step, the decode's per-token
+    launches) that scaling k groups' time alone multiplied."""
+    available = len(trainer.train_rows)
+
+    def timed(n: int, step: int) -> float:
+        t0 = time.perf_counter()
+        drawn = trainer.drawer.draw(n, step=step)
+        adv = outcome_advantages(drawn.per_func, drawn.reward, drawn.rollout, algo, trainer.reward_weights)
+        trainer.updater.update(_policy_batch(trainer, drawn, adv), trainer.shuffle_generator)
+        return time.perf_counter() - t0
+
+    if prompts <= min(MEASURED_GROUPS, available):
+        return timed(prompts, 2), "one warm step of that size measured"
+    small, large = k, min(4 * k, available)
+    t_small = timed(small, 2)
+    if large <= small:
+        return t_small * prompts / small, f"scaled from {small} groups measured after a first step"
+    t_large = timed(large, 3)
+    slope = max(0.0, (t_large - t_small) / (large - small))
+    return (
+        t_large + slope * (prompts - large),
+        f"extrapolated from {small} and {large} groups measured after a first step",
+    )
 
 
 def _rewards(rep: Report, trainer: Any, drawn: Any) -> None:
