@@ -19,6 +19,7 @@ from transformers import TrainerState
 
 from cohort.compat.callbacks import Callbacks
 from cohort.compat.drop_in import errors_in_trl_terms, trainer_inputs
+from cohort.compat.trainer_api import TrainerAPI, TrainResult
 from cohort.config import TrainConfig
 from cohort.episodes.spec import EpisodeSpec
 from cohort.errors import ConfigError
@@ -68,7 +69,7 @@ class _Part(Generic[T]):
         setattr(trainer.run, self.name, value)
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainerAPI):
     """Trains a causal LM with the GRPO family on prompts scored by reward functions."""
 
     run: Run
@@ -139,6 +140,7 @@ class GRPOTrainer:
         tokenizer: Any = None,
         tools: Any = None,
         environment_factory: Any = None,
+        rollout_func: Any = None,
     ):
         """cohort's form: `GRPOTrainer(config, reward_funcs=..., train_rows=..., model=..., tokenizer=...)`.
 
@@ -163,7 +165,9 @@ class GRPOTrainer:
             model=model,
             tokenizer=tokenizer,
             environment_factory=environment_factory,
+            rollout_func=rollout_func,
         )
+        self.train_dataset, self.eval_dataset = given.datasets
         self.trl_form = given.trl_form
         self.reward_processing_classes = reward_processing_classes
         env_owns_data = environment_factory is not None or bool(given.config.episodes.environment)
@@ -257,8 +261,9 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the loop
     def train(
         self, resume_from_checkpoint: bool | str | os.PathLike | None = None, trial: Any = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        """Return the run's summary (also written to out_dir/summary.json) after running the configured steps.
+    ) -> TrainResult:
+        """Return the run's summary (also written to out_dir/summary.json) after running the configured steps;
+        it reads as transformers' TrainOutput too (global_step, training_loss, metrics).
 
         `resume_from_checkpoint` is TRL's: True continues from the newest checkpoint of out_dir, a path from
         that checkpoint (cohort's out_dir/checkpoints/step-N, or TRL's name output_dir/checkpoint-N).
@@ -285,7 +290,7 @@ class GRPOTrainer:
         main = dist.is_main()
         lock = RunLock(self.run_dir).acquire() if main else None
         try:
-            return loop.run(self.run, self.step, main)
+            return self._train_result(loop.run(self.run, self.step, main))
         finally:
             if lock is not None:
                 lock.release()

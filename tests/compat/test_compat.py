@@ -164,7 +164,14 @@ def test_epochs_define_the_steps_when_max_steps_is_unset(tiny_model_dir, tmp_pat
             {"use_vllm": True},
             "GRPOConfig(use_vllm=True) is not implemented by cohort; nearest: rollout.engine",
         ),
-        ({"gradient_checkpointing_kwargs": {}}, "unknown GRPOConfig field 'gradient_checkpointing_kwargs'"),
+        (
+            {"gradient_checkpointing_kwargs": {"use_reentrant": True}},
+            "transformers' TrainingArguments field 'gradient_checkpointing_kwargs' is not implemented by cohort; "
+            "leave it at its default (None)",
+        ),
+        ({"lr_scheduler_type": "polynomial"}, "choose one of linear, cosine, constant, constant_with_warmup"),
+        ({"eval_strategy": "epoch"}, "cohort evaluates by steps ('steps') or not ('no')"),
+        ({"num_generations_eval": 4}, "nearest: evaluation samples rollout.group_size completions"),
         ({"report_to": "mlflow"}, "tensorboard and wandb only"),
         ({"model_init_kwargs": {"device_map": "auto"}}, "model_init_kwargs={'device_map': ...}"),
     ],
@@ -183,10 +190,7 @@ def test_what_cohort_lacks_is_an_error_naming_the_nearest_option(fields, fragmen
             "(in GRPOConfig's terms: rollout.batch_size is set by per_device_train_batch_size or "
             "generation_batch_size; rollout.group_size is set by num_generations)",
         ),
-        (
-            {"lr_scheduler_type": "cosine_with_restarts"},
-            "(in GRPOConfig's terms: optim.schedule is set by lr_scheduler_type)",
-        ),
+        ({"top_p": 1.5}, "(in GRPOConfig's terms: rollout.top_p is set by top_p)"),
         ({"temperature": "hot"}, "(in GRPOConfig's terms: rollout.temperature is set by temperature)"),
     ],
 )

@@ -1,5 +1,6 @@
-"""The TRL layer: TRL's `GRPOConfig` and keyword forms mapped onto cohort (`drop_in`), TRL's field names
-(`fields`, data only) and transformers' callback contract (`callbacks`).
+"""The TRL layer: TRL's `GRPOConfig` as a dataclass and its mapping onto cohort's config (`trl_config`), TRL's
+keyword forms (`drop_in`), TRL's field names (`fields`, data only), transformers' callback contract
+(`callbacks`) and the Trainer methods TRL scripts call (`trainer_api`).
 
 `cohort.compat.<name>` reaches `drop_in`'s names lazily, so that the config can read `fields` without loading
 the trainer.

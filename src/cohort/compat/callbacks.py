@@ -42,15 +42,7 @@ class Callbacks:
 
     def __init__(self, callbacks: Any, *, args: Any, state: TrainerState):
         given = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []
-        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in given]
-        for cb in self.callbacks:
-            if not isinstance(cb, TrainerCallback) and not any(
-                callable(getattr(cb, e, None)) for e in EVENTS
-            ):
-                raise ConfigError(
-                    f"callbacks=[{type(cb).__name__}]: a callback is a transformers.TrainerCallback (or has its "
-                    f"on_* methods: {', '.join(EVENTS)})"
-                )
+        self.callbacks = [_callback(cb) for cb in given]
         self.args = args
         self.state = state
         self.control = TrainerControl()
@@ -77,6 +69,18 @@ class Callbacks:
             if result is not None:
                 self.control = result
         return self.control
+
+    def add(self, callback: Any) -> None:
+        """Adds a callback (an instance, or a class to instantiate), as Trainer.add_callback."""
+        self.callbacks.append(_callback(callback))
+
+    def pop(self, callback: Any) -> Any:
+        """Returns the callback removed: the instance given, or the first of the class given (None if absent)."""
+        for cb in self.callbacks:
+            if cb is callback or (isinstance(callback, type) and type(cb) is callback):
+                self.callbacks.remove(cb)
+                return cb
+        return None
 
     def log(self, row: dict[str, Any]) -> None:
         """Appends `row` to state.log_history (with epoch and step, as transformers' Trainer.log) and fires
@@ -140,6 +144,17 @@ class Callbacks:
             self.state.best_global_step = self.state.global_step
 
 
+def _callback(cb: Any) -> Any:
+    """Returns a callback instance (a class is instantiated), refusing an object with no TrainerCallback event."""
+    cb = cb() if isinstance(cb, type) else cb
+    if not isinstance(cb, TrainerCallback) and not any(callable(getattr(cb, e, None)) for e in EVENTS):
+        raise ConfigError(
+            f"callbacks=[{type(cb).__name__}]: a callback is a transformers.TrainerCallback (or has its on_* "
+            f"methods: {', '.join(EVENTS)})"
+        )
+    return cb
+
+
 class LogWindow:
     """The metrics of the generation batches since the last log_history row."""
 
@@ -164,6 +179,11 @@ class LogWindow:
             if not values:
                 continue
             out[key] = values[-1] if key in _LAST_VALUE else math.fsum(values) / len(values)
+        # A reward function's log_metric(name, ...) is `rewards/<func>/<name>` in metrics.jsonl; TRL logs `name`.
+        for key in [k for k in out if k.count("/") == 2 and k.startswith("rewards/")]:
+            name = key.rsplit("/", 1)[1]
+            if name not in ("mean", "std") and name not in out:
+                out[name] = out.pop(key)
         out["learning_rate"] = learning_rate
         self.rows = []
         return out

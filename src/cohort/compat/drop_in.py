@@ -1,364 +1,27 @@
 """TRL's `GRPOConfig` / `GRPOTrainer(model=, reward_funcs=, args=, train_dataset=, ...)` mapped onto cohort.
 
-A TRL GRPO script runs on cohort with only its import changed: `GRPOConfig` takes TRL's field names,
-and `to_train_config` turns them into cohort's config tree in this one place (`TRL_FIELDS` is the
-mapping; docs/trl.md is generated from it). A TRL field cohort does not implement is accepted only at
-TRL's default value; any other value is an error naming the nearest cohort option, so nothing a user
-asks for is silently ignored. A name that is neither (a typo) gets "did you mean".
+A TRL GRPO script runs on cohort with only its import changed: `GRPOConfig` (`cohort.compat.trl_config`) takes
+TRL's field names and its `to_train_config` turns them into cohort's config tree (`TRL_FIELDS` is the mapping;
+docs/trl.md is generated from it); this module translates the trainer's other arguments (model, datasets,
+processing class, peft config) and states errors in TRL's terms.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import difflib
-import functools
-import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cohort.compat.fields import ANY_VALUE
 from cohort.compat.fields import TRL_FIELDS as TRL_FIELDS  # re-exported: the table lives in a leaf module
 from cohort.compat.fields import Field as Field
-from cohort.config import TrainConfig, _valid_keys, load_config, torchrun_world_size
+from cohort.compat.trl_config import GRPOConfig as GRPOConfig
+from cohort.config import TrainConfig
 from cohort.errors import ConfigError, TrainingError
 from cohort.models import load_tokenizer
-
-
-class GRPOConfig:
-    """TRL's GRPOConfig, by field name: `GRPOConfig(output_dir=..., learning_rate=..., num_generations=...)`.
-
-    Fields read as attributes, with TRL's defaults for those not given. `cohort` takes cohort's own keys
-    on top (`{"fast.segments": "off"}` or `{"micro_batch_tokens": 4096}`)."""
-
-    def __init__(self, output_dir: str | None = None, *, cohort: dict[str, Any] | None = None, **fields: Any):
-        given = {"output_dir": output_dir, **fields} if output_dir is not None else dict(fields)
-        unknown = [k for k in given if k not in TRL_FIELDS]
-        if unknown:
-            raise ConfigError("; ".join(_unknown_message(k) for k in unknown))
-        for name, value in given.items():
-            spec = TRL_FIELDS[name]
-            if spec.cohort is None and value != spec.default:
-                raise ConfigError(
-                    f"GRPOConfig({name}={value!r}) is not implemented by cohort; nearest: {spec.note}. "
-                    f"Leave it out (TRL's default is {spec.default!r})"
-                )
-        self._given = given
-        self.cohort = dict(cohort or {})
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "cohort":
-            raise AttributeError(name)
-        if name in self._given:
-            return self._given[name]
-        if name in TRL_FIELDS:
-            return TRL_FIELDS[name].default
-        # Callbacks (W&B, MLflow, early stopping) read TrainingArguments' other fields: their defaults.
-        defaults = _training_arguments_defaults()
-        if name in defaults:
-            return defaults[name]
-        raise AttributeError(f"GRPOConfig has no field {name!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns every TRL field cohort knows with its value (TrainingArguments.to_dict, which callbacks log)."""
-        return {**{k: spec.default for k, spec in TRL_FIELDS.items()}, **self._given}
-
-    def __repr__(self) -> str:
-        return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
-
-    def given(self) -> dict[str, Any]:
-        """Returns the fields set explicitly, by TRL name."""
-        return dict(self._given)
-
-    def to_train_config(self, model: str, num_rows: int | None) -> TrainConfig:
-        """Returns cohort's TrainConfig for these fields, the model `model` and a dataset of `num_rows` rows."""
-        g = self._given
-        out: dict[str, Any] = {"model.name_or_path": model, "rewards": [], "progress": True}
-        out["out_dir"] = g.get("output_dir") or "trainer_output"
-        out["seed"] = g.get("seed", 42)
-        # cohort's rollout.batch_size is per process (each process samples whole groups of its own prompts),
-        # TRL's generation batch is per_device x steps_per_generation on each device: the same count.
-        world = torchrun_world_size()  # every process samples its own prompts
-        per_generation = self.steps_per_generation_resolved(world)
-        out["rollout.batch_size"] = self.per_device_train_batch_size * per_generation
-        out["rollout.group_size"] = self.num_generations
-        out["algo.num_minibatches"] = per_generation // self.gradient_accumulation_steps
-        out["eval_batch_size"] = self.per_device_eval_batch_size
-        for name in ("max_completion_length", "temperature", "top_p"):
-            out[f"rollout.{name}"] = getattr(self, name)
-        out["rollout.top_k"] = self.top_k or 0
-        if self.chat_template_kwargs:
-            out["data.chat_template_kwargs"] = dict(self.chat_template_kwargs)
-        if g.get("max_prompt_length") is not None:
-            out["data.max_prompt_length"] = g["max_prompt_length"]
-        out["algo.loss_type"] = self.loss_type
-        out["algo.beta"] = self.beta
-        out["algo.eps_low"] = self.epsilon
-        if self.loss_type == "cispo":
-            if self.epsilon_high is None:
-                raise ConfigError(
-                    "GRPOConfig(loss_type='cispo') caps the importance ratio at epsilon_high, which is unset (TRL "
-                    "would cap it at epsilon); set epsilon_high (ScaleRL's recommendation: 5.0)"
-                )
-            out["algo.loss_kwargs"] = {"max_ratio": self.epsilon_high}
-        elif self.loss_type == "sapo":
-            out["algo.loss_kwargs"] = {
-                "tau_pos": self.sapo_temperature_pos,
-                "tau_neg": self.sapo_temperature_neg,
-            }
-        elif self.loss_type == "vespo":
-            out["algo.loss_kwargs"] = {
-                "k_pos": self.vespo_k_pos,
-                "lambda_pos": self.vespo_lambda_pos,
-                "k_neg": self.vespo_k_neg,
-                "lambda_neg": self.vespo_lambda_neg,
-            }
-        else:
-            out["algo.eps_high"] = self.epsilon_high
-        vespo_fields = sorted(k for k in g if k.startswith("vespo_"))
-        if self.loss_type != "vespo" and vespo_fields:
-            raise ConfigError(
-                f"GRPOConfig: {', '.join(vespo_fields)} apply to loss_type='vespo', not {self.loss_type!r}; leave "
-                "them out or set loss_type='vespo'"
-            )
-        if self.loss_type != "sapo" and {"sapo_temperature_pos", "sapo_temperature_neg"} & set(g):
-            raise ConfigError(
-                f"GRPOConfig: sapo_temperature_pos / sapo_temperature_neg apply to loss_type='sapo', not "
-                f"{self.loss_type!r}; leave them out or set loss_type='sapo'"
-            )
-        if self.loss_type not in ("cispo", "sapo", "vespo") or self.delta is not None:
-            out["algo.delta"] = self.delta
-        if self.off_policy_mask_threshold is not None:
-            out["algo.off_policy_mask_threshold"] = self.off_policy_mask_threshold
-        if self.beta != 0:  # TRL applies the correction only with a KL term: its default True follows it
-            out["algo.use_bias_correction_kl"] = bool(self.use_bias_correction_kl)
-        out["algo.top_entropy_quantile"] = self.top_entropy_quantile
-        out["algo.entropy_coef"] = self.entropy_coef
-        if self.use_adaptive_entropy:  # the section's settings (a mapping turns it on)
-            for name in ("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"):
-                out[str(TRL_FIELDS[name].cohort)] = getattr(self, name)
-        else:
-            out["algo.adaptive_entropy"] = False
-        out["algo.num_iterations"] = self.num_iterations
-        scale = self.scale_rewards
-        out["algo.scale"] = (
-            {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
-        )
-        out["algo.importance"] = self.importance_sampling_level
-        out["algo.mask_truncated"] = self.mask_truncated_completions
-        aggregation = self.multi_objective_aggregation
-        modes = {"sum_then_normalize": "sum", "normalize_then_sum": "decoupled"}
-        if aggregation not in modes:
-            raise ConfigError(
-                f"GRPOConfig(multi_objective_aggregation={aggregation!r}): choose one of {list(modes)}"
-            )
-        out["algo.reward_mode"] = modes[aggregation]
-        if not isinstance(self.torch_compile, bool):
-            raise ConfigError(f"GRPOConfig(torch_compile={self.torch_compile!r}): give True or False")
-        out["fast.compile_update"] = "auto" if self.torch_compile else "off"
-        if self.sync_ref_model:
-            out["algo.ref_update_every"] = self.ref_model_sync_steps
-            out["algo.ref_mixup_alpha"] = self.ref_model_mixup_alpha
-        if self.reward_weights is not None:
-            out["reward_weights"] = list(self.reward_weights)
-        if self.max_tool_calling_iterations is not None:
-            out["episodes.max_tool_calling_iterations"] = self.max_tool_calling_iterations
-        out["optim.lr"] = self.learning_rate
-        out["optim.schedule"] = self.lr_scheduler_type
-        out["optim.weight_decay"] = self.weight_decay
-        out["optim.adam_beta1"] = self.adam_beta1
-        out["optim.adam_beta2"] = self.adam_beta2
-        out["optim.adam_eps"] = self.adam_epsilon
-        out["optim.max_grad_norm"] = self.max_grad_norm
-        if self.use_cpu:
-            out["model.device"] = "cpu"
-        if self.bf16 is not None:
-            out["model.bf16_autocast"] = bool(self.bf16)
-        out["model.trust_remote_code"] = self.trust_remote_code
-        out["model.gradient_checkpointing"] = bool(self.gradient_checkpointing)
-        fsdp = self.fsdp
-        words = fsdp.split() if isinstance(fsdp, str) else [str(w) for w in (fsdp or [])]
-        if words:
-            shards = {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2"}
-            if not shards & set(words):
-                raise ConfigError(
-                    f"GRPOConfig(fsdp={fsdp!r}): cohort shards with FSDP2 when fsdp names a sharding strategy "
-                    "('full_shard'); options such as 'offload' alone are not implemented"
-                )
-            out["distributed.strategy"] = "fsdp"
-        if self.ddp_backend is not None:
-            if self.ddp_backend not in ("nccl", "gloo"):
-                raise ConfigError(
-                    f"GRPOConfig(ddp_backend={self.ddp_backend!r}): cohort runs on nccl or gloo"
-                )
-            out["distributed.backend"] = self.ddp_backend
-        for key, value in (self.model_init_kwargs or {}).items():
-            target = {
-                "dtype": "model.dtype",
-                "torch_dtype": "model.dtype",
-                "trust_remote_code": "model.trust_remote_code",
-                "attn_implementation": "model.attn_implementation",
-            }.get(key)
-            if target is None:
-                raise ConfigError(
-                    f"GRPOConfig(model_init_kwargs={{{key!r}: ...}}) is not implemented by cohort; it takes dtype / "
-                    "torch_dtype, trust_remote_code and attn_implementation"
-                )
-            out[target] = str(value).replace("torch.", "")
-        report = self.report_to
-        sinks = {report} if isinstance(report, str) else set(report or [])
-        bad = sinks - {"none", "tensorboard", "wandb", "all"}
-        if bad:
-            raise ConfigError(
-                f"GRPOConfig(report_to={report!r}): cohort reports to tensorboard and wandb only"
-            )
-        out["tensorboard"] = bool(sinks & {"tensorboard", "all"})
-        out["wandb"] = bool(sinks & {"wandb", "all"})
-        out["save_every"] = (
-            0 if self.save_strategy == "no" else (self.save_steps if self.save_strategy == "steps" else 0)
-        )
-        if self.save_strategy not in ("no", "steps"):
-            raise ConfigError(
-                f"GRPOConfig(save_strategy={self.save_strategy!r}): cohort saves by steps ('steps') or at the end ('no')"
-            )
-        if self.save_total_limit is not None:
-            out["keep_checkpoints"] = max(1, int(self.save_total_limit))
-        if self.eval_strategy not in ("no", "steps"):
-            raise ConfigError(
-                f"GRPOConfig(eval_strategy={self.eval_strategy!r}): cohort evaluates by steps ('steps') or not ('no')"
-            )
-        out["eval_every"] = (self.eval_steps or 0) if self.eval_strategy == "steps" else 0
-        if self.num_completions_to_print is not None:
-            out["num_samples_logged"] = self.num_completions_to_print
-        # How long: TRL counts optimizer steps; cohort counts generation batches, each making `per_batch`.
-        per_batch = self.num_iterations * out["algo.num_minibatches"]
-        steps = self.optimizer_steps(num_rows, world)
-        if not (self.max_steps is not None and self.max_steps > 0):  # from epochs: whole generation batches
-            steps = math.ceil(steps / per_batch) * per_batch
-        if steps % per_batch:
-            raise ConfigError(
-                f"GRPOConfig(max_steps={steps}): each generation batch makes {per_batch} optimizer steps "
-                f"(num_iterations={self.num_iterations} x steps_per_generation / gradient_accumulation_steps = "
-                f"{out['algo.num_minibatches']}) and cohort trains whole generation batches; set max_steps to a "
-                f"multiple of {per_batch} (e.g. {max(per_batch, steps - steps % per_batch)})"
-            )
-        out["steps"] = steps // per_batch
-        # cohort's scheduler steps once per optimizer step (steps x num_iterations x num_minibatches in all).
-        warmup = self.warmup_steps
-        if isinstance(warmup, float) and 0 < warmup < 1:  # transformers 5: a float < 1 is a ratio
-            warmup = math.ceil(warmup * steps)
-        if not 0 <= self.warmup_ratio <= 1:
-            raise ConfigError(
-                f"GRPOConfig(warmup_ratio={self.warmup_ratio}) must be in [0, 1] (a fraction of the steps)"
-            )
-        out["optim.warmup_steps"] = int(
-            warmup or (math.ceil(self.warmup_ratio * steps) if self.warmup_ratio else 0)
-        )
-        # logging_steps, save_steps and eval_steps count optimizer steps (a value in (0, 1): that fraction of
-        # max_steps); cohort acts on whole generation batches, so each rounds up to them.
-        out["logging_steps"] = self.logging_steps
-        if self.eval_strategy == "steps" and not self.eval_steps:
-            out["eval_every"] = self.logging_steps  # TRL's default for eval_steps
-        for key in ("logging_steps", "save_every", "eval_every"):
-            every = out[key]
-            if isinstance(every, float) and 0 < every < 1:
-                every = max(1, math.ceil(every * steps))
-            out[key] = math.ceil(every / per_batch) if every else 0
-        out.update(self.cohort)
-        return load_config(None, out)
-
-    def steps_per_generation_resolved(self, world: int = 1) -> int:
-        """Returns the optimizer-step-sized parts of one generation batch, per TRL: steps_per_generation, or
-        generation_batch_size / (per_device_train_batch_size x processes), or gradient_accumulation_steps."""
-        per_device, accumulation = self.per_device_train_batch_size, self.gradient_accumulation_steps
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"GRPOConfig({name}={value!r}) must be an integer >= 1")
-        spg, gbs = self.steps_per_generation, self.generation_batch_size
-        if spg is not None and gbs is not None:
-            raise ConfigError(
-                "GRPOConfig: set steps_per_generation or generation_batch_size, not both (TRL derives one from "
-                "the other)"
-            )
-        if gbs is not None:
-            if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1 or gbs % (per_device * world):
-                raise ConfigError(
-                    f"GRPOConfig(generation_batch_size={gbs!r}) must be a positive multiple of "
-                    f"per_device_train_batch_size x processes = {per_device * world}"
-                )
-            spg = gbs // (per_device * world)
-        spg = accumulation if spg is None else spg
-        if isinstance(spg, bool) or not isinstance(spg, int) or spg < 1:
-            raise ConfigError(f"GRPOConfig(steps_per_generation={spg!r}) must be an integer >= 1")
-        if spg % accumulation:
-            raise ConfigError(
-                f"GRPOConfig: one generation batch holds {spg} micro-batches (steps_per_generation), which is "
-                f"not a whole number of optimizer steps of gradient_accumulation_steps={accumulation}; cohort "
-                "generates once per whole optimizer steps: make steps_per_generation a multiple of "
-                "gradient_accumulation_steps"
-            )
-        minibatch = per_device * accumulation
-        if spg > accumulation and minibatch % self.num_generations:
-            raise ConfigError(
-                f"GRPOConfig: with {spg // accumulation} optimizer steps per generation batch, each step takes "
-                f"per_device_train_batch_size x gradient_accumulation_steps = {minibatch} completions, not a "
-                f"whole number of groups of num_generations={self.num_generations}; cohort's optimizer steps take "
-                "whole groups: make that product a multiple of num_generations"
-            )
-        return spg
-
-    def optimizer_steps(self, num_rows: int | None, world: int = 1) -> int:
-        """Returns the run's optimizer steps as TRL counts them: max_steps, else from num_train_epochs."""
-        if self.max_steps is not None and self.max_steps > 0:
-            return int(self.max_steps)
-        if num_rows is None:
-            raise ConfigError(
-                "GRPOConfig: a dataset of unknown length (an IterableDataset) needs max_steps; set max_steps=N"
-            )
-        if not self.num_train_epochs > 0:
-            raise ConfigError(
-                f"GRPOConfig(num_train_epochs={self.num_train_epochs}) with max_steps={self.max_steps} trains "
-                "nothing; set num_train_epochs > 0 or max_steps=N"
-            )
-        per_generation = self.steps_per_generation_resolved(world)
-        prompts = self.per_device_train_batch_size * per_generation * world // self.num_generations
-        # TRL's sampler drops the last incomplete generation batch of an epoch.
-        batches = max(1, num_rows // max(1, prompts))
-        per_batch = self.num_iterations * per_generation // self.gradient_accumulation_steps
-        return max(1, math.ceil(self.num_train_epochs * batches * per_batch))
-
-
-@functools.cache
-def _training_arguments_defaults() -> dict[str, Any]:
-    """Returns transformers.TrainingArguments' field defaults, by name."""
-    from transformers import TrainingArguments
-
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(TrainingArguments):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
-def _unknown_message(name: str) -> str:
-    """Returns the error for a GRPOConfig field name that is neither TRL's nor known to cohort."""
-    close = difflib.get_close_matches(name, list(TRL_FIELDS), n=3, cutoff=0.6)
-    cohort_close = difflib.get_close_matches(
-        name, [k.split(".")[-1] for k in _valid_keys(TrainConfig)], n=1, cutoff=0.75
-    )
-    hint = (
-        f"did you mean {', '.join(repr(c) for c in close)}?"
-        if close
-        else "it is not a TRL GRPOConfig field cohort knows"
-    )
-    if cohort_close and not close:
-        hint += f" (cohort's own keys go in GRPOConfig(cohort={{...}}), e.g. {cohort_close[0]!r})"
-    return f"unknown GRPOConfig field {name!r}: {hint}"
 
 
 def dataset_rows(
@@ -380,6 +43,12 @@ def dataset_rows(
             if limit is not None and len(rows) >= limit:
                 break
         return rows
+    if isinstance(dataset, dict) and what == "eval_dataset":
+        raise ConfigError(
+            f"eval_dataset={{{', '.join(repr(k) for k in list(dataset)[:3])}: ...}}: a dict of evaluation datasets "
+            "(TRL evaluates each under its name) is not implemented by cohort; pass one dataset (concatenate them, "
+            "e.g. datasets.concatenate_datasets) or evaluate each with its own trainer.evaluate() run"
+        )
     raise ConfigError(
         f"{what} must be a list of dicts, a datasets.Dataset or an IterableDataset, got {type(dataset).__name__}"
     )
@@ -428,11 +97,27 @@ RewardLike = str | Callable | Any
 
 
 def mapping_table() -> str:
-    """Returns the markdown table of TRL_FIELDS (docs/trl.md embeds it; a test keeps the two equal)."""
+    """Returns the markdown tables of TRL_FIELDS and ANY_VALUE (docs/trl.md embeds them; a test keeps the two
+    equal)."""
     lines = ["| TRL `GRPOConfig` field | TRL default | cohort | how / nearest option |", "|---|---|---|---|"]
     for name, spec in TRL_FIELDS.items():
-        target = f"`{spec.cohort}`" if spec.cohort else "not implemented (accepted at TRL's default only)"
+        if spec.cohort:
+            target = f"`{spec.cohort}`"
+        elif spec.any_value:
+            target = "not implemented (accepted at any value)"
+        else:
+            target = "not implemented (accepted at TRL's default only)"
         lines.append(f"| `{name}` | `{spec.default!r}` | {target} | {spec.note} |")
+    lines += [
+        "",
+        "transformers' `TrainingArguments` fields not above are fields of `GRPOConfig` too, accepted at their "
+        "default only (`optim` also at `'adamw_torch'`, `gradient_checkpointing_kwargs` at "
+        "`{'use_reentrant': False}`: what cohort does), except these, accepted at any value:",
+        "",
+        "| `TrainingArguments` field | why |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | {why} |" for name, why in ANY_VALUE.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -579,6 +264,10 @@ class TrainerInputs:
     model: Any  # a model object, or None: the config names the model to load
     tokenizer: Any
     trl_form: bool  # built as TRL's GRPOTrainer(model=..., args=...): callbacks get `args`, resume waits for train()
+    datasets: tuple[Any, Any] = (
+        None,
+        None,
+    )  # the training and evaluation data as given (trainer.train_dataset ...)
 
 
 def trainer_inputs(
@@ -596,9 +285,20 @@ def trainer_inputs(
     model: Any,
     tokenizer: Any,
     environment_factory: Any,
+    rollout_func: Any = None,
 ) -> TrainerInputs:
     """Returns GRPOTrainer's arguments translated: TRL's keyword forms (a positional model, one reward function,
     args=, train_dataset=, peft_config=) onto the config, datasets as rows, a model path into the config."""
+    if rollout_func is not None:
+        raise ConfigError(
+            "GRPOTrainer(rollout_func=...) is not implemented by cohort: it generates with its own engine. "
+            "Multi-turn rollouts take tools=[...] or environment_factory=... (docs/agents.md); an external "
+            "generator serves as a rollout worker (rollout.workers, docs/serving.md)"
+        )
+    datasets = (
+        train_dataset if train_dataset is not None else train_rows,
+        eval_dataset if eval_dataset is not None else eval_rows,
+    )
     if not isinstance(config, TrainConfig) and config is not None:
         if model is not None:
             raise ConfigError("pass the model once: as the first argument or as model=, not both")
@@ -636,4 +336,4 @@ def trainer_inputs(
     eval_rows = dataset_rows(eval_rows, what="eval_rows")
     if isinstance(model, (str, os.PathLike)):
         config.model.name_or_path, model = str(model), None
-    return TrainerInputs(config, reward_funcs, train_rows, eval_rows, model, tokenizer, trl_form)
+    return TrainerInputs(config, reward_funcs, train_rows, eval_rows, model, tokenizer, trl_form, datasets)

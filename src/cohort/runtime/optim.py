@@ -9,7 +9,7 @@ import torch
 
 from cohort.choices import SCHEDULES
 
-__all__ = ["SCHEDULES", "make_adamw", "make_scheduler"]
+__all__ = ["SCHEDULES", "applied_lr", "make_adamw", "make_scheduler"]
 
 
 def make_adamw(
@@ -56,3 +56,14 @@ def make_scheduler(
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def applied_lr(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None
+) -> float:
+    """Returns the learning rate the last optimizer step used (the current one before any step): what TRL logs as
+    `learning_rate`, where the optimizer's own holds the next step's once the schedule has stepped."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if scheduler is None or not lambdas or scheduler.last_epoch < 1:
+        return float(optimizer.param_groups[0]["lr"])
+    return float(scheduler.base_lrs[0] * lambdas[0](scheduler.last_epoch - 1))
