@@ -362,6 +362,40 @@ def test_steps_after_every_row_ended_change_nothing_and_each_eos_is_heard(model6
     assert bool((tokens[after] == PAD).all()) and bool((logps[after] == 0).all())
 
 
+class _BufferReads(TorchDispatchMode):
+    """Counts the ops that read `buffer` (or a view of it)."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        super().__init__()
+        self.storage, self.count = buffer.untyped_storage().data_ptr(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        self.count += any(t.untyped_storage().data_ptr() == self.storage for t in tensors)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_check_reads_the_tokens_of_every_row_it_hears_end_at_once(model64):
+    """On a GPU each read of the device's tokens makes the host wait: a check reads the rows that ended since the
+    last one in one copy, as many ops on the buffer for one row as for all of them."""
+    params = SamplingParams(max_completion_length=T, greedy=True)
+    kw = {"eos_token_ids": [EOS], "pad_token_id": PAD, "shared": True}
+    with torch.no_grad(), open_decoder(model64, random_prompts(2, seed=1), 3, params, None, CPU, **kw) as d:
+        d.run(None, capture=False)
+        N = d.tokens.shape[0]
+        lengths = torch.arange(N) % (T - 2) + 2  # [N] every row ends, at its own length
+        reads = []
+        for rows in ([4], list(range(N))):
+            heard: dict[int, list[int]] = {}
+            ended = torch.zeros(N, dtype=torch.bool)
+            ended[rows] = True
+            with _BufferReads(d.tokens) as watch:
+                d._tell((ended, lengths), torch.zeros(N, dtype=torch.bool), heard.__setitem__)
+            reads.append(watch.count)
+            assert heard == {r: d.tokens[r, : int(lengths[r])].tolist() for r in rows}
+    assert reads[0] == reads[1]
+
+
 def test_graph_decode_is_off_on_a_cpu_and_refused_when_on(model64, tiny_model_dir, tmp_path):
     assert FastConfig.all("off").graph_decode == "off" and FastConfig().graph_decode == "auto"
     prompts = random_prompts(2, seed=1)

@@ -56,10 +56,13 @@ class FakeCuda:
         fail_in_capture: bool = False,
         end_fails: str | None = None,
         syncing_step: bool = False,
+        capture_raises: BaseException | None = None,
+        warmup_raises: BaseException | None = None,
     ):
         """end_fails: capture_end raises, "before_routing" (as torch did before pytorch#180395: the allocator
         still routes into the pool) or "after_routing" (as torch does since); syncing_step: the step reads a
-        device value on the host."""
+        device value on the host; capture_raises / warmup_raises: the (uncompiled) step raises that error inside
+        the capture / in the warm-up."""
         self.events: list[str] = []
         self.free, self.pool_bytes, self.reserved = free_bytes, pool_bytes, 10 * MiB
         self.capturing = False
@@ -164,10 +167,14 @@ class FakeCuda:
 
         def advance(decoder):
             if not fake.capturing:
+                if warmup_raises is not None:
+                    raise warmup_raises
                 return real_advance(decoder)
             fake.events.append("step captured")  # a capture records the step's kernels; none runs
             if fail_in_capture:
                 raise RuntimeError("operation not permitted when stream is capturing")
+            if capture_raises is not None:
+                raise capture_raises
 
         if syncing_step:
 
@@ -313,6 +320,53 @@ def test_the_host_sync_check_sees_reads_and_copies_to_the_host_only():
     assert not graph_mod._to_host((torch.empty(0),), torch.empty(0))
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        torch.bincount,  # its CUDA kernel reads the largest value: the output's length
+        lambda x: x.float().histc(bins=4),  # without a range: the kernel reads the data's min and max
+        torch.repeat_interleave,  # tensor repeats without output_size: their sum is the output's length
+        lambda x: x.repeat_interleave(x, dim=0),
+    ],
+    ids=["bincount", "histc", "repeat_interleave", "repeat_interleave_self"],
+)
+def test_the_host_sync_check_sees_ops_whose_kernels_read_a_size_from_the_device(op):
+    x = torch.tensor([1, 2, 1])
+    with pytest.raises(graph_mod.HostSyncError, match="syncs with the host"), graph_mod.HostSyncCheck():
+        op(x)
+
+
+def test_the_host_sync_check_passes_those_ops_given_their_sizes():
+    x = torch.tensor([1, 2, 1])
+    with graph_mod.HostSyncCheck():
+        x.float().histc(bins=4, min=0, max=3)
+        x.repeat_interleave(x, dim=0, output_size=4)
+        x.repeat_interleave(2)  # int repeats: an expand
+
+
+def test_on_a_gpu_the_host_sync_check_passes_reads_of_cpu_tensors():
+    """A CPU tensor's `.item()` makes the host wait for nothing; the same read of a device tensor (meta stands in
+    for the GPU) is refused. On a CPU (the tests' step) every read counts: see the test above."""
+    x = torch.tensor([1.0, 3.0, 0.0])
+    on_device = torch.empty(3, device="meta")
+    reads = (
+        lambda t: t.sum().item(),
+        lambda t: bool(t.any()),
+        lambda t: t.nonzero(),
+        lambda t: t[t > 2],
+        lambda t: torch.bincount(t.long()),
+    )
+    with graph_mod.HostSyncCheck(torch.device("cuda")):
+        for read in reads:
+            read(x)
+    for read in reads:
+        with (
+            pytest.raises(graph_mod.HostSyncError, match="syncs with the host"),
+            graph_mod.HostSyncCheck(torch.device("cuda")),
+        ):
+            read(on_device)
+
+
 def test_a_decoder_that_never_captured_closes_without_cuda():
     with (
         torch.no_grad(),
@@ -382,6 +436,105 @@ def test_the_engine_decodes_eagerly_after_a_failed_capture_and_raises_anything_e
     with pytest.raises(RuntimeError, match="a reward prefetch failed"):
         engine.sample(model, prompts, 3, PARAMS, torch.Generator().manual_seed(7), CPU)
     assert model not in builtin_mod._GRAPH_FAILED
+
+
+def _takes_the_captured_step(monkeypatch):
+    """Returns BuiltinEngine's module, its engines taking the uncompiled captured step as on a GPU whose probe
+    passed, no capture failed before."""
+    from cohort.rollout import builtin as builtin_mod
+
+    monkeypatch.setattr(builtin_mod.BuiltinEngine, "takes_captured_step", lambda self, *a: True)
+    monkeypatch.setattr(builtin_mod.BuiltinEngine, "compiles_captured_step", lambda self, *a: False)
+    monkeypatch.setattr(builtin_mod, "_GRAPH_FAILED", builtin_mod.weakref.WeakSet())
+    return builtin_mod
+
+
+def test_running_out_of_memory_in_the_capture_decodes_eagerly_under_auto_and_is_named_under_on(monkeypatch):
+    """While a capture is under way the allocator cannot hand other cached blocks back to the driver, so a capture
+    may run out of memory where the eager step would not: under auto the rollout decodes eagerly (the cache
+    emptied first, once the capture has ended), under on the error says so."""
+    from cohort.fastpath import FastConfig, FastPathError
+    from cohort.rollout.builtin import BuiltinEngine
+
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    params = SamplingParams(max_completion_length=12, greedy=True)  # the warm-up draws nothing
+    want = BuiltinEngine(eos_token_ids=[EOS], pad_token_id=PAD).sample(model, prompts, 3, params, None, CPU)
+    engine = _takes_the_captured_step(monkeypatch).BuiltinEngine(eos_token_ids=[EOS], pad_token_id=PAD)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, capture_raises=oom)
+    with pytest.warns(
+        UserWarning, match=r"capture failed \(ran out of memory during the capture.*graph_decode=off"
+    ):
+        got = engine.sample(model, prompts, 3, params, None, CPU)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.logprobs, want.logprobs)
+    assert got.paths["graph_decode"] is False
+    assert (
+        fake.events.index("step captured")
+        < fake.events.index("capture_end")
+        < fake.events.index("empty_cache")
+    )
+    assert not fake.routing
+
+    on = _takes_the_captured_step(monkeypatch).BuiltinEngine(
+        eos_token_ids=[EOS], pad_token_id=PAD, fast=FastConfig(graph_decode="on")
+    )
+    with pytest.raises(
+        FastPathError, match=r"graph_decode=on.*ran out of memory during the capture.*2.00 GiB"
+    ):
+        on.sample(model, prompts, 3, params, None, CPU)
+
+
+def test_running_out_of_memory_in_the_warm_up_is_raised_as_it_is(monkeypatch):
+    # The eager step would need that memory too: no capture began, nothing to fall back from.
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, warmup_raises=oom)
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        _captured_rollout(model, prompts, fake)
+    assert caught.value is oom
+    assert not any(e.startswith("capture_begin") for e in fake.events)
+
+
+def test_a_compiled_step_that_fails_inside_the_capture_fails_the_capture_with_its_own_error(monkeypatch):
+    """Only a call that would trace anew (torch's RecompileError, raised before any kernel) runs the eager step
+    in a capture: any other error of the compiled step is the capture's failure, its message kept, the compile
+    not marked as failed, and the eager step not run inside the invalidated capture (its in-place updates would
+    be recorded a second time)."""
+    from cohort.fastpath import compiled
+
+    fake = FakeCuda(monkeypatch, free_bytes=60 << 30, pool_bytes=MiB, end_fails="before_routing")
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            if fake.capturing:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return gm.forward(*args)
+
+        return run
+
+    monkeypatch.setattr(compiled, "BACKEND", backend)
+    eager_calls = []
+    real = graph_mod.DECODE_STEP.fn
+    graph_mod.DECODE_STEP.compiled()  # compiles the real step; the fallback then goes through the spy
+    monkeypatch.setattr(graph_mod.DECODE_STEP, "fn", lambda *a: eager_calls.append(1) or real(*a))
+    model, prompts = tiny_model(seed=3), random_prompts(2, seed=1)
+    torch._dynamo.reset()
+    try:
+        g = torch.Generator().manual_seed(7)
+        with (
+            torch.inference_mode(),
+            open_decoder(model, prompts, 3, PARAMS, g, CPU, compiled=True, **KW) as decoder,
+        ):
+            with pytest.raises(graph_mod.CaptureError, match="illegal memory access") as caught:
+                decoder.run(g, capture=True, check_every=4)
+            assert int(decoder.plan.step) == 2  # the two warm-up steps only
+    finally:
+        torch._dynamo.reset()
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert "step captured" not in fake.events  # the compiled step, not the (patched) eager one, was captured
+    assert graph_mod.DECODE_STEP.failed(model) is None
+    assert not eager_calls
+    assert not fake.routing
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a CUDA GPU: needs one")

@@ -73,7 +73,7 @@ class Compiled:
     def call(self, owner: Any, *args: Any, model: Any = None, recompile: bool = True) -> Any:
         """Returns fn(*args) through the compiled function (through `fn` itself once compiling for `owner` failed;
         `model` names it in the warning). recompile=False: a call that would trace anew fails over to `fn`
-        instead (inside a CUDA graph capture, where compiling cannot run)."""
+        instead (inside a CUDA graph capture, where compiling cannot run), and any other error is raised."""
         if owner not in self._failed:
             try:
                 with _limit(), _no_recompile(not recompile):
@@ -81,6 +81,11 @@ class Compiled:
             except torch.OutOfMemoryError:
                 raise  # the eager function needs the memory too: say so, as it would
             except Exception as exc:  # noqa: BLE001 - any compiler failure leaves the eager function, which is exact
+                if not recompile and not isinstance(exc, _recompile_errors()):
+                    # Inside a capture: the compiled step may have launched kernels before failing, and the
+                    # capture is then invalid. Running `fn` there would record its in-place updates a second time
+                    # and hide this error behind the capture's own; the capture is abandoned with this one.
+                    raise
                 self._failed[owner] = reason = _reason(exc)
                 name = type(model if model is not None else owner).__name__
                 say_once(
@@ -111,6 +116,14 @@ def _no_recompile(on: bool) -> contextlib.AbstractContextManager:
     if not on or config is None or not hasattr(config, "error_on_recompile"):
         return contextlib.nullcontext()
     return config.patch(error_on_recompile=True)
+
+
+def _recompile_errors() -> tuple[type[BaseException], ...]:
+    """Returns the errors torch raises, under error_on_recompile, where a call would trace anew: raised by the
+    guard check before the compiled code runs, so nothing was launched and `fn` may run in its place."""
+    exc = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    error = getattr(exc, "RecompileError", None)
+    return (error,) if isinstance(error, type) else ()
 
 
 def _reason(exc: BaseException) -> str:

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cohort.errors import first_line
 from cohort.fastpath.attention import StepPlan, attach_step_plan, plan_attention, plan_carrier
 from cohort.fastpath.compiled import Compiled
 from cohort.fastpath.kv_cache import preallocated_cache, step_cache
@@ -211,7 +212,7 @@ class StaticDecoder:
                         # syncs: a capture that one breaks leaves the allocator counting a capture under way in
                         # torch releases without the fix of pytorch#180395, which later aborts the process.
                         watch = i == warmup - 1 and not self.compiled and self.model not in _SYNC_CHECKED
-                        with HostSyncCheck() if watch else contextlib.nullcontext():
+                        with HostSyncCheck(device) if watch else contextlib.nullcontext():
                             self.step()
                         if watch:
                             _SYNC_CHECKED.add(self.model)
@@ -233,22 +234,37 @@ class StaticDecoder:
             with torch.cuda.device(device):
                 self.pool = torch.cuda.MemPool()  # this rollout's graph memory, handed back by close()
             before = torch.cuda.memory_reserved(device)
-            with torch.cuda.stream(stream):
-                # thread_local: CUDA work of another thread (a prefetching loader, say) does not break it
-                graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
-                try:
-                    self.step(recompile=False)
-                except BaseException:
-                    _abandon_capture(graph, self.pool, device)  # the step's error is the one raised
-                    raise
-                try:
-                    graph.capture_end()
-                except BaseException:
-                    _end_pool_routing(self.pool, device)
-                    raise
+            try:
+                with torch.cuda.stream(stream):
+                    self._capture_step(graph, device)
+            except torch.OutOfMemoryError as e:
+                # While a capture is under way the allocator frees only its own pool's cached blocks, never the
+                # others': a capture can run short where the eager step, which may free them, would not. The
+                # capture has ended (its routing too), so the cache goes back to the driver for the eager step.
+                torch.cuda.empty_cache()
+                raise CaptureError(
+                    "ran out of memory during the capture; lower the rollout batch or set fast.graph_decode=off "
+                    f"({first_line(e)})"
+                ) from e
             _POOL_BYTES[device] = torch.cuda.memory_reserved(device) - before
         self.graph = graph
         return warmup
+
+    def _capture_step(self, graph: Any, device: torch.device) -> None:
+        """Returns None once one step is captured into `graph` (into this rollout's pool); a capture that fails is
+        ended, and the allocator routes into the pool no longer, before its error is raised."""
+        # thread_local: CUDA work of another thread (a prefetching loader, say) does not break it
+        graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
+        try:
+            self.step(recompile=False)
+        except BaseException:
+            _abandon_capture(graph, self.pool, device)  # the step's error is the one raised
+            raise
+        try:
+            graph.capture_end()
+        except BaseException:
+            _end_pool_routing(self.pool, device)
+            raise
 
     def close(self) -> None:
         """Releases the captured graph, then its memory pool, once the device has run every replay (the pool's
@@ -281,8 +297,10 @@ class StaticDecoder:
         if capture and self.T > 1:
             try:
                 done_steps += self.capture(warmup=min(2, self.T - 1), generator=generator)
+            except CaptureError:
+                raise  # running out of memory in the capture itself (see capture)
             except torch.OutOfMemoryError:
-                raise  # not the capture's fault: the eager step would need the memory too
+                raise  # in the warm-up, not the capture's fault: the eager step would need the memory too
             except Exception as e:  # noqa: BLE001 - any failure to capture: the caller may decode eagerly
                 raise CaptureError(str(e)) from e
         flag = torch.zeros(1, dtype=torch.bool, pin_memory=self.device.type == "cuda")
@@ -317,9 +335,14 @@ class StaticDecoder:
         return self.tokens, self.lengths, self.ended, self.logps
 
     def _tell(self, snapshot, heard: torch.Tensor, on_finished) -> torch.Tensor:
-        ended, lengths = snapshot
-        for row in (ended & ~heard).nonzero().flatten().tolist():
-            on_finished(row, self.tokens[row, : int(lengths[row])].tolist())
+        ended, lengths = snapshot  # on the CPU
+        rows = (ended & ~heard).nonzero().flatten()  # [F] rows newly heard to end
+        if rows.numel():
+            # one copy of every newly ended row's tokens: a read per row made the host wait on the device per row
+            width = int(lengths[rows].max())
+            tokens = self.tokens[:, :width].index_select(0, rows.to(self.device)).cpu()  # [F, width]
+            for i, row in enumerate(rows.tolist()):
+                on_finished(row, tokens[i, : int(lengths[row])].tolist())
         return heard | ended
 
 
@@ -369,29 +392,59 @@ class HostSyncError(RuntimeError):
 
 class HostSyncCheck(TorchDispatchMode):
     """Raises HostSyncError at an op that makes the host wait for the device: a value read by the host (`.item()`,
-    `bool(t)`, `t.tolist()`), an output whose size depends on values (nonzero, masked_select, unique), a copy
-    from a device to the CPU. Checked before the first capture of each model, so that such a forward is refused
-    without a capture failing."""
+    `bool(t)`, `t.tolist()`), an output whose size depends on values (nonzero, masked_select, unique, bincount,
+    repeat_interleave without output_size, histc without a range: their CUDA kernels read a count or a bound), a
+    copy from a device to the CPU. Checked before the first capture of each model, so that such a forward is
+    refused without a capture failing.
+
+    device: the device the step decodes on. On a CPU (or None) every read counts, so that a CPU test sees the reads
+    the step would make on a GPU; on a GPU, reading a CPU tensor makes the host wait for nothing and passes."""
 
     SYNCS = frozenset(
-        {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select"}
+        {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "bincount"}
         | {"_unique", "_unique2", "unique_dim", "unique_consecutive"}
     )
     INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
     """Ops that sync when indexed by a boolean mask (t[mask], t[mask] = v: the mask's nonzero)."""
 
+    def __init__(self, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.cpu_counts = device is None or device.type == "cpu"
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if name in self.SYNCS or (name in self.INDEXING and _masks(args)):
+        kwargs = kwargs or {}
+        syncs = name in self.SYNCS or _sizes_from_values(name, args, kwargs)
+        if (syncs or (name in self.INDEXING and _masks(args))) and (self.cpu_counts or _on_device(args)):
             raise HostSyncError(
                 f"the decode step syncs with the host (aten.{name}), which a CUDA graph cannot hold"
             )
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
         if name in ("_to_copy", "copy_", "_copy_from") and _to_host(args, out):
             raise HostSyncError(
                 f"the decode step copies a device tensor to the CPU (aten.{name}), which a CUDA graph cannot hold"
             )
         return out
+
+
+def _sizes_from_values(name: str, args: tuple, kwargs: dict) -> bool:
+    """Returns whether an op that syncs only for some arguments does here: repeat_interleave with tensor repeats
+    and no output_size (the output's length is their sum), histc without a range (bounds from the data's own min
+    and max); int repeats never reach this op (they expand)."""
+    if name == "repeat_interleave":
+        return kwargs.get("output_size") is None
+    if name == "histc":
+        low = args[2] if len(args) > 2 else kwargs.get("min", 0)
+        high = args[3] if len(args) > 3 else kwargs.get("max", 0)
+        return low == high
+    return False
+
+
+def _on_device(args: tuple) -> bool:
+    """Returns whether an op's arguments (tensors, or lists of them: indices) hold a tensor off the CPU."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    tensors += [i for a in args if isinstance(a, (list, tuple)) for i in a if isinstance(i, torch.Tensor)]
+    return any(t.device.type != "cpu" for t in tensors)
 
 
 def _masks(args: tuple) -> bool:
