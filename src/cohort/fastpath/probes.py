@@ -25,14 +25,27 @@ _RAISED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {ch
 _RAISED_GLOBAL: dict[str, str] = {}
 
 
-def tolerance(model: torch.nn.Module) -> float:
-    """Returns the absolute log-prob tolerance of a path check: 1e-3 in float32 or wider, 5e-2 below.
+def tolerance(model: torch.nn.Module, compute: torch.dtype | None = None) -> float:
+    """Returns the absolute log-prob tolerance of a path check: 1e-3 in float32 or wider, 5e-2 below; `compute`:
+    the precision the check computes in where it is below the weights' (a check run under bf16 autocast).
 
     Two computations of the same log-probs differ only by rounding: float32 keeps them within 1e-5,
     bfloat16 (8 bits of mantissa, summed over a layer stack) within a few hundredths; a structural error
     (a wrong mask, a dropped window) moves them by much more than either.
     """
-    return 1e-3 if float_dtype(model).itemsize >= 4 else 5e-2
+    dtype = float_dtype(model)
+    if compute is not None and compute.itemsize < dtype.itemsize:
+        dtype = compute
+    return 1e-3 if dtype.itemsize >= 4 else 5e-2
+
+
+def scaled_close(fast: Any, plain: Any, tol: float) -> bool:
+    """Returns whether tensors (or equal-length tuples of them) agree within `tol` times the larger of 1 and the
+    plain value's largest magnitude: for gradients, whose scale is the model's, not a log-prob's."""
+    if isinstance(fast, torch.Tensor):
+        scale = max(1.0, float(plain.float().abs().max())) if plain.numel() else 1.0
+        return allclose(fast, plain, tol * scale)
+    return len(fast) == len(plain) and all(scaled_close(a, b, tol) for a, b in zip(fast, plain))
 
 
 def allclose(fast: Any, plain: Any, tol: float) -> bool:
@@ -51,11 +64,12 @@ def probe(
     plain: Callable[[], Any],
     *,
     agree: Callable[[Any, Any, float], bool] = allclose,
+    compute: torch.dtype | None = None,
 ) -> bool:
     """Returns whether fast() reproduces plain() on `model` (computed once per model and check name).
 
     model=None checks the torch build itself (once per process). agree(fast_out, plain_out, tol) decides
-    (default: allclose at `tolerance(model)`).
+    (default: allclose at `tolerance(model, compute)`; `compute`: the autocast dtype a check re-enters).
     """
     cache = _GLOBAL if model is None else _VERDICTS.setdefault(model, {})
     if name in cache:
@@ -70,7 +84,7 @@ def probe(
         else:
             device_type = input_device(model).type
             with torch.no_grad(), torch.autocast(device_type, enabled=False), eval_mode(model):
-                ok = bool(agree(fast(), plain(), tolerance(model)))
+                ok = bool(agree(fast(), plain(), tolerance(model, compute)))
     except Exception as exc:  # noqa: BLE001 - any failure means the fast path is unusable here
         # A library that changed under us (a renamed argument, a warning turned into an error) shows up
         # here: keep what was raised so the fallback message names it instead of blaming the numbers.
