@@ -244,10 +244,30 @@ class GRPOTrainer(TrainerAPI):
         return train_step(self.run)
 
     # ------------------------------------------------------------------ evaluation and saving
-    def evaluate(self, *, k: int = 1, sampled: bool = True) -> dict[str, float]:
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        ignore_keys: Any = None,
+        metric_key_prefix: str = "eval",
+        *,
+        k: int = 1,
+        sampled: bool = True,
+    ) -> dict[str, float]:
         """Returns held-out greedy accuracy (and pass@k / maj@k when k > 1) under the first reward function, and
-        with `sampled` TRL's eval_* metrics of group_size sampled completions per held-out prompt."""
-        return self.run.evaluate(k=k, sampled=sampled)
+        with `sampled` TRL's eval_* metrics of group_size sampled completions per held-out prompt (named
+        `<metric_key_prefix>_*`, as Trainer.evaluate; ignore_keys is the Trainer's and has nothing to ignore here)."""
+        if eval_dataset is not None:
+            raise ConfigError(
+                "trainer.evaluate(eval_dataset=...) is not implemented by cohort: it evaluates the held-out rows "
+                "given when the trainer was built (GRPOTrainer(eval_dataset=...) or eval_rows=)"
+            )
+        metrics = self.run.evaluate(k=k, sampled=sampled)
+        if metric_key_prefix == "eval":
+            return metrics
+        return {
+            f"{metric_key_prefix}_{key[len('eval_') :]}" if key.startswith("eval_") else key: value
+            for key, value in metrics.items()
+        }
 
     def save(self) -> Path:
         """Return the folder of a checkpoint of the current state."""

@@ -220,3 +220,30 @@ def test_the_schedules_follow_transformers_names():
         0,
     )  # transformers: no warm-up
     assert schedule(lr_scheduler_type="cosine", warmup_steps=2) == ("cosine", 2)
+
+
+def test_evaluate_takes_the_trainers_signature(tiny_model_dir, tmp_path):
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=2,
+        use_cpu=True,
+    )
+    args.max_completion_length = 6
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=counted,
+        args=args,
+        train_dataset=_rows(),
+        eval_dataset=_rows(4),
+    )
+    metrics = trainer.evaluate(metric_key_prefix="test")
+    assert (
+        "test_reward" in metrics
+        and "test_loss" in metrics
+        and not any(k.startswith("eval_") for k in metrics)
+    )
+    assert "eval_reward" in trainer.evaluate()
+    with pytest.raises(ConfigError, match=r"evaluate\(eval_dataset=\.\.\.\) is not implemented by cohort"):
+        trainer.evaluate(eval_dataset=_rows(4))
