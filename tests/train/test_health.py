@@ -6,6 +6,7 @@ import json
 import warnings
 
 import pytest
+import torch
 from test_trainer import _cfg
 
 from cohort.config import ConfigError, HealthConfig
@@ -44,12 +45,13 @@ def _metrics(**over):
         ("surrogate_zero", {"loss": 0.0}, {}),
         ("clipping", {"clip_ratio/region_mean": 0.4}, {}),
         ("kl_early", {"kl": 2.0, "loss": 10.0}, {"beta": 0.01}),
-        ("kl_drift", {"kl": 0.5, "loss": 0.51}, {"beta": 1.0}),
+        ("kl_drift", {"kl": 0.5, "loss": 0.51}, {"beta": 1.0, "advantage_scale": 0.5}),
         ("logprob_gap", {"sampler/logprob_gap": 0.05}, {}),
     ],
 )
 def test_each_rate_check_fires_once_with_its_number_then_recovers(check, bad, kw):
     mon = HealthMonitor(HealthConfig(window=3), beta=kw.get("beta", 0.0), num_iterations=1)
+    mon.advantage_scale = kw.get("advantage_scale")  # what check_batch records of the step's advantages
     for step in range(1, 4):
         assert mon.observe(step, _metrics(), None) == []
     with pytest.warns(UserWarning, match=rf"health check '{check}'") as caught:
@@ -247,3 +249,17 @@ def test_a_non_finite_gradient_stops_the_step_and_is_recorded_as_a_check(
             t.train()
     rows = [json.loads(x) for x in (tmp_path / "nan" / "health.jsonl").read_text().splitlines()]
     assert rows[-1]["check"] == "non_finite" and rows[-1]["value"] is None
+
+
+def test_kl_drift_weighs_the_kl_terms_pull_against_the_advantages_not_the_surrogates_value():
+    """At ratio 1 the surrogate loss is the mean advantage, about 0 by construction: beta = 0.04 with KL 0.003 fired
+    on a plain run against it. The KL term pulls a token with about beta * sqrt(2 KL); the advantages with |A|."""
+    mon = HealthMonitor(HealthConfig(window=3), beta=0.04, num_iterations=1)
+    adv, in_loss = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(4, dtype=torch.bool)
+    mon.check_batch(1, torch.ones(4, 1), adv, in_loss)
+    assert mon.advantage_scale == 0.75
+    assert mon.observe(1, _metrics(kl=0.003, loss=1e-9), None) == []  # pull 0.0031 against 0.75
+    strong = HealthMonitor(HealthConfig(window=3), beta=2.0, num_iterations=1)
+    strong.check_batch(1, torch.ones(4, 1), adv, in_loss)
+    with pytest.warns(UserWarning, match=r"kl_drift.*beta\*sqrt\(2\*KL\) = 1.26.*mean \|advantage\| 0.75"):
+        strong.observe(1, _metrics(kl=0.2), None)  # pull 2 * sqrt(0.4) = 1.26

@@ -476,7 +476,8 @@ class HealthConfig:
     kl_early_steps: int = 1000
     """See kl_early_max."""
     kl_drift_ratio: float = 1.0
-    """kl_drift fires when beta * KL exceeds this many times the surrogate loss's magnitude."""
+    """kl_drift fires when the KL term's pull on a token, beta * sqrt(2 * KL), exceeds this many times the mean
+    |advantage| of the completions in the loss."""
     grad_spike: float = 50.0
     """grad_spike fires when the gradient norm exceeds this many times the window's median (the demo's largest
     ratio is about 30: steps with few informative groups have tiny gradients)."""

@@ -19,7 +19,7 @@ but an error that stops the step before the weights change (``cohort.train.updat
 | ``truncation`` | mean truncated share over the window > ``truncation_max`` | raise max_completion_length |
 | ``clipping`` | clipped token share > ``clip_max`` (seed 002 pilot: 30 %) | lower lr or μ |
 | ``kl_early`` | mean KL > ``kl_early_max`` before step ``kl_early_steps`` (pilot: 1 before 1000) | lower lr, raise β |
-| ``kl_drift`` | β·KL larger than ``kl_drift_ratio`` × the surrogate loss's magnitude | lower β, sync the reference |
+| ``kl_drift`` | the KL term's pull on a token, β·√(2·KL) (its gradient coefficient β·(1 − π_ref/π) at the typical log-ratio), larger than ``kl_drift_ratio`` × the mean absolute advantage of the completions in the loss (the policy term's) | lower β, sync the reference |
 | ``grad_spike`` | grad norm > ``grad_spike`` × the median of the window | lower lr, clip gradients |
 | ``length_drift`` | mean length over the window left [1/r, r] × the first window's | check rewards for length hacking |
 | ``collapse`` | share of groups whose G completions are identical and below the step's best reward > ``collapse_max`` | higher temperature, check the rewards for a degenerate answer |
@@ -124,6 +124,8 @@ class HealthMonitor:
         sampler_corrected: bool = False,
     ):
         self.cfg, self.beta, self.num_iterations = cfg, beta, num_iterations
+        self.advantage_scale: float | None = None
+        """The mean |advantage| of this step's completions in the loss (check_batch records it; kl_drift reads it)."""
         self.precision = precision  # the least precise dtype the sampler's or the trainer's passes compute in
         # algo.sampler_correction weighs each token by its sampler ratio: the gap is known and corrected
         self.sampler_corrected = sampler_corrected
@@ -165,6 +167,8 @@ class HealthMonitor:
     ) -> None:
         """Returns None; records (warning once per kind) a batch that cannot move the policy: no reward at all,
         every completion filtered out, or every advantage 0 with no KL term to learn from."""
+        kept = adv[in_loss]
+        self.advantage_scale = float(kept.abs().mean()) if kept.numel() else None
         if bool(torch.isnan(per_func).all()):
             self.warn(
                 "no_reward",
@@ -310,17 +314,20 @@ class HealthMonitor:
                 f"mean per-token KL {kl:.3g} > {c.kl_early_max:g} before step {c.kl_early_steps} (seed 002's pilot "
                 "threshold): the policy is leaving the reference fast; lower optim.lr or raise algo.beta",
             )
-        loss = _value(metrics.get("loss"))
-        if kl is not None and self.beta > 0 and loss is not None:
-            penalty, surrogate = self.beta * kl, abs(loss - self.beta * kl)
+        # The surrogate loss's value says nothing of its pull: at ratio 1 it is the mean advantage, about 0 by
+        # construction (it fired on almost every beta > 0 run). Per token the policy term pulls with |A| and the
+        # KL term with beta * (1 - pi_ref / pi), about beta * sqrt(2 KL) for the k3 estimator's KL.
+        scale = self.advantage_scale
+        if kl is not None and self.beta > 0 and scale is not None and scale > 0:
+            pull = self.beta * math.sqrt(2 * max(kl, 0.0))
             check(
                 "kl_drift",
-                surrogate > 0 and penalty > c.kl_drift_ratio * surrogate,
-                penalty / max(surrogate, 1e-12),
+                pull > c.kl_drift_ratio * scale,
+                pull / scale,
                 c.kl_drift_ratio,
-                f"the KL penalty beta*KL = {penalty:.3g} outweighs the surrogate loss ({surrogate:.3g}) by more than "
-                f"{c.kl_drift_ratio:g}x: the anchor dominates; lower algo.beta or sync the reference "
-                "(algo.ref_sync_kl)",
+                f"the KL term's pull per token, beta*sqrt(2*KL) = {pull:.3g}, outweighs the advantages' (mean "
+                f"|advantage| {scale:.3g}) by more than {c.kl_drift_ratio:g}x: the anchor dominates; lower algo.beta "
+                "or sync the reference (algo.ref_sync.kl)",
             )
         if collapse is not None:
             check(
