@@ -312,3 +312,10 @@ def test_a_step_that_computed_no_row_logs_no_sampler_gap_or_per_token_values(tin
     assert trained["steps"] == 1
     row = json.loads((tmp_path / "trained" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["rows_computed_frac"] > 0 and 0 <= row["sampler/logprob_gap"] < 1e-4
+
+
+def test_metrics_log_the_learning_rate_each_step_used(tiny_model_dir, tmp_path):
+    """With a 2-step warm-up the first step applies half the rate; it logged the next step's (the full rate)."""
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "lr", steps=3, **{"optim.warmup_steps": 2})).train()
+    rows = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == pytest.approx([2.5e-3, 5e-3, 5e-3])

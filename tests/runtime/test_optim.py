@@ -40,3 +40,21 @@ def test_unknown_schedule():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="constant, linear, cosine"):
         make_scheduler(opt, "step", 0, 10)
+
+
+def test_the_applied_rate_is_the_one_the_last_optimizer_step_used():
+    """metrics.jsonl's lr and TRL's learning_rate: the optimizer's own rate is the next step's once the schedule has
+    stepped (with a 2-step warm-up the first step logged 1e-3 where it applied 5e-4)."""
+    from cohort.runtime.optim import applied_lr, make_adamw, make_scheduler
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = make_adamw([p], lr=1e-3)
+    sched = make_scheduler(opt, "linear", 2, 6)
+    used = []
+    for _ in range(4):
+        used.append(opt.param_groups[0]["lr"])  # what this step applies
+        opt.step()
+        sched.step()
+        assert applied_lr(opt, sched) == pytest.approx(used[-1])
+    assert used == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4])
+    assert applied_lr(make_adamw([p], lr=2e-3), None) == 2e-3

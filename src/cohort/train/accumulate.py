@@ -23,7 +23,7 @@ class UpdateStats:
     grad_norm: float = 0.0
     """Global gradient norm before clipping, averaged over optimizer steps."""
     lr: float = 0.0
-    """Learning rate after the update's scheduler steps."""
+    """The learning rate the update's last optimizer step used (the schedule's value before it stepped)."""
     kl: float | None = None
     """Mean per-token KL to the reference (None when beta = 0 or no reference)."""
     entropy: float | None = None

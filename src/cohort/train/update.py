@@ -45,6 +45,7 @@ from cohort.logprobs import completion_logprobs, pass_layout
 from cohort.models import input_device, text_config
 from cohort.runtime import distributed as dist
 from cohort.runtime import seeds
+from cohort.runtime.optim import applied_lr
 from cohort.runtime.sharding import full_value, gathered, idle_backward, idle_forward, is_sharded, reshard
 from cohort.runtime.transfer import to_device
 from cohort.train.accumulate import UpdateMeter, UpdateStats, WeightedMeans
@@ -960,7 +961,7 @@ class PolicyUpdater:
         if dist.is_distributed():  # token-weighted means, extremes and the gap over every process's tokens
             meter.merge_processes(dist.all_gather_objects, dist.rank())
         return meter.stats(
-            lr=self.optimizer.param_groups[0]["lr"],
+            lr=applied_lr(self.optimizer, self.scheduler),
             skip_zero=self.skip_zero,
             measured_gap=batch.sampling_logprobs is not None,
             entropy_coef=self.entropy_coef if self.entropy_on else None,
