@@ -36,7 +36,9 @@ def test_a_check_under_bf16_autocast_is_judged_at_bf16_rounding_and_gradients_at
     model = torch.nn.Linear(2, 2)
     assert probes.tolerance(model) == 1e-3
     assert probes.tolerance(model, torch.bfloat16) == 5e-2
-    assert probes.tolerance(torch.nn.Linear(2, 2).bfloat16(), torch.float32) == 5e-2  # never finer than the weights
+    assert (
+        probes.tolerance(torch.nn.Linear(2, 2).bfloat16(), torch.float32) == 5e-2
+    )  # never finer than the weights
     grads = (torch.full((3,), 400.0), torch.full((2,), 1e-3))
     rounded = (grads[0] + 0.3, grads[1] + 5e-4)  # bf16 rounding at 400 is 2 units: 0.3 is well inside it
     assert not probes.allclose(rounded, grads, 1e-3) and probes.scaled_close(rounded, grads, 1e-3)
