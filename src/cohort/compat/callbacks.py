@@ -160,6 +160,9 @@ class LogWindow:
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.plain_metrics: set[str] = set()
+        """Reward functions whose log_metric names a log row gives as TRL does, unprefixed: the user's own (cohort's
+        built-in rewards keep `rewards/<func>/<name>`, whose bare names, `passed` or `seconds`, would say nothing)."""
 
     def add(self, metrics: dict[str, Any]) -> None:
         """Adds one generation batch's metrics."""
@@ -181,8 +184,8 @@ class LogWindow:
             out[key] = values[-1] if key in _LAST_VALUE else math.fsum(values) / len(values)
         # A reward function's log_metric(name, ...) is `rewards/<func>/<name>` in metrics.jsonl; TRL logs `name`.
         for key in [k for k in out if k.count("/") == 2 and k.startswith("rewards/")]:
-            name = key.rsplit("/", 1)[1]
-            if name not in ("mean", "std") and name not in out:
+            _, func, name = key.split("/")
+            if func in self.plain_metrics and name not in ("mean", "std") and name not in out:
                 out[name] = out.pop(key)
         out["learning_rate"] = learning_rate
         self.rows = []

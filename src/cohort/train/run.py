@@ -351,6 +351,11 @@ def build_run(
         trl_form=trl_form,
     )
     train_rows, eval_rows = build_rows(cfg, rewards, train_rows, eval_rows, episode_spec)
+    hooks.window.plain_metrics = {
+        name
+        for name, func in zip(rewards.names, rewards.funcs)
+        if not str(getattr(func, "__module__", "") or "").startswith("cohort.")
+    }
     iterative, labeler = build_iterative(cfg, rewards, train_rows)
     # 2. Model, tokenizer, reference.
     seeds.seed_globals(seeds.process(cfg.seed, dist.rank()))
