@@ -319,3 +319,48 @@ def test_metrics_log_the_learning_rate_each_step_used(tiny_model_dir, tmp_path):
     GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "lr", steps=3, **{"optim.warmup_steps": 2})).train()
     rows = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in rows] == pytest.approx([2.5e-3, 5e-3, 5e-3])
+
+
+def _interrupted_at(tiny_model_dir, out, at: int, **over) -> None:
+    """Runs 3 steps with evaluations at both ends and a Ctrl-C at the start of step `at` (saved: steps before it)."""
+    t = GRPOTrainer(_cfg(tiny_model_dir, out, steps=3, eval_at_ends=True, **{"data.n_eval": 4}, **over))
+    real_step, calls = t.step, {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        return real_step()
+
+    t.step = flaky_step  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        t.train()
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_resume_neither_repeats_nor_forgets_the_first_evaluation(tiny_model_dir, tmp_path, at):
+    """Interrupted before its first step (a step-0 checkpoint) the resume logged the step-0 evaluation again; from
+    a later one its summary lost accuracy_before."""
+    out = tmp_path / f"at{at}"
+    _interrupted_at(tiny_model_dir, out, at)
+    first = json.loads((out / "evals.jsonl").read_text().splitlines()[0])
+    summary = GRPOTrainer(
+        _cfg(tiny_model_dir, out, steps=3, eval_at_ends=True, resume="auto", **{"data.n_eval": 4})
+    ).train()
+    assert [json.loads(r)["step"] for r in (out / "evals.jsonl").read_text().splitlines()] == [0, 3]
+    assert summary["accuracy_before"] == first["accuracy"] and "accuracy_after" in summary
+
+
+def test_a_run_killed_before_its_first_step_is_a_run_its_folder_holds(tiny_model_dir, tmp_path):
+    """Killed (no checkpoint) after its first evaluation: a new run there was not refused, and resume=auto did not
+    set the old logs aside (only metrics.jsonl was looked at), so evals.jsonl held step 0 twice."""
+    out = tmp_path / "killed"
+    out.mkdir()
+    (out / "evals.jsonl").write_text(json.dumps({"step": 0, "accuracy": 0.25, "n": 4}) + "\n")
+    with pytest.raises(Exception, match="already holds a run"):
+        GRPOTrainer(_cfg(tiny_model_dir, out, steps=2, eval_at_ends=True, **{"data.n_eval": 4}))
+    GRPOTrainer(
+        _cfg(tiny_model_dir, out, steps=2, eval_at_ends=True, resume="auto", **{"data.n_eval": 4})
+    ).train()
+    assert [json.loads(r)["step"] for r in (out / "evals.jsonl").read_text().splitlines()] == [0, 2]
+    assert (out / "evals.jsonl.before-restart").is_file()

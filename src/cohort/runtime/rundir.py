@@ -113,6 +113,18 @@ def trim_logs(run_dir: str | Path, step: int) -> dict[str, int]:
     return removed
 
 
+def logged_rows(run_dir: str | Path) -> int:
+    """Returns how many rows RUN_DIR's logs hold together (a run killed before its first step has its first
+    evaluation's)."""
+    total = 0
+    for name in LOG_FILES:
+        path = Path(run_dir) / f"{name}.jsonl"
+        if path.is_file():
+            with open(path, encoding="utf-8", errors="replace") as f:
+                total += sum(1 for line in f if line.strip())
+    return total
+
+
 def logged_steps(run_dir: str | Path) -> int:
     """Returns how many rows RUN_DIR/metrics.jsonl holds (0 when there is none)."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -247,13 +259,19 @@ def config_changes(
 
 def logged_eval(run_dir: Path, step: int) -> bool:
     """Returns whether RUN_DIR/evals.jsonl holds a row of `step`."""
+    return eval_row(run_dir, step) is not None
+
+
+def eval_row(run_dir: Path, step: int) -> dict | None:
+    """Returns RUN_DIR/evals.jsonl's (first) row of `step`, None when it holds none."""
     path = run_dir / "evals.jsonl"
     if not path.is_file():
-        return False
+        return None
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            if json.loads(line).get("step") == step:
-                return True
+            row = json.loads(line)
+            if row.get("step") == step:
+                return row
         except (ValueError, AttributeError):
             continue
-    return False
+    return None

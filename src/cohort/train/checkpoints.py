@@ -37,7 +37,7 @@ from cohort.runtime.checkpoint_files import (
     readable_checkpoints,
     save_checkpoint,
 )
-from cohort.runtime.rundir import config_changes, logged_steps
+from cohort.runtime.rundir import config_changes, logged_rows, logged_steps
 from cohort.runtime.sharding import (
     SHARDED_DIR,
     full_state_dict,
@@ -66,7 +66,7 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
     if not cfg.resume:
         earlier = logged_steps(run_dir)
         found = list_checkpoints(run_dir)
-        if earlier or found:
+        if logged_rows(run_dir) or found:
             how = (
                 "call trainer.train(resume_from_checkpoint=True) to continue it, or choose another output_dir"
                 if trl_form
@@ -84,7 +84,7 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
         else [(p, load_trainer_state(p)) for p in [find_resume_dir(cfg.resume, run_dir)] if p]
     )
     if not candidates:
-        if logged_steps(run_dir):
+        if logged_rows(run_dir):
             print(
                 f"resume=auto: {run_dir} has logs but no checkpoint; starting from step 0 (the earlier "
                 "attempt's logs are kept as *.jsonl.before-restart)",

@@ -16,7 +16,7 @@ from cohort.config import save_config, to_dict
 from cohort.report import MetricsLogger, Progress, read_jsonl, write_report, write_summary
 from cohort.runtime import distributed as dist
 from cohort.runtime.optim import applied_lr
-from cohort.runtime.rundir import StopSignals, logged_eval, trim_logs
+from cohort.runtime.rundir import StopSignals, eval_row, logged_eval, trim_logs
 from cohort.train.health import HealthAbort
 from cohort.train.metrics import final_metrics
 from cohort.train.run import Run, StepResult
@@ -29,7 +29,7 @@ def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
     logger = None
     if main:
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        if job.step_idx > 0:
+        if job.saved_step is not None:  # resumed (at step 0 too: a run interrupted before its first step)
             removed = trim_logs(job.run_dir, job.step_idx)  # rows of the attempt after the checkpoint
             if any(removed.values()):
                 print(f"resume at step {job.step_idx}: removed rows logged after it {removed}", flush=True)
@@ -59,7 +59,11 @@ def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
             job.stop_signals = signals
             job.clock.sync()
             control = job.callbacks.fire("on_train_begin")
-            if cfg.eval_at_ends and job.step_idx == 0 and job.eval_rows:
+            # A resumed run's first evaluation is in evals.jsonl: read, not run again (nor lost from the summary).
+            first = eval_row(job.run_dir, 0) if job.saved_step is not None else None
+            if first is not None:
+                summary["accuracy_before"] = first.get("accuracy")
+            elif cfg.eval_at_ends and job.step_idx == 0 and job.eval_rows:
                 before = _evaluate_and_log(job, logger, progress)
                 summary["accuracy_before"] = before.get("accuracy")
             while job.step_idx < cfg.steps and not control.should_training_stop:
