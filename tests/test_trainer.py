@@ -105,7 +105,9 @@ def test_interrupt_leaves_a_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
         return real_step()
 
     monkeypatch.setattr(t, "step", flaky_step)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(
+        KeyboardInterrupt, match="step-2; the same command with resume=auto continues from it"
+    ):
         t.train()
     ckpt = tmp_path / "int" / "checkpoints" / "step-2"
     assert (ckpt / "trainer_state.pt").is_file()

@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except KeyboardInterrupt as e:
         print(f"\ninterrupted: {e}" if str(e) else "\ninterrupted", file=sys.stderr)
-        return 130
+        return 128 + int(getattr(e, "signal", None) or 2)  # 130 for Ctrl-C, 143 for SIGTERM, as shells report
     except ReportedElsewhere:  # process 0 of the group prints the failure, once
         return 1
     except ImportError as e:

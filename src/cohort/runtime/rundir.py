@@ -149,6 +149,8 @@ class StopSignals:
         where the trainer checks `pending`); a second one is still obeyed at once."""
         self.defer = defer
         self.pending: int | None = None
+        self.received: int | None = None
+        """The last signal received (SIGINT or SIGTERM): the exit status says which (128 + its number)."""
         self._committing = False
         self.torn = False
         """True when an interrupt cut a commit short: the in-memory state is not a step boundary."""
@@ -172,6 +174,7 @@ class StopSignals:
         self._old.clear()
 
     def _handle(self, signum, frame) -> None:
+        self.received = signum
         if (self._committing or self.defer) and self.pending is None:
             self.pending = signum
             return

@@ -164,12 +164,19 @@ def run(job: Run, step: Callable[[], StepResult], main: bool) -> dict[str, Any]:
             _log_summary(job, summary, losses, seconds)
             job.callbacks.fire("on_train_end")
     if interrupted:
-        where = (
-            f"checkpoint saved in {summary.get('checkpoint')}"
-            if not signals.torn
-            else "interrupted twice mid-update: nothing saved; resume=auto continues from the last checkpoint"
+        again = (
+            "trainer.train(resume_from_checkpoint=True) continues"
+            if job.trl_form
+            else "the same command with resume=auto continues"
         )
-        raise KeyboardInterrupt(f"training interrupted at step {job.step_idx}; {where}")
+        where = (
+            f"checkpoint saved in {summary.get('checkpoint')}; {again} from it"
+            if not signals.torn
+            else f"interrupted twice mid-update: nothing saved; {again} from the last checkpoint"
+        )
+        stop = KeyboardInterrupt(f"training interrupted at step {job.step_idx}; {where}")
+        stop.signal = signals.received  # type: ignore[attr-defined]
+        raise stop
     return kept if kept is not None else summary
 
 
