@@ -404,3 +404,20 @@ def test_iterative_keys_while_iterative_grpo_is_off_are_named():
         shown = "iterative.optim.lr" if key == "iterative.rm_lr" else key
         with pytest.warns(ConfigWarning, match=rf"{shown}={value} changes nothing.*iterative.every=0"):
             load_config(None, _valid(**{key: value})).validate(need_model=False)
+
+
+def test_resume_true_means_the_newest_checkpoint_and_a_missing_folder_is_named_as_missing(tmp_path):
+    """resume=true read as the string 'on' ("resume='on' is not a cohort checkpoint"); TRL's True is 'auto'."""
+    from cohort.runtime.checkpoint_files import find_resume_dir
+
+    assert load_config(None, {"resume": True}).resume == "auto"
+    assert load_config(None, {"resume": False}).resume is None
+    assert load_config(None, ["resume=true"]).resume == "auto"
+    with pytest.raises(
+        FileNotFoundError, match="there is no such folder; .* has no checkpoint: leave resume unset"
+    ):
+        find_resume_dir(str(tmp_path / "checkpoints" / "step-3"), tmp_path)
+    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-2" / "trainer_state.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="has step-2: pass one of them, or resume=auto"):
+        find_resume_dir(str(tmp_path / "checkpoints" / "step-3"), tmp_path)

@@ -317,3 +317,17 @@ def test_an_older_run_that_synced_its_reference_resumes_as_the_same_run():
     cfg = load_config(None, {"algo": flat})
     assert cfg.algo.ref_sync == RefSync(every=3, kl=2e-4, alpha=0.6)
     assert not config_changes(current_keys(saved), to_dict(cfg))
+
+
+def test_a_kind_switched_on_and_given_settings_in_one_command():
+    """algo.dynamic_sampling=true algo.dynamic_sampling.max_rounds=2 said "dynamic_sampling is not a section"
+    (the same two in a YAML file and on the command line worked)."""
+    cfg = load_config(None, ["algo.dynamic_sampling=true", "algo.dynamic_sampling.max_rounds=2"])
+    assert cfg.algo.dynamic_sampling is not None and cfg.algo.dynamic_sampling.max_rounds == 2
+    with pytest.raises(ConfigError, match=r"algo.beta=0.1 is not a section"):
+        load_config(None, ["algo.beta=0.1", "algo.beta.x=2"])
+    with pytest.raises(
+        ConfigError,
+        match=r"dynamic_sampling=2: give true .*, false \(off\) or its settings \(algo.dynamic_sampling",
+    ):
+        load_config(None, ["algo.dynamic_sampling=2"])

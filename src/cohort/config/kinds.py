@@ -123,6 +123,12 @@ def kind_value(current: Any, value: Any, kinds: dict[str, type], key: str) -> tu
                 name = kind_name(current)
             else:
                 raise ConfigError(f"{key} needs its kind: {key}.{KIND_KEY}=<one of {names}>, or {key}=<name>")
+    elif len(kinds) == 1:
+        settings_of = [f.name for f in dataclasses.fields(next(iter(kinds.values())))]
+        example = f" ({key}.{settings_of[0]}=...)" if settings_of else ""
+        raise ConfigError(
+            f"{key}={value!r}: give true (on, with its defaults), false (off) or its settings{example}"
+        )
     else:
         raise ConfigError(f"{key}={value!r}: give a kind ({names}), a mapping with its settings, or none")
     chosen = kinds.get(str(name))

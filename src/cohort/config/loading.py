@@ -94,6 +94,11 @@ def _valid_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
+_BOOLEAN_MEANS: dict[str, tuple[Any, Any]] = {"resume": ("auto", None)}
+"""String keys whose true / false mean a value of their own (resume=true continues the newest checkpoint, as TRL's
+resume_from_checkpoint=True), not the words on / off."""
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return `value` converted to the annotated type `tp`, or raise ConfigError naming `key`."""
     origin = typing.get_origin(tp)
@@ -151,6 +156,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         except (TypeError, ValueError):
             raise ConfigError(f"{key}={value!r}: expected a number") from None
     if tp is str:
+        if isinstance(value, bool) and key in _BOOLEAN_MEANS:
+            return _BOOLEAN_MEANS[key][not value]
         if isinstance(value, bool):  # YAML 1.1 reads a bare on / off (yes / no) as a boolean
             return "on" if value else "off"
         if isinstance(value, (dict, list)):
@@ -252,10 +259,15 @@ def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
     for key, value in dotted.items():
         node = out
         parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
+        for i, p in enumerate(parts[:-1]):
+            parent, node = node, node.setdefault(p, {})
+            # a kind chosen by a word in the same command (x=true, x=<kind>), then given settings (x.setting=...)
+            if node is True or (isinstance(node, str) and node.strip().lower() in ("true", "on", "yes")):
+                node = parent[p] = {}
+            elif isinstance(node, str):
+                node = parent[p] = {KIND_KEY: node}
             if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {p} is not a section")
+                raise ConfigError(f"{key}: {'.'.join(parts[: i + 1])}={node!r} is not a section")
         node[parts[-1]] = value
     return out
 

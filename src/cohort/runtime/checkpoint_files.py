@@ -295,6 +295,14 @@ def find_resume_dir(resume: str, run_dir: str | Path) -> Path | None:
         found = list_checkpoints(run_dir)
         return found[-1] if found else None
     path = Path(resume)
+    if not path.exists():
+        found = list_checkpoints(run_dir)
+        fix = (
+            f"{run_dir} has {', '.join(p.name for p in found)}: pass one of them, or resume=auto for the newest"
+            if found
+            else f"{run_dir} has no checkpoint: leave resume unset to start the run"
+        )
+        raise FileNotFoundError(f"resume={resume!r}: there is no such folder; {fix}")
     if not (path / "trainer_state.pt").is_file():
         raise FileNotFoundError(
             f"resume={resume!r} is not a cohort checkpoint (no trainer_state.pt inside); pass a "
