@@ -421,3 +421,11 @@ def test_resume_true_means_the_newest_checkpoint_and_a_missing_folder_is_named_a
     (tmp_path / "checkpoints" / "step-2" / "trainer_state.pt").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="has step-2: pass one of them, or resume=auto"):
         find_resume_dir(str(tmp_path / "checkpoints" / "step-3"), tmp_path)
+
+
+def test_a_misspelt_section_is_compared_with_the_sections():
+    """'modle.name_or_path' listed every key of the config (about 200) and suggested nothing."""
+    with pytest.raises(ConfigError, match=r"unknown config key 'modle'; did you mean 'model\.\*'"):
+        load_config(None, ["modle.name_or_path=tiny"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'rolout'; did you mean 'rollout\.\*'"):
+        load_config(None, ["rolout.group_size=4"])

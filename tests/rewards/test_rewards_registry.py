@@ -51,7 +51,8 @@ def test_a_spec_written_in_yaml_reads_its_words_and_a_split_one_says_to_quote_it
 
 def test_unknown_name_lists_builtins():
     with pytest.raises(
-        ValueError, match=r"unknown reward 'acuracy'; built-in rewards are: accuracy, format, "
+        ValueError,
+        match=r"unknown reward 'acuracy'; did you mean 'accuracy'\? built-in rewards are: accuracy, format, ",
     ):
         resolve_reward_funcs(["acuracy"])
     with pytest.raises(ValueError, match="no reward functions given"):

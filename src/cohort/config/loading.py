@@ -243,6 +243,12 @@ def _unknown_key_message(key: str, valid: list[str]) -> str:
         return f"unknown config key {key!r}: TRL's {leaf!r} is not implemented by cohort; nearest: {trl.note}"
     everything = _valid_keys(TrainConfig)
     leaves = {v.rsplit(".", 1)[-1]: v for v in valid}  # this section's keys, by their last part
+    # and its sub-sections by name ('modle' -> model), which a misspelt section is compared with
+    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    for v in valid:
+        rest = v[len(prefix) :] if v.startswith(prefix) else ""
+        if "." in rest:
+            leaves.setdefault(rest.split(".", 1)[0], f"{prefix}{rest.split('.', 1)[0]}.*")
     close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=3, cutoff=0.6)]
     close += [m for m in difflib.get_close_matches(key, everything, n=3, cutoff=0.85) if m not in close]
     if close:

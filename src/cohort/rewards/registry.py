@@ -20,6 +20,7 @@ One spec alone (a string, a path, a callable, a model) counts as a list of one.
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -181,8 +182,10 @@ def _resolve_one(
             f"reward {spec!r} looks like a path, but no such folder exists (resolved to "
             f"{str(Path(key).expanduser().resolve())!r}); a reward model is a folder written by save_pretrained"
         )
+    close = difflib.get_close_matches(key, [*BUILTIN_REWARDS, *REWARD_FACTORIES], n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(
-        f"unknown reward {spec!r}; built-in rewards are: {_known()}; or give 'package.module:function', "
+        f"unknown reward {spec!r}; {guess}built-in rewards are: {_known()}; or give 'package.module:function', "
         "'path/to/file.py:function', a reward model folder or an 'org/name' hub id"
     )
 
