@@ -213,3 +213,33 @@ def test_a_failed_stage_is_a_training_error_naming_it(tiny_model_dir, tmp_path):
         match=r"stage 'cold_start' failed \(exit code 2, its error above\); .*finished stages are skipped",
     ):
         pipeline.run_pipeline(pipe, run=lambda argv: 2, write=lambda line: None)
+
+
+def test_a_finished_stage_given_other_arguments_is_refused_not_skipped(tiny_model_dir, tmp_path):
+    """The grpo stage's steps changed from 2 to 8 in the file: it was 'done earlier, skipped', the change ignored."""
+    from cohort.commands import pipeline
+
+    def run(argv: list[str]) -> int:  # each stage as a stand-in: its output written, nothing trained
+        pipe = load_pipeline(tmp_path / "pipeline.yaml")
+        out = argv[argv.index("--out") + 1] if "--out" in argv else None
+        stage = next(s for s in pipe.stages if str(s.output) == out or f"out_dir={s.folder}" in argv)
+        stage.output.parent.mkdir(parents=True, exist_ok=True)
+        if stage.command == "sample":
+            stage.output.write_text('{"prompt": "1+1=", "completion": "2"}\n')
+        else:
+            stage.output.mkdir(exist_ok=True)
+        return 0
+
+    pipeline.run_pipeline(load_pipeline(_write(tmp_path, tiny_model_dir)), run=run, write=lambda line: None)
+    lines: list[str] = []
+    pipeline.run_pipeline(load_pipeline(tmp_path / "pipeline.yaml"), run=run, write=lines.append)
+    assert all("done earlier, skipped" in line for line in lines if "[" in line)  # unchanged: all skipped
+    spec = yaml.safe_load((tmp_path / "pipeline.yaml").read_text())
+    spec["stages"][1]["args"]["steps"] = 8
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(
+        ConfigError,
+        match=r"stage 'grpo' finished earlier with other arguments \(then: steps=2; now: steps=8\)",
+    ) as e:
+        pipeline.run_pipeline(load_pipeline(tmp_path / "pipeline.yaml"), run=run, write=lambda line: None)
+    assert "1-grpo" in str(e.value) and "4-grpo_again" in str(e.value)

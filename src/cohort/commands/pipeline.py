@@ -17,7 +17,8 @@ stages:
 Stage *i* runs in ``out_dir/<i>-<name>``; the pipeline passes it its model (``--model`` or
 ``model.name_or_path``) and its output (``--out`` or ``out_dir``). ``"@name"`` in an argument is the
 output of the earlier stage `name` (the JSONL file a ``sample`` stage wrote). A stage that finished
-writes ``done.json`` and is skipped when the pipeline runs again; a ``train`` stage that was killed
+writes ``done.json`` and is skipped when the pipeline runs again (with other arguments it is refused, naming the
+folders to delete to run it and the stages after it again); a ``train`` stage that was killed
 resumes from its last checkpoint (``resume=auto``), an ``sft`` or ``sample`` stage restarts (they take
 seconds to minutes). ``out_dir/pipeline.html`` overlays the curves of every ``train`` stage and lists
 each stage's result. Every stage's arguments are checked before the first stage runs.
@@ -234,12 +235,13 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
     results: dict[str, Any] = {}
     for i, stage in enumerate(pipe.stages):
         done = stage.folder / "done.json"
+        argv = stage_argv(pipe, i)
         if done.is_file():
             results[stage.name] = json.loads(done.read_text())
+            _check_unchanged(pipe, i, results[stage.name].get("argv"), argv)
             write(f"[{i + 1}/{len(pipe.stages)}] {stage.name}: done earlier, skipped")
             continue
         stage.folder.mkdir(parents=True, exist_ok=True)
-        argv = stage_argv(pipe, i)
         write(f"[{i + 1}/{len(pipe.stages)}] {stage.name}: cohort {' '.join(argv)}")
         t0 = time.perf_counter()
         code = run(argv)
@@ -248,7 +250,11 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
                 f"pipeline stage {stage.name!r} failed (exit code {code}, its error above); fix it and run the "
                 "pipeline again: finished stages are skipped"
             )
-        result: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 1), "output": str(stage.output)}
+        result: dict[str, Any] = {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "output": str(stage.output),
+            "argv": argv,  # what it ran with: a later run with other arguments is told, not skipped silently
+        }
         summary = stage.folder / "summary.json"
         if stage.command == "train" and summary.is_file():
             s = json.loads(summary.read_text())
@@ -263,6 +269,22 @@ def _run_stages(pipe: Pipeline, run: Callable[[list[str]], int], write: Any) -> 
         _report(pipe, results)
         (pipe.out_dir / "summary.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _check_unchanged(pipe: Pipeline, i: int, before: list[str] | None, now: list[str]) -> None:
+    """Raises ConfigError when finished stage `i` ran with other arguments than the file gives it now: skipped, the
+    change would be silently ignored, and the later stages built on its old output."""
+    if before is None or list(before) == now:  # a done.json from before the arguments were recorded
+        return
+    stage = pipe.stages[i]
+    gone = [a for a in before if a not in now]
+    new = [a for a in now if a not in before]
+    later = [str(s.folder) for s in pipe.stages[i:]]
+    raise ConfigError(
+        f"pipeline stage {stage.name!r} finished earlier with other arguments (then: {' '.join(gone) or '-'}; "
+        f"now: {' '.join(new) or '-'}); its output, and every later stage's, came from the earlier ones. To run "
+        f"it again with the new ones, delete {', '.join(later)}; or restore its arguments"
+    )
 
 
 def _check_accepted(pipe: Pipeline, i: int, accepted: int) -> None:
