@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -366,3 +367,17 @@ def test_a_run_killed_before_its_first_step_is_a_run_its_folder_holds(tiny_model
     ).train()
     assert [json.loads(r)["step"] for r in (out / "evals.jsonl").read_text().splitlines()] == [0, 2]
     assert (out / "evals.jsonl.before-restart").is_file()
+
+
+def test_a_resume_that_stretches_a_decaying_schedule_says_the_rate_jumps(tiny_model_dir, tmp_path):
+    out = tmp_path / "sched"
+    GRPOTrainer(_cfg(tiny_model_dir, out, steps=2, **{"optim.schedule": "linear"})).train()
+    with pytest.warns(
+        UserWarning, match="steps changed from 2 to 4 under optim.schedule=linear: the rate now"
+    ):
+        GRPOTrainer(_cfg(tiny_model_dir, out, steps=4, resume="auto", **{"optim.schedule": "linear"}))
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "flat", steps=2)).train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "flat", steps=4, resume="auto"))
+    assert not any("steps changed" in str(w.message) for w in caught)  # a constant rate does not move

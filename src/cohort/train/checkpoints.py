@@ -16,6 +16,7 @@ from cohort.config import TrainConfig, current_keys, to_dict
 from cohort.errors import (
     CheckpointMismatchError,
     ConfigError,
+    ConfigWarning,
     NonFiniteError,
     RunExistsError,
     TrainingError,
@@ -116,6 +117,16 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
                 f"({listing}{'; ...' if len(changed) > 8 else ''}); restore those values{workers}, or set "
                 "allow_config_change=true to continue with the new ones"
             )
+    before = (saved or {}).get("steps")
+    schedule = cfg.optim.schedule
+    if isinstance(before, int) and before != cfg.steps and schedule != "constant" and dist.is_main():
+        warnings.warn(
+            f"resume: steps changed from {before} to {cfg.steps} under optim.schedule={schedule}: the rate now "
+            f"decays over {cfg.steps} steps where the first {done} decayed over {before}, so it jumps at the resume "
+            f"and the run is not the one {cfg.steps} steps from the start would have been",
+            ConfigWarning,
+            stacklevel=2,
+        )
     return candidates
 
 
