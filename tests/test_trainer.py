@@ -381,3 +381,13 @@ def test_a_resume_that_stretches_a_decaying_schedule_says_the_rate_jumps(tiny_mo
         warnings.simplefilter("always")
         GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "flat", steps=4, resume="auto"))
     assert not any("steps changed" in str(w.message) for w in caught)  # a constant rate does not move
+
+
+def test_a_metrics_sink_without_its_package_is_refused_before_the_run_folder_is_made(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"wandb=true needs the wandb package: pip install 'cohort\[wandb\]'"):
+        GRPOTrainer(_cfg("unused-model", tmp_path / "sink", wandb=True))
+    assert not (tmp_path / "sink").exists()

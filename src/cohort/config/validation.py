@@ -13,6 +13,7 @@ This module reads the schema's classes only as types, so the schema can delegate
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import numbers
 import os
@@ -103,6 +104,7 @@ def validate_config(
     _check_choice("optim.schedule", o.schedule, SCHEDULES)
     _check_choice("model.dtype", str(cfg.model.dtype).lower(), tuple(DTYPE_NAMES))
     _check_device(cfg.model.device)
+    _check_sinks(cfg)
     if cfg.model.lora.enabled:
         check_lora(cfg.model.lora)
     attn = cfg.model.attn_implementation
@@ -689,6 +691,16 @@ def _graph_decode_refusal(cfg: Any, off_cuda: bool) -> str | None:
             "step does not return"
         )
     return why
+
+
+def _check_sinks(cfg: TrainFields) -> None:
+    """Raises ConfigError when a metrics sink is asked for and its package is not installed (found, not imported:
+    the run folder is not created for a run that would stop at its first log)."""
+    for key, package, extra in (("tensorboard", "tensorboard", "tensorboard"), ("wandb", "wandb", "wandb")):
+        if getattr(cfg, key) and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{key}=true needs the {package} package: pip install 'cohort[{extra}]' (or {key}=false)"
+            )
 
 
 def _check_device(name: str) -> None:
