@@ -387,7 +387,30 @@ def test_a_metrics_sink_without_its_package_is_refused_before_the_run_folder_is_
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"wandb=true needs the wandb package: pip install 'cohort\[wandb\]'"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"wandb=true needs the wandb package: pip install 'cohort\[wandb\]'"
+    ):
         GRPOTrainer(_cfg("unused-model", tmp_path / "sink", wandb=True))
     assert not (tmp_path / "sink").exists()
+
+
+def test_a_resume_on_other_training_data_is_refused(tiny_model_dir, tmp_path):
+    """The prompt order a checkpoint continues indexes its rows: cut from 40 rows to 20, the resume went on without
+    a word, and was no longer the run it continued."""
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    over = {"data.task": None, "data.path": str(data)}
+    GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", steps=2, **over)).train()
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:20]))
+    with pytest.raises(ConfigError, match=r"training data differs .*\(40 rows then, 20 now; fingerprint"):
+        GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", steps=4, resume="auto", **over))
+    t = GRPOTrainer(
+        _cfg(tiny_model_dir, tmp_path / "run", steps=4, resume="auto", allow_config_change=True, **over)
+    )
+    assert t.step_idx == 2
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the same rows again: resumes as before
+    assert GRPOTrainer(_cfg(tiny_model_dir, tmp_path / "run", steps=4, resume="auto", **over)).step_idx == 2

@@ -3,10 +3,12 @@ current state, and loading one back into the run's parts (whole or sharded, on a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,17 @@ def find_checkpoints(cfg: TrainConfig, run_dir: Path, *, trl_form: bool = False)
     return candidates
 
 
+def data_fingerprint(rows: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Returns the training rows' count and SHA-256 (of their JSON, keys sorted; None without rows)."""
+    if rows is None:
+        return None
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return {"rows": len(rows), "sha256": digest.hexdigest()}
+
+
 class RunCheckpoints:
     """Writes and loads the checkpoints of one run: the policy (whole or as each process's shard), optimizer,
     schedule, reference, and every registered stateful part."""
@@ -149,8 +162,12 @@ class RunCheckpoints:
         sharded: bool,
         device: torch.device,
         restart_streams: Callable[[int], None],
+        data: dict[str, Any] | None = None,
     ):
-        """restart_streams(seed): re-seeds this process's sampling streams (a resume on another process count)."""
+        """restart_streams(seed): re-seeds this process's sampling streams (a resume on another process count).
+        data: the training rows' count and fingerprint (`data_fingerprint`), kept so a resume on other data is
+        told."""
+        self.data = data
         self.run_dir, self.cfg, self.model, self.tokenizer = run_dir, cfg, model, tokenizer
         self.optimizer, self.scheduler, self.generator = optimizer, scheduler, generator
         self.reference, self.parts, self.sharded, self.device = reference, parts, sharded, device
@@ -159,6 +176,8 @@ class RunCheckpoints:
     def save(self, step: int) -> Path:
         """Return the folder of a checkpoint of the current state at `step`."""
         extra = {**self.parts.state_dict(), "config": to_dict(self.cfg)}
+        if self.data is not None:
+            extra["data"] = self.data
         files = self.parts.files()
         # A reference that has followed the policy is state: without it a resumed run would anchor to the
         # initial model. Its weights go with the policy's (whole, or in the shards).
@@ -189,6 +208,18 @@ class RunCheckpoints:
                 rank_state=self.rank_state() if self.sharded else None,
             )
 
+    def _check_data(self, ckpt: Path, saved: dict[str, Any] | None) -> None:
+        """Raises ConfigError when checkpoint `ckpt` was trained on other rows than the run has now: the prompt
+        order it continues indexes those rows, so the resume would not be the run it continues."""
+        if saved is None or self.data is None or saved == self.data or self.cfg.allow_config_change:
+            return
+        raise ConfigError(
+            f"resume: the training data differs from the data checkpoint {ckpt} was trained on ({saved['rows']} "
+            f"rows then, {self.data['rows']} now; fingerprint {saved['sha256'][:12]} then, "
+            f"{self.data['sha256'][:12]} now): the prompt order it continues indexes those rows. Restore the "
+            "data (data.path, data.task and its settings), or set allow_config_change=true to continue on these"
+        )
+
     def rank_state(self) -> dict[str, Any]:
         """Returns this process's own parts (sampling generator, prompt order, curriculum) for its rank-R.pt."""
         return {"world_size": dist.world_size(), **self.parts.state_dict(per_process=True)}
@@ -198,6 +229,7 @@ class RunCheckpoints:
         corrupt one is skipped with a warning; a checkpoint of another model raises CheckpointMismatchError)."""
         for ckpt, state in candidates:
             extra = state.get("extra", {})
+            self._check_data(ckpt, extra.get("data"))
             sharded_ckpt = (ckpt / SHARDED_DIR).is_dir()
             try:
                 if sharded_ckpt or self.sharded:

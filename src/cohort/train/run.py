@@ -58,7 +58,7 @@ from cohort.train.build import (
     sampling_params,
     set_threads,
 )
-from cohort.train.checkpoints import RunCheckpoints, find_checkpoints
+from cohort.train.checkpoints import RunCheckpoints, data_fingerprint, find_checkpoints
 from cohort.train.curriculum import Curriculum
 from cohort.train.draw import Drawer
 from cohort.train.generation import GenerationSource, LocalGeneration
@@ -501,6 +501,7 @@ def build_run(
         sharded=strategy != "none",
         device=device,
         restart_streams=functools.partial(_restart_streams, generator, sampler),
+        data=data_fingerprint(train_rows),
     )
     return Run(
         cfg=cfg,
