@@ -113,6 +113,14 @@ _TASK_SPLITS = {"train": False, "test": True, "eval": True, "held-out": True}
 """--split values a built-in task understands, and whether each means its held-out problems."""
 
 
+_DATA_NEEDS = {
+    "sft": "SFT needs at least one prompt/completion pair to train on",
+    "eval": "`cohort eval` needs at least one prompt to evaluate on",
+    "sample": "`cohort sample` needs at least one prompt to sample from",
+}
+"""What each command's --data is for, said when it has no rows."""
+
+
 def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False, reward=None):
     """Return (tokenizer, model, rows) for the sft / eval / sample commands, checking data first.
 
@@ -139,7 +147,9 @@ def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False, 
         if need_completion:
             rows = [{**r, args.completion_column: sft_completion(args.task, r)} for r in rows]
     elif args.data:
-        rows = load_rows(args.data, split=args.split, prompt_column=args.prompt_column)
+        rows = load_rows(
+            args.data, split=args.split, prompt_column=args.prompt_column, need=_DATA_NEEDS[args.command]
+        )
         if args.n:
             rows = rows[: args.n]
     else:
@@ -161,25 +171,10 @@ def _model_and_rows(args: argparse.Namespace, *, need_completion: bool = False, 
 
 def _fit_completion_length(model, prompt_ids: list[list[int]], max_new: int) -> int:
     """Returns --max-completion-length, lowered (with a note) so that every prompt plus its completion fits the
-    model's context; raises ValueError when a prompt leaves no room at all."""
-    from cohort.models import text_config
+    model's context; raises ValueError naming the first prompt that leaves no room at all."""
+    from cohort.commands.evaluation import fit_completion_length
 
-    context = getattr(text_config(model), "max_position_embeddings", None)
-    longest = max((len(ids) for ids in prompt_ids), default=0)
-    if not isinstance(context, int) or context <= 0 or longest + max_new <= context:
-        return max_new
-    if longest >= context:
-        raise ValueError(
-            f"a prompt of {longest} tokens fills the model's context of {context} tokens "
-            "(max_position_embeddings), leaving no room for a completion; leave the long prompts out"
-        )
-    # Positions past the context were never trained: completions there would be scored as if they meant something.
-    print(
-        f"note: --max-completion-length lowered from {max_new} to {context - longest}: the longest prompt "
-        f"({longest} tokens) leaves no more room in the model's context of {context} tokens",
-        file=sys.stderr,
-    )
-    return context - longest
+    return fit_completion_length(model, prompt_ids, max_new)
 
 
 def _engine(args: argparse.Namespace, model, tokenizer):
@@ -192,10 +187,11 @@ def _engine(args: argparse.Namespace, model, tokenizer):
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from cohort.commands.sft import SFTConfig, encode_pairs, sft_train
+    from cohort.commands.sft import SFTConfig, check_output_folder, encode_pairs, sft_train
     from cohort.data import encode_prompts
 
     _check_output(args.out, folder=True)
+    check_output_folder(args.out, args.model)
     tokenizer, model, rows = _model_and_rows(args, need_completion=True)
     prompt_ids = encode_prompts(tokenizer, [r[args.prompt_column] for r in rows])
     pairs = encode_pairs(tokenizer, prompt_ids, [str(r[args.completion_column]) for r in rows])
@@ -468,14 +464,16 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from cohort.models import is_adapter_folder, load_model, load_tokenizer, save_merged
+    from cohort.models import is_adapter_folder, load_model, load_tokenizer, run_dir_hint, save_merged
 
     if not Path(args.adapter).expanduser().exists():
         raise ValueError(
             f"{args.adapter} does not exist; pass the LoRA adapter folder of a run (its final folder)"
         )
     if not is_adapter_folder(args.adapter):
-        raise ValueError(f"{args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json)")
+        raise ValueError(
+            f"{args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json){run_dir_hint(args.adapter)}"
+        )
     _check_output(args.out, "OUT", folder=True)
     adapter, out = Path(args.adapter).expanduser().resolve(), Path(args.out).expanduser().resolve()
     if out == adapter or out in adapter.parents:

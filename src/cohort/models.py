@@ -54,7 +54,9 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "looks_like_path",
+    "model_not_found",
     "resolve_dtype",
+    "run_dir_hint",
     "save_merged",
     "stop_token_ids",
     "unwrap",
@@ -262,6 +264,12 @@ def _not_found(name_or_path: str, reason: str) -> ValueError:
     )
 
 
+def model_not_found(name_or_path: str | os.PathLike, exc: BaseException) -> ValueError:
+    """Returns the error for a model or tokenizer that transformers' loader could neither find locally nor
+    download (its OSError `exc`), as cohort's own loaders word it."""
+    return _not_found(os.fspath(name_or_path), first_line(exc))
+
+
 def corrupt_weights_error(name_or_path: str, exc: Exception) -> ValueError | None:
     """Returns the error for a weights file that exists but cannot be read (truncated, overwritten), else None."""
     import pickle
@@ -337,7 +345,7 @@ def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
         if not (path / needed).exists():
             raise ValueError(
                 f"folder {name!r} exists but holds no {needed}; pass a folder written by save_pretrained "
-                f"(found: {sorted(p.name for p in path.iterdir())[:10]})"
+                f"(found: {sorted(p.name for p in path.iterdir())[:10]}){run_dir_hint(name)}"
             )
         return os.path.abspath(path)
     if looks_like_path(name):
@@ -345,12 +353,61 @@ def _check_source(name_or_path: str | os.PathLike, needed: str) -> str:
     return name
 
 
-def check_model_source(name_or_path: str | os.PathLike) -> None:
+RUN_DIR_MARKERS = ("metrics.jsonl", "evals.jsonl", "summary.json", "checkpoints")
+"""What a cohort run directory (a training run's out_dir) holds and a model folder does not."""
+
+RUN_MODEL_FOLDERS = ("final", "model")
+"""Where a run directory keeps its trained model: final/ (`cohort train`), model/ (`cohort rm`)."""
+
+
+def _holds_model(folder: Path) -> bool:
+    """Returns True when `folder` holds a saved model or LoRA adapter (config.json or adapter_config.json)."""
+    return (folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file()
+
+
+def run_dir_hint(name_or_path: str | os.PathLike) -> str:
+    """Returns "; NAME is a cohort run directory: ..." naming the model folder inside it (its final model,
+    else its newest checkpoint that holds one) when `name_or_path` is a run directory, else ""."""
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    try:
+        if not path.is_dir() or not any((path / m).exists() for m in RUN_DIR_MARKERS):
+            return ""
+        final = next((path / f for f in RUN_MODEL_FOLDERS if _holds_model(path / f)), None)
+        if final is not None:
+            return (
+                f"; {name} is a cohort run directory: its trained model is {os.path.join(name, final.name)}"
+            )
+        steps = [(int(p.name[5:]), p) for p in (path / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+        newest = next((p for _, p in sorted(steps, reverse=True) if _holds_model(p)), None)
+    except OSError:  # an unreadable folder: the error it goes with says enough
+        return ""
+    final_path = os.path.join(name, "final")
+    resume = "run its command again (with resume=auto for `cohort train`) to finish it"
+    if newest is not None:
+        return (
+            f"; {name} is a cohort run directory without its final model (the run stopped before its final "
+            f"save): pass its newest checkpoint, {os.path.join(name, 'checkpoints', newest.name)}, or {resume} "
+            f"and write {final_path}"
+        )
+    return (
+        f"; {name} is a cohort run directory without a trained model (no {final_path}, no checkpoint holding "
+        f"one): {resume} and write {final_path}"
+    )
+
+
+def check_model_source(name_or_path: str | os.PathLike, *, files: tuple[str, ...] = ()) -> None:
     """Returns None when `name_or_path` may name a model (a folder that exists, or a Hub name); raises the
-    loader's ValueError for a local path that is no folder, before anything is loaded or imported."""
+    loader's ValueError for a local path that is no folder, before anything is loaded or imported.
+
+    `files`: what an existing local folder must also hold, checked as the loaders check it (a folder
+    without them, such as a run directory or a data folder, gets the loaders' message)."""
     name = os.fspath(name_or_path)
     if name and not Path(name).expanduser().exists() and looks_like_path(name):
         raise _not_found(name, _missing_reason(name))
+    if name and Path(name).expanduser().exists():
+        for needed in files:
+            _check_source(name, needed)
 
 
 ADAPTER_CONFIG = "adapter_config.json"

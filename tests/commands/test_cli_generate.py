@@ -336,3 +336,13 @@ def test_chat_refuses_a_line_that_is_not_text_and_goes_on(model_dir):
     errors = [w for w in written if w.startswith("error: ")]
     assert len(errors) == 3 and "type it again" in errors[0] and "no room for a reply" in errors[2], errors
     assert sum(w.startswith("model> ") for w in written) == 1  # the last line got its reply
+
+
+def test_an_empty_prompts_file_says_it_held_the_prompts_to_generate_from(tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["generate", "--model", "m", "--prompts", str(tmp_path / "empty.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "is empty: it has no rows; `cohort generate` needs at least one prompt to generate from" in err, (
+        err
+    )
+    assert "training run" not in err

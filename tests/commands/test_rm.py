@@ -134,6 +134,52 @@ def test_rm_cli_errors_before_loading(tmp_path, capsys):
         train_reward_model(RMConfig(model="m", data=str(rows), out_dir=str(tmp_path / "o2")))
 
 
+def test_rm_checks_its_model_as_the_other_commands_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pairs.jsonl").write_text(
+        (json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n") * 2
+    )
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_text("")
+    (tmp_path / "run" / "final").mkdir(parents=True)  # a `cohort train` run directory
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    (tmp_path / "run" / "final" / "config.json").write_text("{}")
+    expected = {
+        "data": "folder 'data' exists but holds no tokenizer_config.json; pass a folder written by save_pretrained",
+        "run": "; run is a cohort run directory: its trained model is run/final",
+        "./missing": "'./missing' is neither a local model folder nor a model that could be downloaded",
+        "no-such-model": "'no-such-model' is neither a local model folder nor a model that could be downloaded",
+    }
+
+    def offline(*args, **kwargs):  # what transformers raises for a Hub name on a machine without the Hub
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", offline)
+    for model, fragment in expected.items():
+        out = f"out-{model.strip('./')}"
+        assert cli.main(["rm", "--model", model, "--data", "pairs.jsonl", "--out", out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and fragment in err, err
+        assert "sentencepiece" not in err and "\n" not in err
+        # a local path is refused before the data loads or the run directory is made
+        assert (tmp_path / out).exists() == (model == "no-such-model")
+
+
+def test_empty_reward_model_data_says_what_it_was_for(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n")
+    with pytest.raises(
+        ValueError, match="it has no rows; a reward model needs at least one example to train on"
+    ):
+        train_reward_model(
+            RMConfig(model="m", data=str(tmp_path / "empty.jsonl"), out_dir=str(tmp_path / "o"))
+        )
+    cfg = RMConfig(model="m", data=str(tmp_path / "pairs.jsonl"), eval_data=str(tmp_path / "empty.jsonl"))
+    cfg.out_dir = str(tmp_path / "o2")
+    with pytest.raises(ValueError, match=r"held-out evaluation \(--eval-data\) needs at least one example"):
+        train_reward_model(cfg)
+
+
 def test_the_optimizer_section_its_aliases_and_older_checkpoints(tmp_path):
     import dataclasses
 

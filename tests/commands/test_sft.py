@@ -1,14 +1,16 @@
-"""Supervised fine-tuning: its optimizer section (an OptimConfig, with the older flat names as aliases) and a
-run that takes torch's default AdamW and the cosine schedule step for step."""
+"""Supervised fine-tuning: its optimizer section (an OptimConfig, with the older flat names as aliases), a
+run that takes torch's default AdamW and the cosine schedule step for step, and what it refuses before training
+(pairs past the model's context, an output folder that would overwrite the input model)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from _tiny import tiny_model
 
-from cohort.commands.sft import SFTConfig, sft_train
+from cohort.commands.sft import SFTConfig, check_output_folder, sft_train
 from cohort.config import OptimConfig
 from cohort.logprobs import completion_logprobs
 from cohort.runtime.optim import make_scheduler
@@ -63,3 +65,30 @@ def test_a_run_is_torchs_default_adamw_under_the_cosine_schedule():
         losses.append(float(loss.detach()))
     assert [row["loss"] for row in history] == losses
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+
+
+def test_pairs_longer_than_the_context_are_refused_before_training():
+    model = tiny_model(seed=0)
+    model.config.max_position_embeddings = 8  # positions past it were never trained
+    pairs = [([2, 3, 4], [5, 1]), ([2] * 6, [5, 6, 1]), ([3] * 9, [1])]
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(
+        ValueError, match=r"2 of 3 SFT pairs \(row 1 first, the longest 10 tokens.* context of 8"
+    ):
+        sft_train(model, pairs, SFTConfig(steps=1, batch_size=2))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    sft_train(model, pairs[:1], SFTConfig(steps=1, batch_size=1))  # 5 tokens fit
+
+
+def test_out_may_not_be_or_hold_the_model_folder(tmp_path, monkeypatch):
+    model = tmp_path / "runs" / "base"
+    model.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for out in (model, "runs/base", "runs/base/", "runs", "."):
+        with pytest.raises(
+            ValueError, match="over the model folder .* it is read from; choose another folder"
+        ):
+            check_output_folder(out, "runs/base")
+    check_output_folder("runs/base-sft", "runs/base")  # a sibling folder
+    check_output_folder("runs/base/sft", "runs/base")  # a folder inside the model's writes none of its files
+    check_output_folder("Qwen", "Qwen/Qwen2.5-0.5B")  # a Hub name: nothing local to overwrite

@@ -206,3 +206,15 @@ def test_subset_is_refused_where_there_are_no_configurations(tmp_path):
         load_rows(tmp_path / "saved", subset="main")
     with pytest.raises(DataError, match="must be a non-empty configuration name"):
         load_rows(path, subset="")
+
+
+def test_an_empty_dataset_says_what_its_rows_were_for(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="it has no rows; a training run needs at least one prompt$"):
+        load_rows(path)  # a training set, by default
+    need = "the held-out evaluation needs at least one prompt"
+    with pytest.raises(DataError, match=f"it has no rows; {need}$"):
+        load_rows(path, need=need)
+    with pytest.raises(DataError, match=f"the held-out data is empty: it has no rows; {need}$"):
+        validate_rows([], "prompt", where="the held-out data", need=need)

@@ -7,6 +7,7 @@ built-in accuracy reward). maj@k takes, per prompt, the most common final answer
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,42 @@ from typing import Any
 import torch
 
 from cohort.data import as_completions
-from cohort.models import input_device
+from cohort.models import input_device, text_config
 from cohort.rewards import extract_answer, score
 from cohort.rollout import RolloutEngine, SamplingParams
+
+
+def fit_completion_length(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    max_new: int,
+    *,
+    flag: str = "--max-completion-length",
+) -> int:
+    """Returns `max_new`, lowered (with a note) so that every prompt plus its completion fits the model's
+    context; raises ValueError naming the first prompt that leaves no room at all."""
+    context = getattr(text_config(model), "max_position_embeddings", None)
+    longest = max((len(ids) for ids in prompt_ids), default=0)
+    if not isinstance(context, int) or context <= 0 or longest + max_new <= context:
+        return max_new
+    full = [i for i, ids in enumerate(prompt_ids) if len(ids) >= context]
+    if full:
+        first = full[0]
+        # the rows before the first long one fit: --n keeps just those, when there are any
+        keep = f", or pass --n {first} to keep the rows before it" if first > 0 else ""
+        raise ValueError(
+            f"row {first} of the data is a prompt of {len(prompt_ids[first])} tokens, which fills the model's "
+            f"context of {context} tokens (max_position_embeddings) and leaves no room for a completion "
+            f"({len(full)} of {len(prompt_ids)} prompts do, the longest {longest} tokens): shorten those prompts "
+            f"or leave them out of the data{keep}"
+        )
+    # Positions past the context were never trained: completions there would be scored as if they meant something.
+    print(
+        f"note: {flag} lowered from {max_new} to {context - longest}: the longest prompt "
+        f"({longest} tokens) leaves no more room in the model's context of {context} tokens",
+        file=sys.stderr,
+    )
+    return context - longest
 
 
 def evaluate(

@@ -55,7 +55,8 @@ def read_prompts(path: str | os.PathLike, *, prompt_column: str = "prompt") -> l
             f"prompts file {os.fspath(path)!r} not found; pass a .txt (one prompt per line) or a "
             ".jsonl / .json file with a prompt column"
         )
-    return [row[prompt_column] for row in load_rows(file, prompt_column=prompt_column)]
+    need = "`cohort generate` needs at least one prompt to generate from"
+    return [row[prompt_column] for row in load_rows(file, prompt_column=prompt_column, need=need)]
 
 
 def _engine(model: torch.nn.Module, tokenizer: Any, engine: RolloutEngine | None) -> RolloutEngine:

@@ -32,6 +32,7 @@ from cohort.config.schema import OptimConfig, optim_aliases
 from cohort.config.validation import check_optim
 from cohort.data import load_rows
 from cohort.errors import ConfigError, disk_full_named
+from cohort.models import check_model_source, model_not_found
 from cohort.report import MetricsLogger, write_report, write_summary
 from cohort.rewards.reward_models import RewardModel, load_score_model, share_pad_token
 from cohort.runtime import seeds
@@ -40,6 +41,12 @@ from cohort.runtime.optim import make_adamw, make_scheduler
 from cohort.runtime.rundir import RunLock, config_changes, trim_logs
 
 RM_FORMATS = ("pointwise", "pairwise")
+
+RM_NEED = (
+    "a reward model needs at least one example to train on: rows with prompt/chosen/rejected (pairs) or "
+    "prompt/completion/label"
+)
+"""What the error for reward-model data with no rows says it was for."""
 
 
 @dataclass
@@ -123,7 +130,10 @@ def load_reward_model_for_training(
     head) or a reward model folder, with a pad token the model knows."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as exc:  # a Hub name that is not there, or no network
+        raise model_not_found(source, exc) from exc
     model = load_score_model(source, new_head=True, trust_remote_code=trust_remote_code)
     share_pad_token(model, tokenizer, os.fspath(source))
     return model, tokenizer
@@ -348,14 +358,19 @@ def _check_same_run(cfg: RMConfig, saved: dict[str, Any] | None, ckpt: Path) -> 
 def train_reward_model(cfg: RMConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Returns the run's summary after training (or resuming) a reward model into cfg.out_dir."""
     cfg.validate()
+    # the check `cohort eval` / `sft` / `generate` get from cohort's loaders, before any data or model loads
+    # (transformers' own errors for a run or data folder talk of sentencepiece and huggingface.co)
+    check_model_source(cfg.model, files=("tokenizer_config.json", "config.json"))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out).acquire()
     try:
-        rows = load_rows(cfg.data)
+        rows = load_rows(cfg.data, prompt_column=cfg.prompt_column, need=RM_NEED)
         kind, examples = rm_examples(rows, cfg.prompt_column)
         if cfg.eval_data:
-            eval_kind, held = rm_examples(load_rows(cfg.eval_data), cfg.prompt_column)
+            need = "the reward model's held-out evaluation (--eval-data) needs at least one example to score"
+            eval_rows = load_rows(cfg.eval_data, prompt_column=cfg.prompt_column, need=need)
+            eval_kind, held = rm_examples(eval_rows, cfg.prompt_column)
             if eval_kind != kind:
                 raise ValueError(f"the training data is {kind} but eval_data is {eval_kind}; use one format")
             train = examples

@@ -7,15 +7,18 @@ goes through the same chunked log-prob path as GRPO, so the full [B, T, V] logit
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from cohort.config.schema import OptimConfig, optim_aliases
 from cohort.logprobs import completion_logprobs
+from cohort.models import text_config
 from cohort.runtime.optim import make_adamw, make_scheduler
 
 
@@ -57,6 +60,39 @@ def encode_pairs(
     return pairs
 
 
+def check_output_folder(out: str | os.PathLike, model: str | os.PathLike, *, flag: str = "--out") -> None:
+    """Returns None; raises ValueError, before anything loads, when the folder `out` is the local model folder
+    `model` that SFT reads, or a folder holding it (saving there would write over the input model), as
+    `cohort merge` refuses its adapter folder."""
+    source = Path(os.fspath(model)).expanduser()
+    if not source.is_dir():  # a Hub name: nothing local to overwrite
+        return
+    source, target = source.resolve(), Path(os.fspath(out)).expanduser().resolve()
+    if target == source or target in source.parents:
+        raise ValueError(
+            f"{flag} {os.fspath(out)} would write the fine-tuned model over the model folder {os.fspath(model)} it "
+            "is read from; choose another folder"
+        )
+
+
+def check_context(model: torch.nn.Module, pairs: list[tuple[list[int], list[int]]]) -> None:
+    """Returns None; raises ValueError when a prompt + completion pair is longer than the model's context.
+
+    Positions past ``max_position_embeddings`` were never trained: `cohort train` refuses prompts that leave
+    no room for their completions there, and SFT refuses pairs that run past it the same way."""
+    context = getattr(text_config(model), "max_position_embeddings", None)
+    if not isinstance(context, int) or context <= 0:
+        return
+    long = [i for i, (p, c) in enumerate(pairs) if len(p) + len(c) > context]
+    if long:
+        longest = max(len(pairs[i][0]) + len(pairs[i][1]) for i in long)
+        raise ValueError(
+            f"{len(long)} of {len(pairs)} SFT pairs (row {long[0]} first, the longest {longest} tokens of prompt, "
+            f"completion and EOS) do not fit within the model's context of {context} tokens "
+            "(max_position_embeddings): shorten them, or leave them out of the data"
+        )
+
+
 def sft_train(
     model: torch.nn.Module,
     pairs: list[tuple[list[int], list[int]]],
@@ -76,6 +112,7 @@ def sft_train(
         raise ValueError("SFT needs at least one prompt/completion pair; the dataset is empty")
     if any(len(c) == 0 for _, c in pairs):
         raise ValueError("an SFT example has an empty completion; every row needs completion text")
+    check_context(model, pairs)
     params = [p for p in model.parameters() if p.requires_grad]
     o = cfg.optim
     # torch's default (unfused) AdamW: the demo's warm start and its printed accuracies depend on it

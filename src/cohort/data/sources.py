@@ -30,6 +30,10 @@ RESERVED_COLUMNS = frozenset({"prompts", "completions", "completion_ids"})
 _DATASETS_FILE_BUILDERS = {".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
+TRAINING_NEED = "a training run needs at least one prompt"
+"""What the error for a dataset with no rows says by default: what a training set's rows are for."""
+
+
 class DataError(ValueError):
     """A dataset that cannot be used: missing, malformed, empty or with the wrong columns."""
 
@@ -246,11 +250,13 @@ def load_rows(
     split: str = "train",
     prompt_column: str = "prompt",
     subset: str | None = None,
+    need: str = TRAINING_NEED,
 ) -> list[dict[str, Any]]:
     """Returns the validated rows of a JSONL / JSON file, a `datasets` folder / file, or a Hub dataset name.
 
     ``subset`` is the configuration of a dataset that has several (``load_rows("openai/gsm8k",
     subset="main")``, passed to ``datasets.load_dataset`` as its ``name``); plain files have none.
+    ``need`` says what the rows are for when there are none (see :func:`validate_rows`).
     """
     name = os.fspath(source)
     if subset is not None and (not isinstance(subset, str) or not subset):
@@ -271,7 +277,7 @@ def load_rows(
         )
     else:
         rows = _from_datasets(name, split, subset)
-    return validate_rows(rows, prompt_column, where=repr(name))
+    return validate_rows(rows, prompt_column, where=repr(name), need=need)
 
 
 def _is_message_list(prompt: Any) -> bool:
@@ -289,11 +295,15 @@ def validate_rows(
     *,
     required: Iterable[str] = (),
     where: str = "dataset",
+    need: str = TRAINING_NEED,
 ) -> list[dict[str, Any]]:
-    """Returns ``rows`` as a list after checking: non-empty, same columns, prompt column present and well typed."""
+    """Returns ``rows`` as a list after checking: non-empty, same columns, prompt column present and well typed.
+
+    ``need`` ends the message for no rows, saying what they were for (the held-out prompts, the prompts to
+    generate from, ...), as "a training run needs at least one prompt" does for a training set."""
     rows = rows if isinstance(rows, Rows) else list(rows)
     if not rows:
-        raise DataError(f"{where} is empty: it has no rows; a training run needs at least one prompt")
+        raise DataError(f"{where} is empty: it has no rows; {need}")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(

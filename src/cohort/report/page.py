@@ -64,9 +64,12 @@ def load_run(run_dir: str | Path, name: str | None = None) -> RunFiles:
         health=read_jsonl(path / "health.jsonl"),
     )
     if not run.metrics and not run.evals:
-        raise FileNotFoundError(
-            f"{str(path)!r} has no metrics.jsonl or evals.jsonl: is it a cohort run directory?"
-        )
+        # a folder inside a run (RUN/checkpoints/step-N, RUN/final) is a common slip: name the run itself
+        outer = next((p for p in path.parents[:2] if (p / "metrics.jsonl").is_file()), None)
+        question = "is it a cohort run directory?"
+        if outer is not None:
+            question = f"it is a folder inside the run directory {str(outer)!r}: pass that"
+        raise FileNotFoundError(f"{str(path)!r} has no metrics.jsonl or evals.jsonl: {question}")
     try:
         loaded = json.loads((path / "summary.json").read_text(encoding="utf-8"))
         run.summary = loaded if isinstance(loaded, dict) else {}

@@ -408,6 +408,10 @@ def sampling_params(cfg: TrainConfig) -> SamplingParams:
     )
 
 
+HELD_OUT_NEED = "the held-out evaluation needs at least one prompt; unset data.eval_path to evaluate on none"
+"""What the error for held-out data with no rows says it was for."""
+
+
 def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
     """Return (train rows, held-out rows) for the config's built-in task or dataset."""
     d = cfg.data
@@ -417,7 +421,13 @@ def load_prompt_rows(cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
             d.eval_subset if d.eval_subset is not None else (d.subset if d.eval_path == d.path else None)
         )
         held = (
-            load_rows(d.eval_path, split=d.eval_split, prompt_column=d.prompt_column, subset=eval_subset)
+            load_rows(
+                d.eval_path,
+                split=d.eval_split,
+                prompt_column=d.prompt_column,
+                subset=eval_subset,
+                need=HELD_OUT_NEED,
+            )
             if d.eval_path
             else []
         )
