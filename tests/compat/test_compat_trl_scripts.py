@@ -165,7 +165,11 @@ def test_a_trl_script_around_the_trainer(tiny_model_dir, tmp_path, capsys):
     assert trainer.pop_callback(Seen) is None
     trainer.add_callback(seen)
     trainer.log({"custom": 1.0})
-    assert trainer.state.log_history[-1] == {"custom": 1.0, "epoch": 0.0, "step": 0}
+    logged = trainer.state.log_history[-1]
+    assert (logged["custom"], logged["step"]) == (
+        1.0,
+        0,
+    ) and "epoch" in logged  # 0.0 (None on transformers 5.0)
     result = trainer.train()
     assert result.global_step == 4 and result["steps"] == 4
     assert set(result.metrics) >= {"train_runtime", "train_loss", "train_steps_per_second"}
