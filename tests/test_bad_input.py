@@ -130,14 +130,12 @@ def test_a_step_that_cannot_learn_warns_once(tiny_model_dir, tmp_path, over, rew
         ({"eval_every": -3}, "eval_every=-3 must be >= 0"),
         (
             {"algo.ref_update_every": 5},
-            "algo.ref_sync={'every': 5, 'kl': None, 'alpha': 1.0} changes nothing in this configuration: "
-            "algo.beta=0 runs no reference",
+            "algo.ref_sync.every=5 changes nothing in this configuration: algo.beta=0 runs no reference",
         ),
         ({"model.attn_implementation": "bogus"}, "model.attn_implementation='bogus' is not one of sdpa"),
         (
             {"algo.ref_sync": {"kl": 0.5}},
-            "algo.ref_sync={'every': 0, 'kl': 0.5, 'alpha': 1.0} changes nothing in this configuration: "
-            "algo.beta=0 runs no reference",
+            "algo.ref_sync.kl=0.5 changes nothing in this configuration: algo.beta=0 runs no reference",
         ),
         (
             {"algo.ref_sync_kl": -1.0, "algo.beta": 0.1},

@@ -234,7 +234,7 @@ def test_trl_reference_sync_maps_onto_cohorts():
     at_zero = GRPOConfig(output_dir="x", sync_ref_model=True, beta=0.0).to_train_config("m", 8)
     with pytest.raises(
         ConfigError,
-        match=r"algo.ref_sync=\{'every': 512, 'kl': None, 'alpha': 0.6\} changes nothing in this configuration: "
+        match=r"algo.ref_sync.every=512 algo.ref_sync.alpha=0.6 changes nothing in this configuration: "
         "algo.beta=0 runs no reference",
     ):
         at_zero.validate(need_data=False, reward_funcs=[len])

@@ -222,9 +222,19 @@ def inert_options(cfg: TrainFields, *, world_size: int) -> list[tuple[str, Any, 
         why = rule.why(cfg, world_size)
         if why is not None:
             section = dataclasses.is_dataclass(value) and not isinstance(value, type)
-            shown = dataclasses.asdict(value) if section else value  # a section by its settings
+            shown = _settings(value) if section else value  # a section by the settings set in it
             out.append((rule.key, shown, why, rule.error))
     return out
+
+
+def _settings(section: Any) -> dict[str, Any]:
+    """Returns a config section's settings that differ from its class's defaults (all of them when it has none)."""
+    values = dataclasses.asdict(section)
+    try:
+        blank = dataclasses.asdict(type(section)())
+    except TypeError:  # a section without defaults for every field
+        return values
+    return {k: v for k, v in values.items() if v != blank.get(k)}
 
 
 def _dotted(obj: Any, key: str) -> Any:

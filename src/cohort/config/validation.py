@@ -147,13 +147,22 @@ def validate_config(
     _check_beside_algo(cfg)
     _check_fast(cfg, cuda_available)
     for key, value, why, error in inert_options(cfg, world_size=world_size):
-        message = f"{key}={value!r} changes nothing in this configuration: {why}"
+        message = f"{_shown(key, value)} changes nothing in this configuration: {why}"
         if error:
             raise ConfigError(message)
         warnings.warn(message, ConfigWarning, stacklevel=stacklevel)
     if cfg.preset is not None:
         _check_choice("preset", cfg.preset, tuple(PRESETS))
     return cfg
+
+
+def _shown(key: str, value: Any) -> str:
+    """Returns a key and its value as a user writes them: a section's settings one by one (algo.ref_sync.every=3,
+    which algo.ref_update_every=3 sets), not its dict."""
+    if isinstance(value, dict):
+        settings = [f"{key}.{k}={v!r}" for k, v in value.items()]
+        return " ".join(settings) if settings else f"{key}=true"
+    return f"{key}={value!r}"
 
 
 def check_optim(o: OptimConfig, prefix: str = "optim.") -> OptimConfig:
