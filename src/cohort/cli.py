@@ -464,6 +464,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from cohort.commands.sft import check_output_folder
     from cohort.models import is_adapter_folder, load_model, load_tokenizer, run_dir_hint, save_merged
 
     if not Path(args.adapter).expanduser().exists():
@@ -475,12 +476,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
             f"{args.adapter} is not a LoRA adapter folder (it holds no adapter_config.json){run_dir_hint(args.adapter)}"
         )
     _check_output(args.out, "OUT", folder=True)
-    adapter, out = Path(args.adapter).expanduser().resolve(), Path(args.out).expanduser().resolve()
-    if out == adapter or out in adapter.parents:
-        raise ValueError(
-            f"OUT {args.out} would write the merged model over the adapter folder {args.adapter} it is read from; "
-            "choose another folder"
-        )
+    check_output_folder(args.out, args.adapter, flag="OUT", made="the merged model", read="adapter folder")
     tokenizer = load_tokenizer(args.adapter)
     model = load_model(args.adapter, dtype=args.dtype)
     note = _created_folders(Path(args.out) / "config.json")

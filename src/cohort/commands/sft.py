@@ -60,18 +60,25 @@ def encode_pairs(
     return pairs
 
 
-def check_output_folder(out: str | os.PathLike, model: str | os.PathLike, *, flag: str = "--out") -> None:
-    """Returns None; raises ValueError, before anything loads, when the folder `out` is the local model folder
-    `model` that SFT reads, or a folder holding it (saving there would write over the input model), as
-    `cohort merge` refuses its adapter folder."""
+def check_output_folder(
+    out: str | os.PathLike,
+    model: str | os.PathLike,
+    *,
+    flag: str = "--out",
+    made: str = "the fine-tuned model",
+    read: str = "model folder",
+) -> None:
+    """Returns None; raises ValueError, before anything loads, when the folder `out` is the local folder `model` a
+    command reads (SFT's model, `cohort merge`'s adapter), or a folder holding it: saving there would write `made`
+    over what it was made from."""
     source = Path(os.fspath(model)).expanduser()
     if not source.is_dir():  # a Hub name: nothing local to overwrite
         return
     source, target = source.resolve(), Path(os.fspath(out)).expanduser().resolve()
     if target == source or target in source.parents:
         raise ValueError(
-            f"{flag} {os.fspath(out)} would write the fine-tuned model over the model folder {os.fspath(model)} it "
-            "is read from; choose another folder"
+            f"{flag} {os.fspath(out)} would write {made} over the {read} {os.fspath(model)} it is read from; "
+            "choose another folder"
         )
 
 

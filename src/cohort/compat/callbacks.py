@@ -20,6 +20,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from cohort.errors import ConfigError
 from cohort.report.sinks import json_safe
+from cohort.rewards.scoring import METRIC_STATS
 
 EVENTS = (
     "on_init_end",
@@ -168,9 +169,10 @@ class LogWindow:
         """Adds one generation batch's metrics."""
         self.rows.append(metrics)
 
-    def flush(self, learning_rate: float) -> dict[str, Any]:
+    def flush(self) -> dict[str, Any]:
         """Returns TRL's log row for the window (numeric means; running totals' latest value; keys whose
-        values were all None, such as kl at beta 0, left out) and empties it."""
+        values were all None, such as kl at beta 0, left out; `learning_rate`: the rate the last optimizer step
+        used, its batch's `lr`) and empties it."""
         out: dict[str, Any] = {}
         keys = dict.fromkeys(k for row in self.rows for k in row if k != "step")
         for key in keys:
@@ -185,8 +187,8 @@ class LogWindow:
         # A reward function's log_metric(name, ...) is `rewards/<func>/<name>` in metrics.jsonl; TRL logs `name`.
         for key in [k for k in out if k.count("/") == 2 and k.startswith("rewards/")]:
             _, func, name = key.split("/")
-            if func in self.plain_metrics and name not in ("mean", "std") and name not in out:
+            if func in self.plain_metrics and name not in METRIC_STATS and name not in out:
                 out[name] = out.pop(key)
-        out["learning_rate"] = learning_rate
+        out["learning_rate"] = self.rows[-1]["lr"]
         self.rows = []
         return out

@@ -5,7 +5,7 @@ line or a YAML file, and callbacks read it as they read TrainingArguments.
 What cohort does not implement is accepted at TRL's default only (or at any value where it changes nothing,
 `fields.ANY_VALUE` and `Field.any_value`); any other value is an error at construction or assignment naming the
 nearest cohort option. A field set after construction is read when the trainer is built, as TRL reads it.
-`cohort.compat.drop_in.to_train_config` maps the fields onto cohort's config.
+`GRPOConfig.to_train_config` maps the fields onto cohort's config.
 """
 
 from __future__ import annotations

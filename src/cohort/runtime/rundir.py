@@ -116,18 +116,16 @@ def trim_logs(run_dir: str | Path, step: int) -> dict[str, int]:
 def logged_rows(run_dir: str | Path) -> int:
     """Returns how many rows RUN_DIR's logs hold together (a run killed before its first step has its first
     evaluation's)."""
-    total = 0
-    for name in LOG_FILES:
-        path = Path(run_dir) / f"{name}.jsonl"
-        if path.is_file():
-            with open(path, encoding="utf-8", errors="replace") as f:
-                total += sum(1 for line in f if line.strip())
-    return total
+    return sum(_rows_in(Path(run_dir) / f"{name}.jsonl") for name in LOG_FILES)
 
 
 def logged_steps(run_dir: str | Path) -> int:
     """Returns how many rows RUN_DIR/metrics.jsonl holds (0 when there is none)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    return _rows_in(Path(run_dir) / "metrics.jsonl")
+
+
+def _rows_in(path: Path) -> int:
+    """Returns how many non-blank lines the JSONL file `path` holds (0 when there is none)."""
     if not path.is_file():
         return 0
     with open(path, encoding="utf-8", errors="replace") as f:

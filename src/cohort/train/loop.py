@@ -15,7 +15,6 @@ from transformers import TrainerControl
 from cohort.config import save_config, to_dict
 from cohort.report import MetricsLogger, Progress, read_jsonl, write_report, write_summary
 from cohort.runtime import distributed as dist
-from cohort.runtime.optim import applied_lr
 from cohort.runtime.rundir import StopSignals, eval_row, logged_eval, trim_logs
 from cohort.train.health import HealthAbort
 from cohort.train.metrics import final_metrics
@@ -203,7 +202,7 @@ def _act(job: Run, logger: MetricsLogger | None, progress: Progress, save: bool)
     if control.should_log:
         control.should_log = False
         if job.callbacks.window.rows:
-            job.callbacks.log(job.callbacks.window.flush(applied_lr(job.optimizer, job.scheduler)))
+            job.callbacks.log(job.callbacks.window.flush())
     if control.should_evaluate:
         control.should_evaluate = False
         if job.eval_rows:
@@ -237,11 +236,7 @@ def _log_summary(job: Run, summary: dict[str, Any], losses: list[float], seconds
     completions = job.cfg.rollout.batch_size * dist.world_size() // job.cfg.algo.num_minibatches
     seconds = max(seconds, 1e-9)
     # Metrics of steps since the last logged row close the run's log, as TRL's log() merges what it holds.
-    pending = (
-        job.callbacks.window.flush(applied_lr(job.optimizer, job.scheduler))
-        if job.callbacks.window.rows
-        else {}
-    )
+    pending = job.callbacks.window.flush() if job.callbacks.window.rows else {}
     job.callbacks.log(
         {
             **pending,
