@@ -61,6 +61,25 @@ def _write(tmp_path, model, *, last_steps=3, **extra_stage):
     return path
 
 
+def _stand_in(pipeline, *, sample: str, ran: list[str] | None = None):
+    """Returns a stand-in for running a stage's command: it writes the stage's output (a model folder, or a sample
+    file holding `sample`) and trains nothing; `pipeline()` gives the pipeline as it is now."""
+
+    def run(argv: list[str]) -> int:
+        out = argv[argv.index("--out") + 1] if "--out" in argv else None
+        stage = next(s for s in pipeline().stages if str(s.output) == out or f"out_dir={s.folder}" in argv)
+        if ran is not None:
+            ran.append(stage.name)
+        stage.output.parent.mkdir(parents=True, exist_ok=True)
+        if stage.command == "sample":
+            stage.output.write_text(sample)
+        else:
+            stage.output.mkdir(exist_ok=True)
+        return 0
+
+    return run
+
+
 def _run(path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
@@ -180,17 +199,7 @@ def test_a_sample_stage_that_accepts_nothing_stops_the_pipeline_and_runs_again(t
 
     pipe = load_pipeline(_write(tmp_path, tiny_model_dir))
     ran: list[str] = []
-
-    def run(argv: list[str]) -> int:  # each stage as a stand-in: a model folder, or an empty sample
-        out = argv[argv.index("--out") + 1] if "--out" in argv else None
-        stage = next(s for s in pipe.stages if str(s.output) == out or f"out_dir={s.folder}" in argv)
-        ran.append(stage.name)
-        stage.output.parent.mkdir(parents=True, exist_ok=True)
-        if stage.command == "sample":
-            stage.output.write_text("")
-        else:
-            stage.output.mkdir(exist_ok=True)
-        return 0
+    run = _stand_in(lambda: pipe, sample="", ran=ran)  # an empty sample
 
     with pytest.raises(
         TrainingError, match=r"stage 'reject' accepted no completion .*stage 'sft_again' trains on"
@@ -219,17 +228,9 @@ def test_a_finished_stage_given_other_arguments_is_refused_not_skipped(tiny_mode
     """The grpo stage's steps changed from 2 to 8 in the file: it was 'done earlier, skipped', the change ignored."""
     from cohort.commands import pipeline
 
-    def run(argv: list[str]) -> int:  # each stage as a stand-in: its output written, nothing trained
-        pipe = load_pipeline(tmp_path / "pipeline.yaml")
-        out = argv[argv.index("--out") + 1] if "--out" in argv else None
-        stage = next(s for s in pipe.stages if str(s.output) == out or f"out_dir={s.folder}" in argv)
-        stage.output.parent.mkdir(parents=True, exist_ok=True)
-        if stage.command == "sample":
-            stage.output.write_text('{"prompt": "1+1=", "completion": "2"}\n')
-        else:
-            stage.output.mkdir(exist_ok=True)
-        return 0
-
+    run = _stand_in(
+        lambda: load_pipeline(tmp_path / "pipeline.yaml"), sample='{"prompt": "1+1=", "completion": "2"}\n'
+    )
     pipeline.run_pipeline(load_pipeline(_write(tmp_path, tiny_model_dir)), run=run, write=lambda line: None)
     lines: list[str] = []
     pipeline.run_pipeline(load_pipeline(tmp_path / "pipeline.yaml"), run=run, write=lines.append)
